@@ -1,0 +1,119 @@
+# nabla — GNU Makefile. `make` builds build/libnabla.{a,so} and build/nabla.pc.
+#   make test        install missing Debian deps, build, run the Criterion suite
+#   make test SAN=1  the same under AddressSanitizer + UBSan (build-san/)
+#   make demo        build and run the examples
+#   make bench       benchmarks (bench/README.md)
+#   make install PREFIX=/usr/local
+#   make CC=clang    any C11 compiler; -Wall -Wextra -Werror throughout
+VERSION := 0.1.0
+SOVER := 0
+PREFIX ?= /usr/local
+CC ?= cc
+ifeq ($(origin CC),default)
+CC := gcc
+endif
+
+ifeq ($(SAN),1)
+BUILD ?= build-san
+OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+LDSAN := -fsanitize=address,undefined
+else
+BUILD ?= build
+OPT := -O3 -g
+LDSAN :=
+endif
+
+CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) -fPIC -fopenmp -Wall -Wextra -Werror \
+  -Wno-unknown-pragmas -Iinclude $(CFLAGS)
+LIBS := -ldnnl -lopenblas -lm
+LDFLAGS_ALL := -fopenmp $(LDSAN) $(LDFLAGS)
+
+SRCS := $(sort $(wildcard src/core/*.c src/ops/*.c src/transforms/*.c src/sharding/*.c \
+                          src/backends/cpu/*.c))
+OBJS := $(SRCS:%.c=$(BUILD)/obj/%.o)
+HDRS := $(wildcard include/nabla/*.h src/*/*.h src/backends/*.h src/backends/*/*.h \
+                   src/ops/*.def)
+
+LIB_A := $(BUILD)/libnabla.a
+LIB_SO := $(BUILD)/libnabla.so.$(VERSION)
+PC := $(BUILD)/nabla.pc
+
+TEST_SRCS := $(sort $(wildcard test/test_*.c))
+TEST_BIN := $(BUILD)/test/nabla_tests
+EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(sort $(wildcard examples/*.c)))
+BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(sort $(wildcard bench/*.c)))
+
+.PHONY: all deps test demo bench bench-smoke install uninstall clean format check-cxx
+
+all: $(LIB_A) $(LIB_SO) $(PC)
+
+deps:
+	@scripts/deps.sh
+
+$(BUILD)/obj/%.o: %.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(LIB_A): $(OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(LIB_SO): $(OBJS)
+	$(CC) -shared -Wl,-soname,libnabla.so.$(SOVER) $(LDFLAGS_ALL) -o $@ $^ $(LIBS)
+	ln -sf libnabla.so.$(VERSION) $(BUILD)/libnabla.so.$(SOVER)
+	ln -sf libnabla.so.$(SOVER) $(BUILD)/libnabla.so
+
+$(PC): nabla.pc.in
+	@mkdir -p $(BUILD)
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' $< > $@
+
+$(TEST_BIN): $(TEST_SRCS) test/common.h $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Itest $(TEST_SRCS) -o $@ $(LIB_A) $(LDFLAGS_ALL) -lcriterion $(LIBS)
+
+test: deps
+	@$(MAKE) --no-print-directory $(TEST_BIN)
+	$(TEST_BIN) --jobs 2 $(TEST_ARGS)
+
+$(BUILD)/examples/%: examples/%.c $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS)
+
+demo: deps
+	@$(MAKE) --no-print-directory all $(EXAMPLES)
+	@for e in $(EXAMPLES); do echo "==== $$e"; $$e || exit 1; done
+
+$(BUILD)/bench/%: bench/%.c $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS)
+
+bench: deps
+	@$(MAKE) --no-print-directory $(BENCHES)
+	@for b in $(BENCHES); do OPENBLAS_CORETYPE=SkylakeX $$b || exit 1; done
+
+bench-smoke: deps
+	@$(MAKE) --no-print-directory $(BENCHES)
+	@for b in $(BENCHES); do OPENBLAS_CORETYPE=SkylakeX $$b --smoke || exit 1; done
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/include/nabla $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 include/nabla/*.h $(DESTDIR)$(PREFIX)/include/nabla/
+	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libnabla.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libnabla.so.$(SOVER)
+	ln -sf libnabla.so.$(SOVER) $(DESTDIR)$(PREFIX)/lib/libnabla.so
+	install -m 644 $(PC) $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+
+uninstall:
+	rm -rf $(DESTDIR)$(PREFIX)/include/nabla
+	rm -f $(DESTDIR)$(PREFIX)/lib/libnabla.* $(DESTDIR)$(PREFIX)/lib/pkgconfig/nabla.pc
+
+# The public headers must compile as C++ too.
+check-cxx:
+	echo '#include <nabla/nabla.h>' | g++ -x c++ -std=c++17 -Wall -Wextra -Werror -Iinclude -fsyntax-only -
+
+format:
+	clang-format -i $(shell find include src test examples bench -name '*.[ch]')
+
+clean:
+	rm -rf build build-san

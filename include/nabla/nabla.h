@@ -1,0 +1,10 @@
+/* nabla/nabla.h — the umbrella header. Link with -lnabla
+ * (pkg-config --cflags --libs nabla). */
+#ifndef NABLA_NABLA_H
+#define NABLA_NABLA_H
+
+#include "tensor.h"
+#include "ops.h"
+#include "nn.h"
+
+#endif

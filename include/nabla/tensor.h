@@ -1,0 +1,175 @@
+/* nabla/tensor.h — tensors, dtypes, shapes, errors, scopes, realization, stats.
+ *
+ * Threading: a tensor belongs to the thread that made it. Errors and scopes are
+ * thread-local. The library parallelizes each kernel internally (OpenMP).
+ */
+#ifndef NABLA_TENSOR_H
+#define NABLA_TENSOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NB_VERSION_MAJOR 0
+#define NB_VERSION_MINOR 1
+#define NB_VERSION_PATCH 0
+
+/* ---- status codes: one list, one strerror (libuv style) ------------------ */
+#define NB_STATUS_MAP(X)                                                        \
+  X(OK, "ok")                                                                   \
+  X(ERR_NULL, "NULL argument")                                                  \
+  X(ERR_SHAPE, "shape mismatch")                                                \
+  X(ERR_DTYPE, "unsupported dtype")                                             \
+  X(ERR_AXIS, "axis out of range")                                              \
+  X(ERR_ARG, "invalid argument")                                                \
+  X(ERR_INDEX, "index out of range")                                            \
+  X(ERR_OOM, "out of memory")                                                   \
+  X(ERR_OVERFLOW, "size overflow")                                              \
+  X(ERR_DEVICE, "device unavailable")                                           \
+  X(ERR_SCOPE, "scope misuse")                                                  \
+  X(ERR_STATE, "invalid state")                                                 \
+  X(ERR_INTERNAL, "internal error")
+
+typedef enum nb_status {
+#define NB_STATUS_ENUM_(name, msg) NB_##name,
+  NB_STATUS_MAP(NB_STATUS_ENUM_)
+#undef NB_STATUS_ENUM_
+      NB_STATUS_COUNT
+} nb_status;
+
+/* Short fixed description of a status code ("shape mismatch"). Never NULL. */
+const char *nb_status_str(nb_status s);
+/* Status of the first error since the last nb_clear_error() on this thread. */
+nb_status nb_last_status(void);
+/* Message of that error, naming the function and the offending values, e.g.
+ * "nb_matmul: inner dimensions differ: [2,3] @ [4,5]". "" when no error. */
+const char *nb_last_error(void);
+void nb_clear_error(void);
+
+/* ---- dtypes ---------------------------------------------------------------- */
+typedef enum nb_dtype {
+  NB_F32 = 0, /* the default */
+  NB_F64,
+  NB_F16,
+  NB_BF16,
+  NB_I32,
+  NB_I64,
+  NB_BOOL,
+  NB_DTYPE_COUNT
+} nb_dtype;
+
+const char *nb_dtype_name(nb_dtype dt); /* "f32"...; "?" if out of range */
+size_t nb_dtype_size(nb_dtype dt);      /* bytes per element; 0 if out of range */
+bool nb_dtype_is_float(nb_dtype dt);
+/* Result dtype of a binary op on a and b (JAX lattice: bool < i32 < i64 <
+ * floats; an integer with a float gives the float; f16 with bf16 gives f32). */
+nb_dtype nb_promote_types(nb_dtype a, nb_dtype b);
+
+/* ---- shapes and axes ------------------------------------------------------- */
+#define NB_MAX_DIMS 8
+typedef struct nb_shape {
+  int ndim;
+  int64_t dims[NB_MAX_DIMS];
+} nb_shape;
+typedef struct nb_axes {
+  int n; /* -1 means all axes (NB_ALL) */
+  int v[NB_MAX_DIMS];
+} nb_axes;
+
+/* NB_SHAPE(2, 3) and NB_AXES(0, -1) are compound literals (C only). A 0-d shape
+ * is NB_SCALAR_SHAPE; NB_ALL selects every axis; NB_NO_AXES selects none. */
+#define NB_SHAPE(...)                                                           \
+  ((nb_shape){.ndim = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), \
+              .dims = {__VA_ARGS__}})
+#define NB_AXES(...)                                                            \
+  ((nb_axes){.n = (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int)), .v = {__VA_ARGS__}})
+#define NB_SCALAR_SHAPE ((nb_shape){.ndim = 0})
+#define NB_ALL ((nb_axes){.n = -1})
+#define NB_NO_AXES ((nb_axes){.n = 0})
+
+/* ---- devices ---------------------------------------------------------------- */
+typedef enum nb_device_kind { NB_DEVICE_CPU = 0, NB_DEVICE_CUDA = 1 } nb_device_kind;
+typedef struct nb_device {
+  nb_device_kind kind;
+  int index;
+} nb_device;
+#define NB_CPU ((nb_device){NB_DEVICE_CPU, 0})
+#define NB_CUDA(i) ((nb_device){NB_DEVICE_CUDA, (i)})
+/* Only the CPU backend is built by default; asking for a device that is not
+ * available fails with NB_ERR_DEVICE and leaves the default unchanged. */
+nb_status nb_set_default_device(nb_device d);
+nb_device nb_default_device(void);
+
+/* ---- tensors and scopes ------------------------------------------------------ */
+typedef struct nb_tensor nb_tensor;
+
+/* Every function returning a new nb_tensor* registers it in the innermost open
+ * scope of the calling thread. nb_scope_end releases everything registered since
+ * the matching nb_scope_begin, except tensors passed to nb_keep (moved to the
+ * enclosing scope). A root scope always exists and is emptied at process exit.
+ * nb_retain adds a reference that outlives scopes; nb_release drops one you own. */
+void nb_scope_begin(void);
+nb_status nb_scope_end(void); /* NB_ERR_SCOPE if no scope is open */
+nb_tensor *nb_keep(nb_tensor *t);
+nb_tensor *nb_retain(nb_tensor *t);
+void nb_release(nb_tensor *t);
+
+/* ---- creation ---------------------------------------------------------------- */
+nb_tensor *nb_zeros(nb_shape s, nb_dtype dt);
+nb_tensor *nb_ones(nb_shape s, nb_dtype dt);
+nb_tensor *nb_full(nb_shape s, double value, nb_dtype dt);
+nb_tensor *nb_scalar(double value, nb_dtype dt); /* 0-d tensor */
+/* [start, stop) by step, NumPy rules: ceil((stop - start) / step) elements. */
+nb_tensor *nb_arange(double start, double stop, double step, nb_dtype dt);
+/* Copies numel(s) elements of dt, row-major, from src. */
+nb_tensor *nb_from_data(const void *src, nb_shape s, nb_dtype dt);
+/* Random tensors from the thread's generator: deterministic given nb_seed. */
+void nb_seed(uint64_t seed);
+nb_tensor *nb_rand(nb_shape s, nb_dtype dt);  /* U[0,1), float dtypes */
+nb_tensor *nb_randn(nb_shape s, nb_dtype dt); /* N(0,1), float dtypes */
+/* U(-a, a), a = sqrt(6 / (fan_in + fan_out)); fan_in = dims[ndim-2] * receptive,
+ * fan_out = dims[ndim-1] * receptive (as Keras/JAX for a [in, out] weight). */
+nb_tensor *nb_glorot_uniform(nb_shape s, nb_dtype dt);
+
+/* ---- queries ------------------------------------------------------------------ */
+nb_shape nb_shape_of(const nb_tensor *t); /* ndim -1 if t is NULL */
+int nb_ndim(const nb_tensor *t);          /* -1 if t is NULL */
+int64_t nb_numel(const nb_tensor *t);     /* -1 if t is NULL */
+nb_dtype nb_dtype_of(const nb_tensor *t); /* NB_DTYPE_COUNT if t is NULL */
+bool nb_is_realized(const nb_tensor *t);  /* data computed and held */
+/* Writes "[2,3]" into buf (always NUL-terminated); returns buf. */
+char *nb_shape_str(nb_shape s, char *buf, size_t cap);
+
+/* ---- realization ---------------------------------------------------------------- */
+/* Realizes all of ts as one planned graph. */
+nb_status nb_eval(nb_tensor *const *ts, int n);
+/* Realizes t and copies its elements, row-major, as t's dtype into dst; nbytes
+ * must equal numel * dtype size. */
+nb_status nb_to_host(nb_tensor *t, void *dst, size_t nbytes);
+/* Value of a one-element tensor as double; NaN and an error otherwise. */
+double nb_item(nb_tensor *t);
+/* Realizes and prints t (NumPy-like layout, summarized when large). */
+void nb_print(nb_tensor *t);
+void nb_fprint(FILE *f, nb_tensor *t);
+
+/* ---- statistics ------------------------------------------------------------------- */
+typedef struct nb_stats {
+  uint64_t plan_cache_hits, plan_cache_misses; /* realization plans */
+  uint64_t kernels_run;
+  uint64_t n_all_reduce, n_all_gather, n_reduce_scatter, n_all_to_all, n_permute;
+  uint64_t collective_bytes;
+  uint64_t live_bytes, peak_bytes; /* tensor buffers held, all devices */
+  uint64_t live_tensors;           /* tensor handles alive */
+} nb_stats;
+nb_stats nb_get_stats(void);
+void nb_reset_stats(void); /* zeroes counters; peak = live */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

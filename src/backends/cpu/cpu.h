@@ -1,0 +1,32 @@
+/* src/backends/cpu/cpu.h — helpers shared by CPU kernels. */
+#ifndef NABLA_CPU_H
+#define NABLA_CPU_H
+
+#include "../backend.h"
+
+/* Row iteration over views that share one index space (broadcast them first
+ * with nbi_view_broadcast). Dims that are contiguous for every operand are
+ * merged and size-1 dims dropped, so the last dim is the longest inner run.
+ * A row is one pass over the last dim; rows are independent, so kernels
+ * parallelize over them:
+ *
+ *   nbi_iter it; nbi_iter_init(&it, 2, (const nbi_view *[]){&out, &in});
+ *   int64_t rows = nbi_iter_rows(&it), n = it.dims[it.ndim - 1];
+ *   for (int64_t r = 0; r < rows; r++) {
+ *     int64_t off[2]; nbi_iter_row(&it, r, off);
+ *     ... element j of op k is at off[k] + j * it.strides[k][it.ndim - 1]
+ *   }
+ */
+#define NBI_ITER_MAX_OPS 4
+typedef struct nbi_iter {
+  int ndim; /* >= 1 */
+  int n_ops;
+  int64_t dims[NB_MAX_DIMS];
+  int64_t strides[NBI_ITER_MAX_OPS][NB_MAX_DIMS];
+} nbi_iter;
+
+void nbi_iter_init(nbi_iter *it, int n_ops, const nbi_view *const *views);
+int64_t nbi_iter_rows(const nbi_iter *it);
+void nbi_iter_row(const nbi_iter *it, int64_t row, int64_t *offs);
+
+#endif

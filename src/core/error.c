@@ -1,0 +1,51 @@
+/* src/core/error.c — sticky thread-local errors and status strings. */
+#include "nbi.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static _Thread_local nb_status err_status = NB_OK;
+static _Thread_local char err_msg[1024];
+
+static const char *const status_strs[NB_STATUS_COUNT] = {
+#define NB_STATUS_STR_(name, msg) msg,
+    NB_STATUS_MAP(NB_STATUS_STR_)
+#undef NB_STATUS_STR_
+};
+
+const char *nb_status_str(nb_status s) {
+  if ((unsigned)s >= NB_STATUS_COUNT) return "unknown status";
+  return status_strs[s];
+}
+
+nb_status nb_last_status(void) { return err_status; }
+const char *nb_last_error(void) { return err_status == NB_OK ? "" : err_msg; }
+void nb_clear_error(void) {
+  err_status = NB_OK;
+  err_msg[0] = '\0';
+}
+
+nb_status nbi_error(nb_status s, const char *fmt, ...) {
+  if (err_status != NB_OK || s == NB_OK) return s; /* keep the first error */
+  err_status = s;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err_msg, sizeof err_msg, fmt, ap);
+  va_end(ap);
+  const char *abort_env = getenv("NABLA_ABORT_ON_ERROR");
+  if (abort_env && abort_env[0] == '1') {
+    fprintf(stderr, "nabla: %s (%s)\n", err_msg, nb_status_str(s));
+    abort();
+  }
+  return s;
+}
+
+bool nbi_any_null(const char *fn, nb_tensor *const *ts, int n) {
+  for (int i = 0; i < n; i++) {
+    if (!ts[i]) {
+      nbi_error(NB_ERR_NULL, "%s: argument %d is NULL", fn, i + 1);
+      return true;
+    }
+  }
+  return false;
+}

@@ -1,0 +1,187 @@
+/* src/core/nbi.h — internal contract shared by core, ops and backends.
+ * Public names are nb_*, internal ones nbi_* (or static). */
+#ifndef NABLA_NBI_H
+#define NABLA_NBI_H
+
+#include <nabla/nabla.h>
+#include <stdarg.h>
+#include <string.h>
+
+/* ---- errors ---------------------------------------------------------------
+ * nbi_error records the thread's first error (later ones are ignored until
+ * nb_clear_error) and returns the status so callers can `return nbi_error(...)`.
+ * Messages start with the public function's name: "nb_matmul: ...". */
+nb_status nbi_error(nb_status s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* true if any of the n tensors is NULL (and records NB_ERR_NULL naming fn and
+ * the argument position unless an earlier error is already recorded). */
+bool nbi_any_null(const char *fn, nb_tensor *const *ts, int n);
+
+/* ---- dtypes ------------------------------------------------------------- */
+bool nbi_dtype_valid(nb_dtype dt);
+bool nbi_dtype_is_int(nb_dtype dt); /* i32, i64 (not bool) */
+float nbi_f16_to_f32(uint16_t h);
+uint16_t nbi_f32_to_f16(float f); /* round to nearest even */
+float nbi_bf16_to_f32(uint16_t h);
+uint16_t nbi_f32_to_bf16(float f); /* round to nearest even */
+/* Element i of a typed array read as double / int64 (exact for every integer
+ * dtype), and stored from double (float dtypes: rounding; ints: truncation
+ * toward zero, saturating; bool: != 0) / int64. */
+double nbi_load_f64(const void *p, nb_dtype dt, int64_t i);
+int64_t nbi_load_i64(const void *p, nb_dtype dt, int64_t i);
+void nbi_store_f64(void *p, nb_dtype dt, int64_t i, double v);
+void nbi_store_i64(void *p, nb_dtype dt, int64_t i, int64_t v);
+
+/* ---- shapes ----------------------------------------------------------------- */
+#define NBI_MAX_NUMEL ((int64_t)1 << 48) /* larger requests are NB_ERR_OVERFLOW */
+/* numel of s, or -1 on overflow past NBI_MAX_NUMEL / negative dims. */
+int64_t nbi_numel(const nb_shape *s);
+/* Checks ndim in [0, NB_MAX_DIMS], dims >= 0, numel <= NBI_MAX_NUMEL; records
+ * an error naming fn otherwise. */
+nb_status nbi_check_shape(const char *fn, const nb_shape *s);
+bool nbi_shape_eq(const nb_shape *a, const nb_shape *b);
+/* NumPy broadcast of a and b into out; error naming fn on mismatch. */
+nb_status nbi_broadcast_shapes(const char *fn, const nb_shape *a, const nb_shape *b,
+                               nb_shape *out);
+/* Normalizes a possibly negative axis for a rank; error naming fn if out of range. */
+nb_status nbi_norm_axis(const char *fn, int axis, int ndim, int *out);
+/* Axes (NB_ALL allowed) -> bitmask over ndim; error on range or duplicates. */
+nb_status nbi_axes_mask(const char *fn, nb_axes axes, int ndim, uint32_t *mask);
+/* Contiguous row-major strides (elements) of s. */
+void nbi_contig_strides(const nb_shape *s, int64_t *strides);
+
+/* ---- buffers, views, storage ------------------------------------------------ */
+typedef struct nbi_buffer {
+  int32_t refcount;
+  int device; /* index into the backend table; 0 = CPU */
+  size_t nbytes;
+  void *data; /* 64-byte aligned */
+} nbi_buffer;
+
+/* A strided window of a buffer: what kernels read and write. Strides and the
+ * data pointer are in elements of dtype / bytes resp.; data already includes the
+ * offset. A stride of 0 broadcasts; negative strides appear for flips. */
+typedef struct nbi_view {
+  char *data;
+  nb_dtype dtype;
+  int ndim;
+  int64_t dims[NB_MAX_DIMS];
+  int64_t strides[NB_MAX_DIMS];
+} nbi_view;
+
+/* Where one shard of a realized tensor lives: a buffer, an element offset, strides. */
+typedef struct nbi_storage {
+  nbi_buffer *buf; /* NULL while not realized */
+  int64_t offset;
+  int64_t strides[NB_MAX_DIMS];
+} nbi_storage;
+
+nbi_buffer *nbi_buffer_alloc(size_t nbytes); /* NULL + NB_ERR_OOM on failure */
+void nbi_buffer_retain(nbi_buffer *b);
+void nbi_buffer_release(nbi_buffer *b);
+
+bool nbi_view_is_contiguous(const nbi_view *v);
+/* Copies src into dst elementwise (same dims), converting dtype; either may be
+ * strided. Multithreaded for large sizes. */
+void nbi_copy_view(nbi_view *dst, const nbi_view *src);
+/* Fills dst with value converted to its dtype. */
+void nbi_fill_view(nbi_view *dst, double value);
+/* Returns v with its dims broadcast to s (stride 0 on broadcast dims; leading
+ * dims added). s must be a valid broadcast target of v. */
+nbi_view nbi_view_broadcast(const nbi_view *v, const nb_shape *s);
+
+/* ---- op attributes ---------------------------------------------------------- */
+#define NBI_MAX_IATTR 32
+#define NBI_MAX_FATTR 4
+/* Plain data, zero-initialized, hashed and compared bytewise: each op documents
+ * the meaning of its slots next to its definition. */
+typedef struct nbi_attrs {
+  int64_t i[NBI_MAX_IATTR];
+  double f[NBI_MAX_FATTR];
+} nbi_attrs;
+
+/* ---- tensors ------------------------------------------------------------------ */
+enum {
+  NBI_T_REALIZED = 1u << 0, /* shards hold the data */
+  NBI_T_TRACED = 1u << 1,   /* symbolic (transforms); data may not be read */
+};
+
+struct nb_tensor {
+  int32_t refcount;
+  uint32_t flags;
+  nb_shape shape;
+  nb_dtype dtype;
+  int op;  /* NBI_OP_* that produces it (NBI_OP_CONST for data leaves) */
+  int32_t mark; /* scratch for graph passes (realization); -1 when idle */
+  int n_in;
+  nb_tensor **in; /* retained inputs while pending; in_inline when n_in <= 3 */
+  nb_tensor *in_inline[3];
+  nbi_attrs attrs;
+  /* Data: one storage per shard of the tensor's mesh. A single-device tensor
+   * (mesh NULL) has one shard: shards == &shard0. */
+  struct nbi_mesh *mesh;
+  int n_shards;
+  nbi_storage *shards;
+  nbi_storage shard0;
+};
+
+/* View of shard 0 of a realized tensor. */
+nbi_view nbi_tensor_view(const nb_tensor *t);
+
+/* Makes a pending node: checks nothing (the op's public function has already
+ * validated), retains the inputs, registers the result in the current scope.
+ * attrs may be NULL (all zero). Returns NULL + NB_ERR_OOM on failure. */
+nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in,
+                      int n_in, const nbi_attrs *attrs);
+/* Makes a realized leaf holding a fresh contiguous buffer (contents
+ * uninitialized), registered in the current scope. */
+nb_tensor *nbi_leaf_alloc(const char *fn, const nb_shape *shape, nb_dtype dt);
+/* Registers t (refcount already 1) in the current scope. */
+void nbi_scope_register(nb_tensor *t);
+/* Releases a tensor's graph inputs (after realization, when nothing needs them). */
+void nbi_tensor_drop_graph(nb_tensor *t);
+uint64_t nbi_live_tensors(void);
+
+/* ---- op registry ------------------------------------------------------------------ */
+typedef enum nbi_op {
+#define NB_OP(id, name, arity) NBI_OP_##id,
+#include "../ops/ops.def"
+#undef NB_OP
+  NBI_OP_COUNT
+} nbi_op;
+
+/* Computes node `n` on the CPU: in[k] views its realized inputs (any strides),
+ * out is a freshly allocated contiguous buffer of n's shape and dtype. Returns
+ * NB_OK or records an error (e.g. index out of range) and returns its status. */
+typedef nb_status (*nbi_cpu_kernel)(const nb_tensor *n, nbi_view *out, const nbi_view *in);
+/* Optional zero-copy path: sets out->data/strides to alias in[0]'s memory and
+ * returns true, or returns false to fall back to the kernel. */
+typedef bool (*nbi_view_fn)(const nb_tensor *n, const nbi_view *in, nbi_view *out);
+
+typedef struct nbi_op_def {
+  const char *name;
+  int arity; /* -1: variadic (concat) */
+  nbi_cpu_kernel cpu;
+  nbi_view_fn view;
+} nbi_op_def;
+
+/* One record per op, defined next to the op's public function, named
+ * nbi_opdef_<ID>; the registry table in src/ops/registry.c points at all. */
+#define NB_OP(id, name, arity) extern const nbi_op_def nbi_opdef_##id;
+#include "../ops/ops.def"
+#undef NB_OP
+extern const nbi_op_def *const nbi_op_table[NBI_OP_COUNT];
+
+/* ---- realization, stats ------------------------------------------------------ */
+nb_status nbi_realize(nb_tensor *const *ts, int n);
+void nbi_stats_alloc(size_t nbytes);
+void nbi_stats_free(size_t nbytes);
+void nbi_stats_kernel(void);
+
+/* ---- threads ------------------------------------------------------------------ */
+/* Called once before the first kernel: OpenMP pool, FTZ/DAZ in every thread. */
+void nbi_cpu_init(void);
+/* Elements below which a loop stays single-threaded. */
+#define NBI_PAR_MIN 32768
+
+#endif

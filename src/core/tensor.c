@@ -1,0 +1,339 @@
+/* src/core/tensor.c — tensor handles: lifetime (refcounts, scopes), creation of
+ * data leaves, queries, and reading data back. */
+#include "nbi.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* ---- scopes ------------------------------------------------------------------
+ * A thread's scopes form a stack of frames; frame 0 is the root. Each frame owns
+ * one reference to every tensor registered in it. */
+typedef struct scope_frame {
+  nb_tensor **items;
+  size_t n, cap;
+} scope_frame;
+
+static _Thread_local scope_frame *frames;
+static _Thread_local int n_frames, cap_frames;
+
+static scope_frame *current_frame(void) {
+  if (n_frames == 0) {
+    frames = calloc(8, sizeof *frames);
+    if (!frames) return NULL;
+    cap_frames = 8;
+    n_frames = 1;
+  }
+  return &frames[n_frames - 1];
+}
+
+static bool frame_push(scope_frame *f, nb_tensor *t) {
+  if (f->n == f->cap) {
+    size_t cap = f->cap ? 2 * f->cap : 64;
+    nb_tensor **items = realloc(f->items, cap * sizeof *items);
+    if (!items) return false;
+    f->items = items;
+    f->cap = cap;
+  }
+  f->items[f->n++] = t;
+  return true;
+}
+
+void nbi_scope_register(nb_tensor *t) {
+  scope_frame *f = current_frame();
+  if (!f || !frame_push(f, t)) {
+    /* Cannot track it: drop it rather than leak, and report. */
+    nbi_error(NB_ERR_OOM, "nabla: out of memory registering a tensor in its scope");
+  }
+}
+
+void nb_scope_begin(void) {
+  if (!current_frame()) return;
+  if (n_frames == cap_frames) {
+    scope_frame *nf = realloc(frames, 2 * (size_t)cap_frames * sizeof *nf);
+    if (!nf) {
+      nbi_error(NB_ERR_OOM, "nb_scope_begin: out of memory");
+      return;
+    }
+    frames = nf;
+    cap_frames *= 2;
+  }
+  frames[n_frames++] = (scope_frame){0};
+}
+
+static void frame_clear(scope_frame *f) {
+  for (size_t i = f->n; i-- > 0;) nb_release(f->items[i]);
+  free(f->items);
+  *f = (scope_frame){0};
+}
+
+nb_status nb_scope_end(void) {
+  if (n_frames <= 1)
+    return nbi_error(NB_ERR_SCOPE, "nb_scope_end: no open scope (begin/end are unbalanced)");
+  frame_clear(&frames[--n_frames]);
+  return NB_OK;
+}
+
+nb_tensor *nb_keep(nb_tensor *t) {
+  if (!t) return NULL;
+  if (n_frames <= 1) return t; /* root scope: nothing encloses it */
+  if (frame_push(&frames[n_frames - 2], t)) t->refcount++;
+  else nbi_error(NB_ERR_OOM, "nb_keep: out of memory");
+  return t;
+}
+
+/* Empties the main thread's root scope at exit so leak checkers see no leaks. */
+__attribute__((destructor)) static void root_scope_cleanup(void) {
+  while (n_frames > 1) frame_clear(&frames[--n_frames]);
+  if (n_frames == 1) frame_clear(&frames[0]);
+  free(frames);
+  frames = NULL;
+  n_frames = cap_frames = 0;
+}
+
+/* ---- lifetime -------------------------------------------------------------------- */
+static uint64_t live_tensors;
+
+nb_tensor *nb_retain(nb_tensor *t) {
+  if (t) t->refcount++;
+  return t;
+}
+
+static void tensor_drop_inputs(nb_tensor *t, nb_tensor ***stack, size_t *n, size_t *cap);
+
+/* Frees t and, iteratively (deep graphs must not overflow the C stack), every
+ * input whose last reference it held. */
+void nb_release(nb_tensor *t) {
+  if (!t || --t->refcount > 0) return;
+  nb_tensor *local[64], **stack = local;
+  size_t n = 0, cap = 64;
+  stack[n++] = t;
+  while (n) {
+    nb_tensor *x = stack[--n];
+    tensor_drop_inputs(x, &stack, &n, &cap);
+    for (int s = 0; s < x->n_shards; s++)
+      if (x->shards[s].buf) nbi_buffer_release(x->shards[s].buf);
+    if (x->shards != &x->shard0) free(x->shards);
+    free(x);
+    live_tensors--;
+  }
+  if (stack != local) free(stack);
+}
+
+static void tensor_drop_inputs(nb_tensor *t, nb_tensor ***stack, size_t *n, size_t *cap) {
+  for (int i = 0; i < t->n_in; i++) {
+    nb_tensor *x = t->in[i];
+    if (--x->refcount > 0) continue;
+    if (*n == *cap) {
+      size_t nc = *cap * 2;
+      nb_tensor **ns = malloc(nc * sizeof *ns);
+      if (!ns) { /* cannot grow: leak rather than crash */
+        x->refcount = 1;
+        continue;
+      }
+      memcpy(ns, *stack, *n * sizeof *ns);
+      if (*cap != 64) free(*stack);
+      *stack = ns;
+      *cap = nc;
+    }
+    (*stack)[(*n)++] = x;
+  }
+  if (t->in != t->in_inline) free(t->in);
+  t->in = t->in_inline;
+  t->n_in = 0;
+}
+
+/* Drops a realized tensor's graph edges (its value no longer needs them). */
+void nbi_tensor_drop_graph(nb_tensor *t) {
+  for (int i = 0; i < t->n_in; i++) nb_release(t->in[i]);
+  if (t->in != t->in_inline) free(t->in);
+  t->in = t->in_inline;
+  t->n_in = 0;
+}
+
+static nb_tensor *tensor_new(const nb_shape *shape, nb_dtype dt, int op) {
+  nb_tensor *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
+  t->refcount = 1;
+  t->shape = *shape;
+  t->dtype = dt;
+  t->op = op;
+  t->mark = -1;
+  t->in = t->in_inline;
+  t->n_shards = 1;
+  t->shards = &t->shard0;
+  live_tensors++;
+  return t;
+}
+
+uint64_t nbi_live_tensors(void) { return live_tensors; }
+
+nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in,
+                      int n_in, const nbi_attrs *attrs) {
+  nb_tensor *t = tensor_new(shape, dt, op);
+  if (!t) {
+    nbi_error(NB_ERR_OOM, "nb_%s: out of memory", nbi_op_table[op]->name);
+    return NULL;
+  }
+  if (n_in > 3) {
+    t->in = malloc((size_t)n_in * sizeof *t->in);
+    if (!t->in) {
+      free(t);
+      live_tensors--;
+      nbi_error(NB_ERR_OOM, "nb_%s: out of memory", nbi_op_table[op]->name);
+      return NULL;
+    }
+  }
+  for (int i = 0; i < n_in; i++) t->in[i] = nb_retain(in[i]);
+  t->n_in = n_in;
+  if (attrs) t->attrs = *attrs;
+  nbi_scope_register(t);
+  return t;
+}
+
+nb_tensor *nbi_leaf_alloc(const char *fn, const nb_shape *shape, nb_dtype dt) {
+  if (!nbi_dtype_valid(dt)) {
+    nbi_error(NB_ERR_DTYPE, "%s: invalid dtype %d", fn, (int)dt);
+    return NULL;
+  }
+  if (nbi_check_shape(fn, shape)) return NULL;
+  size_t nbytes = (size_t)nbi_numel(shape) * nb_dtype_size(dt);
+  nbi_buffer *b = nbi_buffer_alloc(nbytes);
+  if (!b) return NULL;
+  nb_tensor *t = tensor_new(shape, dt, NBI_OP_CONST);
+  if (!t) {
+    nbi_buffer_release(b);
+    nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+    return NULL;
+  }
+  t->shard0.buf = b;
+  nbi_contig_strides(shape, t->shard0.strides);
+  t->flags |= NBI_T_REALIZED;
+  nbi_scope_register(t);
+  return t;
+}
+
+nbi_view nbi_tensor_view(const nb_tensor *t) {
+  nbi_view v = {.dtype = t->dtype, .ndim = t->shape.ndim};
+  memcpy(v.dims, t->shape.dims, sizeof v.dims);
+  memcpy(v.strides, t->shard0.strides, sizeof v.strides);
+  if (t->shard0.buf)
+    v.data = (char *)t->shard0.buf->data + t->shard0.offset * (int64_t)nb_dtype_size(t->dtype);
+  return v;
+}
+
+/* ---- creation --------------------------------------------------------------------- */
+nb_tensor *nb_full(nb_shape s, double value, nb_dtype dt) {
+  nb_tensor *t = nbi_leaf_alloc("nb_full", &s, dt);
+  if (!t) return NULL;
+  nbi_view v = nbi_tensor_view(t);
+  nbi_fill_view(&v, value);
+  return t;
+}
+
+nb_tensor *nb_zeros(nb_shape s, nb_dtype dt) { return nb_full(s, 0.0, dt); }
+nb_tensor *nb_ones(nb_shape s, nb_dtype dt) { return nb_full(s, 1.0, dt); }
+nb_tensor *nb_scalar(double value, nb_dtype dt) {
+  return nb_full(NB_SCALAR_SHAPE, value, dt);
+}
+
+nb_tensor *nb_arange(double start, double stop, double step, nb_dtype dt) {
+  if (step == 0 || step != step || start != start || stop != stop) {
+    nbi_error(NB_ERR_ARG, "nb_arange: step must be a non-zero number (got start %g, stop %g, step %g)",
+              start, stop, step);
+    return NULL;
+  }
+  double count = ceil((stop - start) / step);
+  if (!(count <= (double)NBI_MAX_NUMEL)) {
+    nbi_error(NB_ERR_OVERFLOW, "nb_arange: %g elements is too many", count);
+    return NULL;
+  }
+  nb_shape s = {.ndim = 1, .dims = {count > 0 ? (int64_t)count : 0}};
+  nb_tensor *t = nbi_leaf_alloc("nb_arange", &s, dt);
+  if (!t) return NULL;
+  void *p = t->shard0.buf->data;
+  for (int64_t i = 0; i < s.dims[0]; i++) nbi_store_f64(p, dt, i, start + (double)i * step);
+  return t;
+}
+
+nb_tensor *nb_from_data(const void *src, nb_shape s, nb_dtype dt) {
+  if (!src) {
+    nbi_error(NB_ERR_NULL, "nb_from_data: src is NULL");
+    return NULL;
+  }
+  nb_tensor *t = nbi_leaf_alloc("nb_from_data", &s, dt);
+  if (!t) return NULL;
+  memcpy(t->shard0.buf->data, src, t->shard0.buf->nbytes);
+  return t;
+}
+
+/* ---- queries ------------------------------------------------------------------------ */
+nb_shape nb_shape_of(const nb_tensor *t) {
+  if (!t) return (nb_shape){.ndim = -1};
+  return t->shape;
+}
+int nb_ndim(const nb_tensor *t) { return t ? t->shape.ndim : -1; }
+int64_t nb_numel(const nb_tensor *t) { return t ? nbi_numel(&t->shape) : -1; }
+nb_dtype nb_dtype_of(const nb_tensor *t) { return t ? t->dtype : NB_DTYPE_COUNT; }
+bool nb_is_realized(const nb_tensor *t) { return t && (t->flags & NBI_T_REALIZED); }
+
+/* ---- reading data ------------------------------------------------------------------- */
+static nb_status check_readable(const char *fn, nb_tensor *t) {
+  if (!t) return nbi_error(NB_ERR_NULL, "%s: tensor is NULL", fn);
+  if (t->flags & NBI_T_TRACED)
+    return nbi_error(NB_ERR_STATE, "%s: cannot read a traced value; use nb_cond / nb_while_loop",
+                     fn);
+  return NB_OK;
+}
+
+nb_status nb_to_host(nb_tensor *t, void *dst, size_t nbytes) {
+  nb_status st = check_readable("nb_to_host", t);
+  if (st) return st;
+  if (!dst) return nbi_error(NB_ERR_NULL, "nb_to_host: dst is NULL");
+  size_t need = (size_t)nbi_numel(&t->shape) * nb_dtype_size(t->dtype);
+  if (nbytes != need)
+    return nbi_error(NB_ERR_ARG, "nb_to_host: nbytes is %zu but the %s tensor needs %zu", nbytes,
+                     nb_dtype_name(t->dtype), need);
+  if ((st = nbi_realize(&t, 1))) return st;
+  nbi_view src = nbi_tensor_view(t), out = src;
+  out.data = dst;
+  nbi_contig_strides(&t->shape, out.strides);
+  if (need) nbi_copy_view(&out, &src);
+  return NB_OK;
+}
+
+double nb_item(nb_tensor *t) {
+  if (check_readable("nb_item", t)) return NAN;
+  if (nbi_numel(&t->shape) != 1) {
+    char b[160];
+    nbi_error(NB_ERR_SHAPE, "nb_item: tensor of shape %s has %lld elements, not 1",
+              nb_shape_str(t->shape, b, sizeof b), (long long)nbi_numel(&t->shape));
+    return NAN;
+  }
+  if (nbi_realize(&t, 1)) return NAN;
+  nbi_view v = nbi_tensor_view(t);
+  return nbi_load_f64(v.data, t->dtype, 0);
+}
+
+nb_status nb_eval(nb_tensor *const *ts, int n) {
+  if (n < 0) return nbi_error(NB_ERR_ARG, "nb_eval: n is %d", n);
+  if (n > 0 && !ts) return nbi_error(NB_ERR_NULL, "nb_eval: ts is NULL");
+  for (int i = 0; i < n; i++) {
+    nb_status st = check_readable("nb_eval", ts[i]);
+    if (st) return st;
+  }
+  return nbi_realize(ts, n);
+}
+
+/* ---- devices ------------------------------------------------------------------------- */
+static _Thread_local nb_device default_device = {NB_DEVICE_CPU, 0};
+
+nb_status nb_set_default_device(nb_device d) {
+  if (d.kind != NB_DEVICE_CPU || d.index != 0)
+    return nbi_error(NB_ERR_DEVICE,
+                     "nb_set_default_device: device %s:%d is not available in this build "
+                     "(only cpu:0)",
+                     d.kind == NB_DEVICE_CUDA ? "cuda" : "?", d.index);
+  default_device = d;
+  return NB_OK;
+}
+nb_device nb_default_device(void) { return default_device; }

@@ -1,0 +1,47 @@
+/* src/ops/elementwise.c — op records (skeleton: kernels and public functions to come). */
+#include "../core/nbi.h"
+
+const nbi_op_def nbi_opdef_NEG = {"neg", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_ABS = {"abs", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_SIGN = {"sign", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_EXP = {"exp", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_EXPM1 = {"expm1", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_LOG = {"log", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_LOG1P = {"log1p", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_SQRT = {"sqrt", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_RSQRT = {"rsqrt", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_SQUARE = {"square", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_SIN = {"sin", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_COS = {"cos", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_TAN = {"tan", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_TANH = {"tanh", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_SIGMOID = {"sigmoid", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_RELU = {"relu", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_GELU = {"gelu", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_SILU = {"silu", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_SOFTPLUS = {"softplus", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_ERF = {"erf", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_FLOOR = {"floor", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_CEIL = {"ceil", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_ROUND = {"round", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_RECIPROCAL = {"reciprocal", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_LOGICAL_NOT = {"logical_not", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_CAST = {"cast", 1, NULL, NULL};
+const nbi_op_def nbi_opdef_ADD = {"add", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_SUB = {"sub", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_MUL = {"mul", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_DIV = {"div", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_POW = {"pow", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_MAXIMUM = {"maximum", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_MINIMUM = {"minimum", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_ATAN2 = {"atan2", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_MOD = {"mod", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_EQ = {"eq", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_NE = {"ne", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_LT = {"lt", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_LE = {"le", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_GT = {"gt", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_GE = {"ge", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_LOGICAL_AND = {"logical_and", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_LOGICAL_OR = {"logical_or", 2, NULL, NULL};
+const nbi_op_def nbi_opdef_WHERE = {"where", 3, NULL, NULL};

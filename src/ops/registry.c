@@ -1,0 +1,15 @@
+/* src/ops/registry.c — the op table, generated from ops.def. */
+#include "../core/nbi.h"
+
+const nbi_op_def nbi_opdef_CONST = {"const", 0, NULL, NULL};
+
+const nbi_op_def *const nbi_op_table[NBI_OP_COUNT] = {
+#define NB_OP(id, name, arity) [NBI_OP_##id] = &nbi_opdef_##id,
+#include "ops.def"
+#undef NB_OP
+};
+
+/* A row added to ops.def without a record fails to link; this catches a
+ * table that lost its size. */
+_Static_assert(sizeof(nbi_op_table) / sizeof(nbi_op_table[0]) == NBI_OP_COUNT,
+               "op table must cover every op in ops.def");
