@@ -43,7 +43,7 @@ TEST_BIN := $(BUILD)/test/nabla_tests
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(sort $(wildcard examples/*.c)))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(sort $(wildcard bench/*.c)))
 
-.PHONY: all deps test demo bench bench-smoke install uninstall clean format check-cxx
+.PHONY: all deps test demo bench bench-smoke install install-check uninstall clean format check-cxx
 
 all: $(LIB_A) $(LIB_SO) $(PC)
 
@@ -102,7 +102,17 @@ install: all
 	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libnabla.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libnabla.so.$(SOVER)
 	ln -sf libnabla.so.$(SOVER) $(DESTDIR)$(PREFIX)/lib/libnabla.so
-	install -m 644 $(PC) $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' nabla.pc.in \
+	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/nabla.pc
+
+# Installs into a scratch prefix and builds the README's first example against
+# it with pkg-config, as a user would.
+install-check: all
+	rm -rf $(BUILD)/prefix
+	$(MAKE) --no-print-directory install PREFIX=$(abspath $(BUILD)/prefix)
+	PKG_CONFIG_PATH=$(abspath $(BUILD)/prefix)/lib/pkgconfig; export PKG_CONFIG_PATH; \
+	  $(CC) examples/first.c $$(pkg-config --cflags --libs nabla) -o $(BUILD)/first-installed
+	LD_LIBRARY_PATH=$(abspath $(BUILD)/prefix)/lib $(BUILD)/first-installed
 
 uninstall:
 	rm -rf $(DESTDIR)$(PREFIX)/include/nabla
@@ -116,4 +126,4 @@ format:
 	clang-format -i $(shell find include src test examples bench -name '*.[ch]')
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-clang

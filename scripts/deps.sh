@@ -2,7 +2,7 @@
 # scripts/deps.sh — the one place that knows nabla's Debian packages. Installs
 # the ones missing (needs root or sudo); does nothing when all are present.
 set -e
-PKGS="build-essential pkg-config libdnnl-dev libopenblas-dev libcriterion-dev"
+PKGS="build-essential g++ clang libomp-dev pkg-config libdnnl-dev libopenblas-dev libcriterion-dev"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -11,7 +11,7 @@ Test(core, from_data_round_trips_every_dtype) {
     tc_round_to(ref, 6, (nb_dtype)dt);
     nb_tensor *t = tc_tensor(x, NB_SHAPE(2, 3), (nb_dtype)dt);
     cr_assert(nb_is_realized(t));
-    cr_assert_eq(nb_dtype_of(t), dt);
+    cr_assert_eq((int)nb_dtype_of(t), dt);
     tc_assert_close_tol(t, ref, NB_SHAPE(2, 3), 0);
   }
 }
