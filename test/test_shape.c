@@ -17,14 +17,16 @@ static int64_t rnd(uint64_t *seed, int64_t lo, int64_t hi) {
 /* Random rank in [rmin, rmax], dims in [dmin, dmax]. */
 static nb_shape rand_shape(uint64_t *seed, int rmin, int rmax, int64_t dmin, int64_t dmax) {
   nb_shape s = {.ndim = (int)rnd(seed, rmin, rmax)};
-  for (int d = 0; d < s.ndim; d++) s.dims[d] = rnd(seed, dmin, dmax);
+  for (int d = 0; d < s.ndim; d++)
+    s.dims[d] = rnd(seed, dmin, dmax);
   return s;
 }
 
 /* Small integers (0/1 for bool), exact in every dtype. */
 static double *rand_values(int64_t n, nb_dtype dt, uint64_t *seed) {
   double *x = malloc((size_t)(n ? n : 1) * sizeof *x);
-  for (int64_t i = 0; i < n; i++) x[i] = dt == NB_BOOL ? (double)rnd(seed, 0, 1) : (double)rnd(seed, -60, 60);
+  for (int64_t i = 0; i < n; i++)
+    x[i] = dt == NB_BOOL ? (double)rnd(seed, 0, 1) : (double)rnd(seed, -60, 60);
   return x;
 }
 
@@ -37,19 +39,22 @@ static void unravel(int64_t i, const nb_shape *s, int64_t *ix) {
 }
 static int64_t ravel(const int64_t *ix, const nb_shape *s) {
   int64_t i = 0;
-  for (int d = 0; d < s->ndim; d++) i = i * s->dims[d] + ix[d];
+  for (int d = 0; d < s->ndim; d++)
+    i = i * s->dims[d] + ix[d];
   return i;
 }
 
 /* Reference permute: out[j] = x[i] with i[perm[d]] = j[d]. */
 static double *ref_permute(const double *x, const nb_shape *s, const int *perm, nb_shape *os) {
   os->ndim = s->ndim;
-  for (int d = 0; d < s->ndim; d++) os->dims[d] = s->dims[perm[d]];
+  for (int d = 0; d < s->ndim; d++)
+    os->dims[d] = s->dims[perm[d]];
   int64_t n = tc_numel(*s), j[NB_MAX_DIMS], i[NB_MAX_DIMS];
   double *r = malloc((size_t)(n ? n : 1) * sizeof *r);
   for (int64_t k = 0; k < n; k++) {
     unravel(k, os, j);
-    for (int d = 0; d < s->ndim; d++) i[perm[d]] = j[d];
+    for (int d = 0; d < s->ndim; d++)
+      i[perm[d]] = j[d];
     r[k] = x[ravel(i, s)];
   }
   return r;
@@ -62,12 +67,14 @@ static int64_t ref_slice_indices(int64_t n, int64_t b, int64_t e, int64_t st, in
     int64_t i = b < 0 ? b + n : b, stop = e < 0 ? e + n : e;
     if (i < 0) i = 0;
     if (stop > n) stop = n;
-    for (; i < stop; i += st) idx[k++] = i;
+    for (; i < stop; i += st)
+      idx[k++] = i;
   } else {
     int64_t i = b < 0 ? b + n : b, stop = e == NB_END ? -1 : e < 0 ? e + n : e;
     if (i > n - 1) i = n - 1;
     if (stop < -1) stop = -1;
-    for (; i > stop; i += st) idx[k++] = i;
+    for (; i > stop; i += st)
+      idx[k++] = i;
   }
   return k;
 }
@@ -77,12 +84,14 @@ static double *ref_slice(const double *x, const nb_shape *s, const int64_t *b, c
                          const int64_t *st, nb_shape *os) {
   int64_t sel[NB_MAX_DIMS][64];
   os->ndim = s->ndim;
-  for (int d = 0; d < s->ndim; d++) os->dims[d] = ref_slice_indices(s->dims[d], b[d], e[d], st[d], sel[d]);
+  for (int d = 0; d < s->ndim; d++)
+    os->dims[d] = ref_slice_indices(s->dims[d], b[d], e[d], st[d], sel[d]);
   int64_t n = tc_numel(*os), j[NB_MAX_DIMS], i[NB_MAX_DIMS];
   double *r = malloc((size_t)(n ? n : 1) * sizeof *r);
   for (int64_t k = 0; k < n; k++) {
     unravel(k, os, j);
-    for (int d = 0; d < s->ndim; d++) i[d] = sel[d][j[d]];
+    for (int d = 0; d < s->ndim; d++)
+      i[d] = sel[d][j[d]];
     r[k] = x[ravel(i, s)];
   }
   return r;
@@ -103,7 +112,8 @@ static double *ref_flip(const double *x, const nb_shape *s, uint32_t mask) {
 
 /* Random permutation of [0, n). */
 static void rand_perm(uint64_t *seed, int n, int *p) {
-  for (int d = 0; d < n; d++) p[d] = d;
+  for (int d = 0; d < n; d++)
+    p[d] = d;
   for (int d = n - 1; d > 0; d--) {
     int k = (int)rnd(seed, 0, d), tmp = p[d];
     p[d] = p[k];
@@ -116,7 +126,8 @@ static void rand_perm(uint64_t *seed, int n, int *p) {
 static nb_tensor *strided_tensor(const double *x, nb_shape s, nb_dtype dt) {
   if (s.ndim < 2) return tc_tensor(x, s, dt);
   int perm[NB_MAX_DIMS];
-  for (int d = 0; d < s.ndim; d++) perm[d] = d;
+  for (int d = 0; d < s.ndim; d++)
+    perm[d] = d;
   perm[s.ndim - 2] = s.ndim - 1;
   perm[s.ndim - 1] = s.ndim - 2;
   nb_shape ts;
@@ -140,9 +151,11 @@ static uint64_t kernels(void) { return nb_get_stats().kernels_run; }
  * zero-size source, one dim is 0 and the rest random. */
 static nb_shape rand_target(uint64_t *seed, int64_t n) {
   nb_shape s = {.ndim = (int)rnd(seed, n == 1 ? 0 : 1, 4)};
-  for (int d = 0; d < s.ndim; d++) s.dims[d] = 1;
+  for (int d = 0; d < s.ndim; d++)
+    s.dims[d] = 1;
   if (n == 0) {
-    for (int d = 0; d < s.ndim; d++) s.dims[d] = rnd(seed, 1, 3);
+    for (int d = 0; d < s.ndim; d++)
+      s.dims[d] = rnd(seed, 1, 3);
     s.dims[rnd(seed, 0, s.ndim - 1)] = 0;
     return s;
   }
@@ -173,7 +186,8 @@ Test(shape, reshape_random_shapes_every_dtype) {
 
 Test(shape, reshape_infers_the_minus_one_dim) {
   double x[24];
-  for (int i = 0; i < 24; i++) x[i] = i;
+  for (int i = 0; i < 24; i++)
+    x[i] = i;
   nb_tensor *t = tc_tensor(x, NB_SHAPE(2, 3, 4), NB_F32);
   tc_assert_close_tol(nb_reshape(t, NB_SHAPE(-1, 4)), x, NB_SHAPE(6, 4), 0);
   tc_assert_close_tol(nb_reshape(t, NB_SHAPE(2, -1, 3)), x, NB_SHAPE(2, 4, 3), 0);
@@ -199,13 +213,15 @@ Test(shape, reshape_of_contiguous_tensor_is_zero_copy) {
 Test(shape, reshape_of_compatible_strided_view_is_zero_copy) {
   /* rows 0, 2, 4 of a [6,4] tensor: strides [8,1]; splitting the last dim keeps a view */
   double x[24];
-  for (int i = 0; i < 24; i++) x[i] = i;
+  for (int i = 0; i < 24; i++)
+    x[i] = i;
   nb_tensor *t = tc_tensor(x, NB_SHAPE(6, 4), NB_I64);
   nb_tensor *s = nb_slice(t, (int64_t[]){0, 0}, (int64_t[]){6, 4}, (int64_t[]){2, 1});
   nb_tensor *r = nb_reshape(s, NB_SHAPE(3, 2, 1, 2));
   double ref[12];
   for (int i = 0; i < 3; i++)
-    for (int j = 0; j < 4; j++) ref[i * 4 + j] = x[(2 * i) * 4 + j];
+    for (int j = 0; j < 4; j++)
+      ref[i * 4 + j] = x[(2 * i) * 4 + j];
   uint64_t before = kernels();
   tc_assert_close_tol(r, ref, NB_SHAPE(3, 2, 1, 2), 0);
   cr_assert_eq(kernels(), before);
@@ -218,7 +234,8 @@ Test(shape, reshape_of_transposed_tensor_copies) {
     nb_tensor *t = tc_tensor(x, NB_SHAPE(3, 4), (nb_dtype)dt);
     nb_tensor *r = nb_reshape(nb_transpose(t), NB_SHAPE(2, 6));
     double ref[12];
-    for (int k = 0; k < 12; k++) ref[k] = x[(k % 3) * 4 + k / 3]; /* transposed [4,3], row-major */
+    for (int k = 0; k < 12; k++)
+      ref[k] = x[(k % 3) * 4 + k / 3]; /* transposed [4,3], row-major */
     uint64_t before = kernels();
     tc_assert_close_tol(r, ref, NB_SHAPE(2, 6), 0);
     cr_assert_eq(kernels(), before + 1, "the copy path should run exactly one kernel");
@@ -230,8 +247,8 @@ Test(shape, reshape_of_broadcast_and_flipped_views_copies) {
   double x[3] = {1, 2, 3};
   nb_tensor *t = tc_tensor(x, NB_SHAPE(3), NB_F64);
   double ref[6] = {1, 2, 3, 1, 2, 3};
-  tc_assert_close_tol(nb_reshape(nb_broadcast_to(t, NB_SHAPE(2, 3)), NB_SHAPE(6)), ref,
-                      NB_SHAPE(6), 0);
+  tc_assert_close_tol(nb_reshape(nb_broadcast_to(t, NB_SHAPE(2, 3)), NB_SHAPE(6)), ref, NB_SHAPE(6),
+                      0);
   double y[6] = {0, 1, 2, 3, 4, 5}, rf[6] = {2, 1, 0, 5, 4, 3};
   nb_tensor *u = tc_tensor(y, NB_SHAPE(2, 3), NB_BF16);
   tc_assert_close_tol(nb_reshape(nb_flip(u, NB_AXES(1)), NB_SHAPE(3, 2)), rf, NB_SHAPE(3, 2), 0);
@@ -266,7 +283,8 @@ Test(shape, transpose_swaps_the_last_two_dims) {
     nb_shape s = rand_shape(&seed, 2, 4, 0, 4);
     double *x = rand_values(tc_numel(s), (nb_dtype)dt, &seed);
     int perm[NB_MAX_DIMS];
-    for (int d = 0; d < s.ndim; d++) perm[d] = d;
+    for (int d = 0; d < s.ndim; d++)
+      perm[d] = d;
     perm[s.ndim - 2] = s.ndim - 1;
     perm[s.ndim - 1] = s.ndim - 2;
     nb_shape os;
@@ -289,7 +307,8 @@ Test(shape, permute_random_perms_every_dtype) {
       int perm[NB_MAX_DIMS];
       rand_perm(&seed, s.ndim, perm);
       nb_axes ax = {.n = s.ndim};
-      for (int d = 0; d < s.ndim; d++) ax.v[d] = rnd(&seed, 0, 1) ? perm[d] : perm[d] - s.ndim;
+      for (int d = 0; d < s.ndim; d++)
+        ax.v[d] = rnd(&seed, 0, 1) ? perm[d] : perm[d] - s.ndim;
       nb_shape os;
       double *ref = ref_permute(x, &s, perm, &os);
       tc_assert_close_tol(nb_permute(tc_tensor(x, s, (nb_dtype)dt), ax), ref, os, 0);
@@ -351,15 +370,15 @@ Test(shape, unsqueeze_inserts_a_size_one_dim) {
 
 Test(shape, flatten_merges_an_inclusive_range) {
   double x[24];
-  for (int i = 0; i < 24; i++) x[i] = i;
+  for (int i = 0; i < 24; i++)
+    x[i] = i;
   nb_tensor *t = tc_tensor(x, NB_SHAPE(2, 3, 4), NB_F32);
   tc_assert_close_tol(nb_flatten(t, 0, -1), x, NB_SHAPE(24), 0);
   tc_assert_close_tol(nb_flatten(t, 1, 2), x, NB_SHAPE(2, 12), 0);
   tc_assert_close_tol(nb_flatten(t, 0, 1), x, NB_SHAPE(6, 4), 0);
   tc_assert_close_tol(nb_flatten(t, 1, 1), x, NB_SHAPE(2, 3, 4), 0);
   tc_assert_close_tol(nb_flatten(nb_scalar(7, NB_I32), 0, -1), (double[]){7}, NB_SHAPE(1), 0);
-  tc_assert_close_tol(nb_flatten(nb_zeros(NB_SHAPE(2, 0, 3), NB_F32), 1, 2), x, NB_SHAPE(2, 0),
-                      0);
+  tc_assert_close_tol(nb_flatten(nb_zeros(NB_SHAPE(2, 0, 3), NB_F32), 1, 2), x, NB_SHAPE(2, 0), 0);
 }
 
 Test(shape, squeeze_unsqueeze_flatten_reject_bad_input) {
@@ -398,13 +417,15 @@ Test(shape, broadcast_to_random_shapes_every_dtype) {
       nb_shape target = rand_shape(&seed, 0, 4, 0, 3);
       int lead = (int)rnd(&seed, 0, target.ndim);
       nb_shape s = {.ndim = target.ndim - lead};
-      for (int d = 0; d < s.ndim; d++) s.dims[d] = rnd(&seed, 0, 1) ? 1 : target.dims[d + lead];
+      for (int d = 0; d < s.ndim; d++)
+        s.dims[d] = rnd(&seed, 0, 1) ? 1 : target.dims[d + lead];
       double *x = rand_values(tc_numel(s), (nb_dtype)dt, &seed);
       int64_t n = tc_numel(target), j[NB_MAX_DIMS], i[NB_MAX_DIMS];
       double *ref = malloc((size_t)(n ? n : 1) * sizeof *ref);
       for (int64_t k = 0; k < n; k++) {
         unravel(k, &target, j);
-        for (int d = 0; d < s.ndim; d++) i[d] = s.dims[d] == 1 ? 0 : j[d + lead];
+        for (int d = 0; d < s.ndim; d++)
+          i[d] = s.dims[d] == 1 ? 0 : j[d + lead];
         ref[k] = x[ravel(i, &s)];
       }
       nb_tensor *b = nb_broadcast_to(tc_tensor(x, s, (nb_dtype)dt), target);
@@ -438,18 +459,26 @@ Test(shape, slice_follows_python_rules_on_known_cases) {
   struct {
     int64_t n, b, e, s, count, idx[6];
   } cases[] = {
-      {5, 1, 4, 1, 3, {1, 2, 3}},        {5, -1, NB_END, -1, 5, {4, 3, 2, 1, 0}},
-      {5, 10, -10, -2, 3, {4, 2, 0}},    {5, -10, 10, 3, 2, {0, 3}},
-      {5, 3, 1, 1, 0, {0}},              {5, -100, -100, 1, 0, {0}},
-      {5, 0, NB_END, 2, 3, {0, 2, 4}},   {5, NB_END, NB_END, -2, 3, {4, 2, 0}},
-      {5, 4, -6, -1, 5, {4, 3, 2, 1, 0}}, {5, 2, 2, -1, 0, {0}},
-      {0, 0, NB_END, 1, 0, {0}},         {0, -1, NB_END, -1, 0, {0}},
-      {1, -5, 5, -1, 0, {0}},            {6, -2, -5, -1, 3, {4, 3, 2}},
+      {5, 1, 4, 1, 3, {1, 2, 3}},
+      {5, -1, NB_END, -1, 5, {4, 3, 2, 1, 0}},
+      {5, 10, -10, -2, 3, {4, 2, 0}},
+      {5, -10, 10, 3, 2, {0, 3}},
+      {5, 3, 1, 1, 0, {0}},
+      {5, -100, -100, 1, 0, {0}},
+      {5, 0, NB_END, 2, 3, {0, 2, 4}},
+      {5, NB_END, NB_END, -2, 3, {4, 2, 0}},
+      {5, 4, -6, -1, 5, {4, 3, 2, 1, 0}},
+      {5, 2, 2, -1, 0, {0}},
+      {0, 0, NB_END, 1, 0, {0}},
+      {0, -1, NB_END, -1, 0, {0}},
+      {1, -5, 5, -1, 0, {0}},
+      {6, -2, -5, -1, 3, {4, 3, 2}},
       {6, 5, 0, -4, 2, {5, 1}},
   };
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     double x[6] = {0, 1, 2, 3, 4, 5}, ref[6];
-    for (int k = 0; k < cases[c].count; k++) ref[k] = (double)cases[c].idx[k];
+    for (int k = 0; k < cases[c].count; k++)
+      ref[k] = (double)cases[c].idx[k];
     nb_tensor *t = tc_tensor(x, NB_SHAPE(cases[c].n), NB_I32);
     nb_tensor *r = nb_slice(t, &cases[c].b, &cases[c].e, &cases[c].s);
     tc_assert_close_tol(r, ref, NB_SHAPE(cases[c].count), 0);
@@ -483,7 +512,8 @@ Test(shape, slice_random_every_dtype) {
 
 Test(shape, slice_without_steps_uses_step_one) {
   double x[12];
-  for (int i = 0; i < 12; i++) x[i] = i;
+  for (int i = 0; i < 12; i++)
+    x[i] = i;
   nb_tensor *t = tc_tensor(x, NB_SHAPE(3, 4), NB_F64);
   double ref[4] = {5, 6, 9, 10};
   tc_assert_close_tol(nb_slice(t, (int64_t[]){1, 1}, (int64_t[]){NB_END, -1}, NULL), ref,
@@ -568,7 +598,8 @@ Test(shape, chains_of_views_read_back_without_kernels) {
     nb_shape bs = {.ndim = 4, .dims = {2, ps.dims[0], ps.dims[1], ps.dims[2]}};
     int64_t n = tc_numel(bs), pn = tc_numel(ps);
     double *ref = malloc((size_t)n * sizeof *ref);
-    for (int64_t k = 0; k < n; k++) ref[k] = p[k % pn];
+    for (int64_t k = 0; k < n; k++)
+      ref[k] = p[k % pn];
     nb_tensor *v = nb_flip(t, NB_AXES(0, 2));
     v = nb_slice(v, b, e, st);
     v = nb_permute(v, NB_AXES(2, 0, 1));
@@ -595,8 +626,8 @@ Test(shape, view_of_pending_intermediate_survives_realization) {
   double x[4] = {1, 2, 3, 4}, ref[3] = {4, 3, 2};
   nb_tensor *t = tc_tensor(x, NB_SHAPE(2, 2), NB_F32);
   nb_tensor *c = nb_concat((nb_tensor *[]){t, t}, 2, 0); /* [4,2] */
-  nb_tensor *v = nb_slice(nb_reshape(c, NB_SHAPE(8)), (int64_t[]){3}, (int64_t[]){0},
-                          (int64_t[]){-1});
+  nb_tensor *v =
+      nb_slice(nb_reshape(c, NB_SHAPE(8)), (int64_t[]){3}, (int64_t[]){0}, (int64_t[]){-1});
   tc_assert_close_tol(v, ref, NB_SHAPE(3), 0);
 }
 
@@ -608,20 +639,21 @@ Test(shape, view_kernels_materialize_the_same_view) {
   nb_tensor *views[] = {
       nb_permute(t, NB_AXES(2, 0, 1)),
       nb_broadcast_to(t, NB_SHAPE(2, 2, 3, 4)),
-      nb_slice(t, (int64_t[]){1, NB_END, 0}, (int64_t[]){NB_END, 0, NB_END},
-               (int64_t[]){1, -1, 3}),
+      nb_slice(t, (int64_t[]){1, NB_END, 0}, (int64_t[]){NB_END, 0, NB_END}, (int64_t[]){1, -1, 3}),
       nb_flip(t, NB_AXES(1)),
   };
   for (size_t k = 0; k < sizeof views / sizeof views[0]; k++) {
     nb_tensor *v = views[k];
     int64_t n = nb_numel(v);
     float *buf = malloc((size_t)n * sizeof *buf);
-    nbi_view in = nbi_tensor_view(t), out = {.data = (char *)buf, .dtype = NB_F32, .ndim = v->shape.ndim};
+    nbi_view in = nbi_tensor_view(t),
+             out = {.data = (char *)buf, .dtype = NB_F32, .ndim = v->shape.ndim};
     memcpy(out.dims, v->shape.dims, sizeof out.dims);
     nbi_contig_strides(&v->shape, out.strides);
     cr_assert_eq(nbi_op_table[v->op]->cpu(v, &out, &in), NB_OK);
     double *ref = malloc((size_t)n * sizeof *ref);
-    for (int64_t i = 0; i < n; i++) ref[i] = buf[i];
+    for (int64_t i = 0; i < n; i++)
+      ref[i] = buf[i];
     tc_assert_close_tol(v, ref, v->shape, 0);
     free(buf);
     free(ref);
@@ -656,14 +688,16 @@ Test(shape, concat_random_pieces_promote_dtypes) {
     for (int64_t q = 0; q < on; q++) {
       unravel(q, &os, j);
       int k = 0;
-      while (j[axis] >= ss[k].dims[axis]) j[axis] -= ss[k++].dims[axis];
+      while (j[axis] >= ss[k].dims[axis])
+        j[axis] -= ss[k++].dims[axis];
       ref[q] = xs[k][ravel(j, &ss[k])];
     }
     nb_tensor *c = nb_concat(ts, n, rnd(&seed, 0, 1) ? axis : axis - base.ndim);
     cr_assert(c, "%s", nb_last_error());
     cr_assert_eq(nb_dtype_of(c), odt);
     tc_assert_close_tol(c, ref, os, 0);
-    for (int k = 0; k < n; k++) free(xs[k]);
+    for (int k = 0; k < n; k++)
+      free(xs[k]);
     free(ref);
   }
 }
@@ -680,7 +714,8 @@ Test(shape, concat_rejects_bad_input) {
   cr_assert_null(nb_concat((nb_tensor *[]){a, NULL}, 2, 0));
   tc_assert_error(NB_ERR_NULL, "nb_concat: ts[1] is NULL");
   cr_assert_null(nb_concat((nb_tensor *[]){a, b}, 2, 0));
-  tc_assert_error(NB_ERR_SHAPE, "nb_concat: ts[1] has shape [2,2], incompatible with [2,3] along axis 0");
+  tc_assert_error(NB_ERR_SHAPE,
+                  "nb_concat: ts[1] has shape [2,2], incompatible with [2,3] along axis 0");
   cr_assert_null(nb_concat((nb_tensor *[]){a, c}, 2, 1));
   tc_assert_error(NB_ERR_SHAPE, "ts[1] has shape [2,3,1]");
   cr_assert_null(nb_concat((nb_tensor *[]){a, a}, 2, 2));
@@ -688,6 +723,9 @@ Test(shape, concat_rejects_bad_input) {
   nb_tensor *s = nb_scalar(1, NB_F32);
   cr_assert_null(nb_concat((nb_tensor *[]){s, s}, 2, 0));
   tc_assert_error(NB_ERR_SHAPE, "nb_concat: cannot concatenate 0-d tensors");
+  nb_tensor *huge = nb_broadcast_to(s, NB_SHAPE(((int64_t)1 << 47) + 1)); /* a view: no data */
+  cr_assert_null(nb_concat((nb_tensor *[]){huge, huge}, 2, 0));
+  tc_assert_error(NB_ERR_OVERFLOW, "nb_concat: concatenated axis 0 is too long");
   assert_unchanged(a, x, NB_SHAPE(2, 3));
 }
 
@@ -704,7 +742,8 @@ Test(shape, stack_adds_a_new_axis) {
       ts[k] = tc_tensor(xs[k], s, dt);
     }
     nb_shape os = {.ndim = s.ndim + 1};
-    for (int d = 0, q = 0; d < os.ndim; d++) os.dims[d] = d == axis ? n : s.dims[q++];
+    for (int d = 0, q = 0; d < os.ndim; d++)
+      os.dims[d] = d == axis ? n : s.dims[q++];
     int64_t on = tc_numel(os), j[NB_MAX_DIMS], i[NB_MAX_DIMS];
     double *ref = malloc((size_t)(on ? on : 1) * sizeof *ref);
     for (int64_t q = 0; q < on; q++) {
@@ -714,7 +753,8 @@ Test(shape, stack_adds_a_new_axis) {
       ref[q] = xs[j[axis]][ravel(i, &s)];
     }
     tc_assert_close_tol(nb_stack(ts, n, rnd(&seed, 0, 1) ? axis : axis - s.ndim - 1), ref, os, 0);
-    for (int k = 0; k < n; k++) free(xs[k]);
+    for (int k = 0; k < n; k++)
+      free(xs[k]);
     free(ref);
   }
 }
@@ -733,6 +773,9 @@ Test(shape, stack_rejects_bad_input) {
   tc_assert_error(NB_ERR_SHAPE, "nb_stack: ts[1] has shape [3,2] but ts[0] has [2,3]");
   cr_assert_null(nb_stack((nb_tensor *[]){a, a}, 2, 3));
   tc_assert_error(NB_ERR_AXIS, "nb_stack: axis 3 out of range for rank 3");
+  nb_tensor *big = nb_zeros(NB_SHAPE(1, 1, 1, 1, 1, 1, 1, 1), NB_F32);
+  cr_assert_null(nb_stack((nb_tensor *[]){big, big}, 2, 0));
+  tc_assert_error(NB_ERR_SHAPE, "nb_stack: inputs already have the maximum rank 8");
   assert_unchanged(a, x, NB_SHAPE(2, 3));
 }
 
@@ -742,7 +785,8 @@ Test(shape, split_parts_match_reference_slices) {
     nb_shape s = rand_shape(&seed, 1, 4, 0, 4);
     int axis = (int)rnd(&seed, 0, s.ndim - 1), n = (int)rnd(&seed, 1, 4);
     int64_t sizes[4] = {0}, left = s.dims[axis];
-    for (int k = 0; k < n - 1; k++) left -= sizes[k] = rnd(&seed, 0, left);
+    for (int k = 0; k < n - 1; k++)
+      left -= sizes[k] = rnd(&seed, 0, left);
     sizes[n - 1] = left;
     nb_dtype dt = (nb_dtype)(trial % NB_DTYPE_COUNT);
     double *x = rand_values(tc_numel(s), dt, &seed);
@@ -899,7 +943,8 @@ Test(shape, tile_random_reps_every_dtype) {
       double *ref = malloc((size_t)(on ? on : 1) * sizeof *ref);
       for (int64_t q = 0; q < on; q++) {
         unravel(q, &os, j);
-        for (int d = 0; d < nd; d++) j[d] %= base.dims[d];
+        for (int d = 0; d < nd; d++)
+          j[d] %= base.dims[d];
         ref[q] = x[ravel(j, &base)];
       }
       nb_tensor *t = strided_tensor(x, s, (nb_dtype)dt);

@@ -22,14 +22,17 @@ static nb_status take_shape(const char *fn, const nb_tensor *t, const nb_tensor 
   int nd = t->shape.ndim - 1 + idx->shape.ndim;
   if (nd > NB_MAX_DIMS) {
     char a[SHAPE_STR_CAP], b[SHAPE_STR_CAP];
-    return nbi_error(NB_ERR_SHAPE, "%s: result of t %s with idx %s would have rank %d (max %d)",
-                     fn, nb_shape_str(t->shape, a, sizeof a),
-                     nb_shape_str(idx->shape, b, sizeof b), nd, NB_MAX_DIMS);
+    return nbi_error(NB_ERR_SHAPE, "%s: result of t %s with idx %s would have rank %d (max %d)", fn,
+                     nb_shape_str(t->shape, a, sizeof a), nb_shape_str(idx->shape, b, sizeof b), nd,
+                     NB_MAX_DIMS);
   }
   out->ndim = 0;
-  for (int d = 0; d < axis; d++) out->dims[out->ndim++] = t->shape.dims[d];
-  for (int d = 0; d < idx->shape.ndim; d++) out->dims[out->ndim++] = idx->shape.dims[d];
-  for (int d = axis + 1; d < t->shape.ndim; d++) out->dims[out->ndim++] = t->shape.dims[d];
+  for (int d = 0; d < axis; d++)
+    out->dims[out->ndim++] = t->shape.dims[d];
+  for (int d = 0; d < idx->shape.ndim; d++)
+    out->dims[out->ndim++] = idx->shape.dims[d];
+  for (int d = axis + 1; d < t->shape.ndim; d++)
+    out->dims[out->ndim++] = t->shape.dims[d];
   return nbi_check_shape(fn, out);
 }
 
@@ -64,10 +67,10 @@ static nb_status check_updates(const char *fn, const nb_tensor *t, const nb_tens
     return nbi_error(NB_ERR_DTYPE, "%s: updates are %s but t is %s", fn,
                      nb_dtype_name(updates->dtype), nb_dtype_name(t->dtype));
   if (!nbi_shape_eq(&updates->shape, expect))
-    return nbi_error(NB_ERR_SHAPE, "%s: updates have shape %s, expected %s for t %s, idx %s, axis %d",
-                     fn, nb_shape_str(updates->shape, a, sizeof a),
-                     nb_shape_str(*expect, e, sizeof e), nb_shape_str(t->shape, b, sizeof b),
-                     nb_shape_str(idx->shape, c, sizeof c), axis);
+    return nbi_error(
+        NB_ERR_SHAPE, "%s: updates have shape %s, expected %s for t %s, idx %s, axis %d", fn,
+        nb_shape_str(updates->shape, a, sizeof a), nb_shape_str(*expect, e, sizeof e),
+        nb_shape_str(t->shape, b, sizeof b), nb_shape_str(idx->shape, c, sizeof c), axis);
   return NB_OK;
 }
 

@@ -38,7 +38,8 @@ static nb_status resolve_reshape(const char *fn, const nb_shape *from, nb_shape 
   if (infer >= 0 && k == 0)
     return nbi_error(NB_ERR_SHAPE, "%s: cannot infer the -1 in %s: the other dims hold 0 elements",
                      fn, nb_shape_str(s, a, sizeof a));
-  if (infer >= 0 && k > 0 && have % k == 0) known.dims[infer] = have / k;
+  if (infer >= 0 && k > 0 && have % k == 0)
+    known.dims[infer] = have / k;
   else if (infer >= 0 || k != have)
     return nbi_error(NB_ERR_SHAPE, "%s: cannot reshape %s (%lld elements) into %s", fn,
                      nb_shape_str(*from, a, sizeof a), (long long)have,
@@ -68,18 +69,22 @@ static bool nocopy_strides(const nbi_view *in, int nnd, const int64_t *nd, int64
   while (ni < nnd && oi < ond) {
     int64_t np = nd[ni], op = od[oi];
     while (np != op) {
-      if (np < op) np *= nd[nj++];
-      else op *= od[oj++];
+      if (np < op)
+        np *= nd[nj++];
+      else
+        op *= od[oj++];
     }
     for (int ok = oi; ok < oj - 1; ok++)
       if (os[ok] != od[ok + 1] * os[ok + 1]) return false;
     ns[nj - 1] = os[oj - 1];
-    for (int nk = nj - 1; nk > ni; nk--) ns[nk - 1] = ns[nk] * nd[nk];
+    for (int nk = nj - 1; nk > ni; nk--)
+      ns[nk - 1] = ns[nk] * nd[nk];
     ni = nj++;
     oi = oj++;
   }
   int64_t last = ni >= 1 ? ns[ni - 1] : 1;
-  for (int nk = ni; nk < nnd; nk++) ns[nk] = last;
+  for (int nk = ni; nk < nnd; nk++)
+    ns[nk] = last;
   return true;
 }
 
@@ -127,7 +132,8 @@ nb_tensor *nb_unsqueeze(nb_tensor *t, int axis) {
   }
   if (nbi_norm_axis("nb_unsqueeze", axis, nd + 1, &a)) return NULL;
   nb_shape s = {.ndim = nd + 1};
-  for (int d = 0, k = 0; d <= nd; d++) s.dims[d] = d == a ? 1 : t->shape.dims[k++];
+  for (int d = 0, k = 0; d <= nd; d++)
+    s.dims[d] = d == a ? 1 : t->shape.dims[k++];
   return record_reshape(t, &s);
 }
 
@@ -147,8 +153,10 @@ nb_tensor *nb_flatten(nb_tensor *t, int start_axis, int end_axis) {
   if (nd > 0) {
     s.ndim = 0;
     for (int d = 0; d < nd; d++) {
-      if (d <= s0 || d > e0) s.dims[s.ndim++] = t->shape.dims[d];
-      else s.dims[s.ndim - 1] *= t->shape.dims[d];
+      if (d <= s0 || d > e0)
+        s.dims[s.ndim++] = t->shape.dims[d];
+      else
+        s.dims[s.ndim - 1] *= t->shape.dims[d];
     }
   }
   return record_reshape(t, &s);
@@ -161,7 +169,8 @@ const nbi_op_def nbi_opdef_RESHAPE = {"reshape", 1, nbi_cpu_reshape, reshape_vie
 /* attrs.i[d] = the input axis that output axis d reads. */
 static bool permute_view(const nb_tensor *n, const nbi_view *in, nbi_view *out) {
   out->data = in->data;
-  for (int d = 0; d < out->ndim; d++) out->strides[d] = in->strides[n->attrs.i[d]];
+  for (int d = 0; d < out->ndim; d++)
+    out->strides[d] = in->strides[n->attrs.i[d]];
   return true;
 }
 
@@ -185,7 +194,8 @@ nb_tensor *nb_permute(nb_tensor *t, nb_axes perm) {
   uint32_t mask;
   if (nbi_axes_mask("nb_permute", perm, t->shape.ndim, &mask)) return NULL;
   int p[NB_MAX_DIMS];
-  for (int d = 0; d < perm.n; d++) p[d] = perm.v[d] < 0 ? perm.v[d] + perm.n : perm.v[d];
+  for (int d = 0; d < perm.n; d++)
+    p[d] = perm.v[d] < 0 ? perm.v[d] + perm.n : perm.v[d];
   return record_permute(t, p);
 }
 
@@ -199,7 +209,8 @@ nb_tensor *nb_transpose(nb_tensor *t) {
     return NULL;
   }
   int p[NB_MAX_DIMS];
-  for (int d = 0; d < nd; d++) p[d] = d;
+  for (int d = 0; d < nd; d++)
+    p[d] = d;
   p[nd - 2] = nd - 1;
   p[nd - 1] = nd - 2;
   return record_permute(t, p);
@@ -272,11 +283,16 @@ static nb_tensor *record_slice(nb_tensor *t, const int64_t *starts, const int64_
 static int64_t slice_count(int64_t n, int64_t *start, int64_t stop, int64_t step) {
   int64_t lo = step < 0 ? -1 : 0, hi = step < 0 ? n - 1 : n;
   int64_t b = *start, e = stop;
-  if (b < 0) b = b + n < lo ? lo : b + n;
-  else if (b > hi) b = hi;
-  if (step < 0 && e == NB_END) e = -1;
-  else if (e < 0) e = e + n < lo ? lo : e + n;
-  else if (e > hi) e = hi;
+  if (b < 0)
+    b = b + n < lo ? lo : b + n;
+  else if (b > hi)
+    b = hi;
+  if (step < 0 && e == NB_END)
+    e = -1;
+  else if (e < 0)
+    e = e + n < lo ? lo : e + n;
+  else if (e > hi)
+    e = hi;
   *start = b;
   if (step > 0) return e > b ? (e - b - 1) / step + 1 : 0;
   int64_t mag = step == INT64_MIN ? INT64_MAX : -step;
@@ -306,9 +322,9 @@ nb_tensor *nb_slice(nb_tensor *t, const int64_t *starts, const int64_t *stops,
 
 nb_status nb_split(nb_tensor *t, const int64_t *sizes, int n, int axis, nb_tensor **out) {
   if (nbi_any_null("nb_split", &t, 1)) return NB_ERR_NULL;
-  if (!out || !sizes)
-    return nbi_error(NB_ERR_NULL, "nb_split: %s is NULL", out ? "sizes" : "out");
-  for (int i = 0; i < n; i++) out[i] = NULL;
+  if (!out || !sizes) return nbi_error(NB_ERR_NULL, "nb_split: %s is NULL", out ? "sizes" : "out");
+  for (int i = 0; i < n; i++)
+    out[i] = NULL;
   if (n < 1) return nbi_error(NB_ERR_ARG, "nb_split: n is %d (need at least 1 part)", n);
   int a;
   if (nbi_norm_axis("nb_split", axis, t->shape.ndim, &a)) return NB_ERR_AXIS;
@@ -318,8 +334,10 @@ nb_status nb_split(nb_tensor *t, const int64_t *sizes, int n, int axis, nb_tenso
     if (sizes[i] < 0)
       return nbi_error(NB_ERR_ARG, "nb_split: sizes[%d] is %lld (must be >= 0)", i,
                        (long long)sizes[i]);
-    if (sizes[i] > INT64_MAX - sum) over = true;
-    else sum += sizes[i];
+    if (sizes[i] > INT64_MAX - sum)
+      over = true;
+    else
+      sum += sizes[i];
   }
   if (over || sum != dim) {
     char s[SHAPE_STR_CAP];
@@ -335,7 +353,8 @@ nb_status nb_split(nb_tensor *t, const int64_t *sizes, int n, int axis, nb_tenso
   for (int i = 0; i < n; i++) {
     c[a] = sizes[i];
     if (!(out[i] = record_slice(t, b, st, c))) {
-      for (int k = 0; k < i; k++) out[k] = NULL;
+      for (int k = 0; k < i; k++)
+        out[k] = NULL;
       return nb_last_status();
     }
     b[a] += sizes[i];
@@ -403,7 +422,8 @@ nb_tensor *nb_concat(nb_tensor *const *ts, int n, int axis) {
   for (int k = 1; k < n; k++) {
     const nb_shape *sk = &ts[k]->shape;
     bool ok = sk->ndim == s.ndim;
-    for (int d = 0; d < s.ndim && ok; d++) ok = d == a || sk->dims[d] == s.dims[d];
+    for (int d = 0; d < s.ndim && ok; d++)
+      ok = d == a || sk->dims[d] == s.dims[d];
     if (!ok) {
       char x[SHAPE_STR_CAP], y[SHAPE_STR_CAP];
       nbi_error(NB_ERR_SHAPE, "nb_concat: ts[%d] has shape %s, incompatible with %s along axis %d",
@@ -439,7 +459,8 @@ nb_tensor *nb_stack(nb_tensor *const *ts, int n, int axis) {
   int a;
   if (nbi_norm_axis("nb_stack", axis, s.ndim + 1, &a)) return NULL;
   nb_shape u = {.ndim = s.ndim + 1};
-  for (int d = 0, k = 0; d < u.ndim; d++) u.dims[d] = d == a ? 1 : s.dims[k++];
+  for (int d = 0, k = 0; d < u.ndim; d++)
+    u.dims[d] = d == a ? 1 : s.dims[k++];
   nb_shape out = u;
   out.dims[a] = n;
   if (nbi_check_shape("nb_stack", &out)) return NULL;
@@ -494,7 +515,8 @@ const nbi_op_def nbi_opdef_PAD = {"pad", 1, nbi_cpu_pad, NULL};
 /* Product of dims [from, to) of s. */
 static int64_t dims_product(const nb_shape *s, int from, int to) {
   int64_t p = 1;
-  for (int d = from; d < to; d++) p *= s->dims[d];
+  for (int d = from; d < to; d++)
+    p *= s->dims[d];
   return p;
 }
 
@@ -530,7 +552,8 @@ nb_tensor *nb_repeat(nb_tensor *t, int64_t repeats, int axis) {
     return NULL;
   }
   int64_t mult[NB_MAX_DIMS];
-  for (int d = 0; d < t->shape.ndim; d++) mult[d] = d == a ? repeats : 1;
+  for (int d = 0; d < t->shape.ndim; d++)
+    mult[d] = d == a ? repeats : 1;
   nb_shape s;
   if (check_scaled_shape("nb_repeat", &t->shape, mult, &s)) return NULL;
   return repeat_blocks(t, dims_product(&t->shape, 0, a + 1), repeats,

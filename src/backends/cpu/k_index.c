@@ -18,7 +18,9 @@ static nb_status check_indices(const char *fn, const nbi_view *idx, int64_t size
   nbi_iter_init(&it, 1, (const nbi_view *[]){idx});
   int64_t rows = nbi_iter_rows(&it), m = it.dims[it.ndim - 1], s = it.strides[0][it.ndim - 1];
   int64_t lo = INT64_MAX, hi = INT64_MIN;
-#pragma omp parallel for reduction(min : lo) reduction(max : hi) if (rows * m >= NBI_PAR_MIN)
+#pragma omp parallel for reduction(min                                                             \
+                                   : lo) reduction(max                                             \
+                                                   : hi) if (rows * m >= NBI_PAR_MIN && rows > 1)
   for (int64_t r = 0; r < rows; r++) {
     int64_t off;
     nbi_iter_row(&it, r, &off);
@@ -55,9 +57,21 @@ static int64_t *normalized_indices(const char *fn, const nbi_view *idx, int64_t 
   return ix;
 }
 
+/* Copies one element of es (1, 2, 4 or 8) bytes; constant-size memcpy
+ * compiles to a single load and store. */
+static inline void copy_elem(char *dst, const char *src, size_t es) {
+  switch (es) {
+  case 1: *dst = *src; break;
+  case 2: memcpy(dst, src, 2); break;
+  case 4: memcpy(dst, src, 4); break;
+  default: memcpy(dst, src, 8); break;
+  }
+}
+
 static int64_t view_numel(const nbi_view *v) {
   int64_t n = 1;
-  for (int d = 0; d < v->ndim; d++) n *= v->dims[d];
+  for (int d = 0; d < v->ndim; d++)
+    n *= v->dims[d];
   return n;
 }
 
@@ -81,7 +95,8 @@ nb_status nbi_cpu_take(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
   nb_status st = check_indices("nb_take", &in[1], size, axis);
   if (st) return st;
   int64_t outer = 1, k = view_numel(&in[1]);
-  for (int d = 0; d < axis; d++) outer *= t->dims[d];
+  for (int d = 0; d < axis; d++)
+    outer *= t->dims[d];
   nbi_view blk = {.dtype = t->dtype, .ndim = t->ndim - axis - 1}; /* t[o, i, :] */
   memcpy(blk.dims, t->dims + axis + 1, sizeof(int64_t) * (size_t)blk.ndim);
   memcpy(blk.strides, t->strides + axis + 1, sizeof(int64_t) * (size_t)blk.ndim);
@@ -102,7 +117,9 @@ nb_status nbi_cpu_take(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
     int64_t off = outer_offset(t, axis, b / k) + ix[b % k] * t->strides[axis];
     char *dst = out->data + b * inner * (int64_t)es;
     const char *src = t->data + off * (int64_t)es;
-    if (contiguous) {
+    if (inner == 1) {
+      copy_elem(dst, src, es);
+    } else if (contiguous) {
       memcpy(dst, src, (size_t)inner * es);
     } else {
       nbi_view s = blk, d = dblk;
@@ -117,19 +134,12 @@ nb_status nbi_cpu_take(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
 
 /* One row of take_along_axis: m elements of size es; out at o (stride so),
  * indices at i (stride si), t at tb (stride st) plus index * ax elements. */
-static void gather_row(char *o, int64_t so, const char *i, nb_dtype idt, int64_t si,
-                       const char *tb, int64_t st, int64_t ax, int64_t size, size_t es,
-                       int64_t m) {
+static void gather_row(char *o, int64_t so, const char *i, nb_dtype idt, int64_t si, const char *tb,
+                       int64_t st, int64_t ax, int64_t size, size_t es, int64_t m) {
   for (int64_t j = 0; j < m; j++) {
     int64_t v = index_at(i, idt, j * si);
     v = v < 0 ? v + size : v;
-    int64_t src = j * st + v * ax;
-    switch (es) {
-    case 1: o[j * so] = tb[src]; break;
-    case 2: ((uint16_t *)o)[j * so] = ((const uint16_t *)tb)[src]; break;
-    case 4: ((uint32_t *)o)[j * so] = ((const uint32_t *)tb)[src]; break;
-    default: ((uint64_t *)o)[j * so] = ((const uint64_t *)tb)[src]; break;
-    }
+    copy_elem(o + j * so * (int64_t)es, tb + (j * st + v * ax) * (int64_t)es, es);
   }
 }
 
@@ -166,8 +176,8 @@ nb_status nbi_cpu_take_along_axis(const nb_tensor *n, nbi_view *out, const nbi_v
   for (int64_t r = 0; r < rows; r++) {
     int64_t off[3];
     nbi_iter_row(&it, r, off);
-    gather_row(out->data + off[0] * (int64_t)es, so, ib.data + off[1] * (int64_t)ies, ib.dtype,
-               si, tb.data + off[2] * (int64_t)es, stt, ax, size, es, m);
+    gather_row(out->data + off[0] * (int64_t)es, so, ib.data + off[1] * (int64_t)ies, ib.dtype, si,
+               tb.data + off[2] * (int64_t)es, stt, ax, size, es, m);
   }
   return NB_OK;
 }
@@ -175,7 +185,7 @@ nb_status nbi_cpu_take_along_axis(const nb_tensor *n, nbi_view *out, const nbi_v
 /* ---- scatter_add -----------------------------------------------------------------------
  * acc += upd at scattered positions, in the accumulation type ACC (the dtype
  * itself; f32 for f16/bf16, whose updates are converted as they are read). */
-#define SCATTER_CHUNK 512
+#define SCATTER_CHUNK 64
 #define ADD_NATIVE(a, b) ((a) + (b))
 #define ADD_F16(a, b) ((a) + nbi_f16_to_f32(b))
 #define ADD_BF16(a, b) ((a) + nbi_bf16_to_f32(b))
@@ -183,32 +193,40 @@ nb_status nbi_cpu_take_along_axis(const nb_tensor *n, nbi_view *out, const nbi_v
 #define ADD_WRAP64(a, b) ((int64_t)((uint64_t)(a) + (uint64_t)(b)))
 #define ADD_OR(a, b) ((uint8_t)((a) | (b)))
 
-/* scatter_block_<name>: acc is (outer, n, inner), upd is (outer, K, inner),
- * both contiguous; acc[o, ix[k], :] = COMBINE(acc[o, ix[k], :], upd[o, k, :]).
- * Threads split (o, chunk of inner), so repeated indices accumulate in k order
- * within one thread: results do not depend on the thread count. */
-#define DEFINE_SCATTER_BLOCK(NAME, ACC, UPD, COMBINE)                                         \
-  static void scatter_block_##NAME(ACC *acc, const UPD *upd, const int64_t *ix, int64_t outer, \
-                                   int64_t n, int64_t k, int64_t inner) {                      \
-    int64_t chunks = (inner + SCATTER_CHUNK - 1) / SCATTER_CHUNK;                              \
-    _Pragma("omp parallel for schedule(static) if (outer * k * inner >= NBI_PAR_MIN)")        \
-    for (int64_t p = 0; p < outer * chunks; p++) {                                             \
-      int64_t o = p / chunks, j0 = p % chunks * SCATTER_CHUNK;                                 \
-      int64_t j1 = j0 + SCATTER_CHUNK < inner ? j0 + SCATTER_CHUNK : inner;                    \
-      for (int64_t q = 0; q < k; q++) {                                                        \
-        ACC *restrict d = acc + (o * n + ix[q]) * inner;                                       \
-        const UPD *restrict s = upd + (o * k + q) * inner;                                     \
-        for (int64_t j = j0; j < j1; j++) d[j] = COMBINE(d[j], s[j]);                          \
-      }                                                                                        \
-    }                                                                                          \
+/* add_row_<name>: d[j] = COMBINE(d[j], s[j]) for j < m; d is the accumulator
+ * (ACC), s the updates (UPD), both contiguous and disjoint. */
+typedef void (*add_row_fn)(void *d, const void *s, int64_t m);
+#define DEFINE_ADD_ROW(NAME, ACC, UPD, COMBINE)                                                    \
+  static void add_row_##NAME(void *d, const void *s, int64_t m) {                                  \
+    ACC *restrict a = d;                                                                           \
+    const UPD *restrict u = s;                                                                     \
+    for (int64_t j = 0; j < m; j++)                                                                \
+      a[j] = COMBINE(a[j], u[j]);                                                                  \
   }
-DEFINE_SCATTER_BLOCK(f32, float, float, ADD_NATIVE)
-DEFINE_SCATTER_BLOCK(f64, double, double, ADD_NATIVE)
-DEFINE_SCATTER_BLOCK(f16, float, uint16_t, ADD_F16)
-DEFINE_SCATTER_BLOCK(bf16, float, uint16_t, ADD_BF16)
-DEFINE_SCATTER_BLOCK(i32, int32_t, int32_t, ADD_WRAP32)
-DEFINE_SCATTER_BLOCK(i64, int64_t, int64_t, ADD_WRAP64)
-DEFINE_SCATTER_BLOCK(bool, uint8_t, uint8_t, ADD_OR)
+DEFINE_ADD_ROW(f32, float, float, ADD_NATIVE)
+DEFINE_ADD_ROW(f64, double, double, ADD_NATIVE)
+DEFINE_ADD_ROW(f16, float, uint16_t, ADD_F16)
+DEFINE_ADD_ROW(bf16, float, uint16_t, ADD_BF16)
+DEFINE_ADD_ROW(i32, int32_t, int32_t, ADD_WRAP32)
+DEFINE_ADD_ROW(i64, int64_t, int64_t, ADD_WRAP64)
+DEFINE_ADD_ROW(bool, uint8_t, uint8_t, ADD_OR)
+
+/* acc is (outer, n, inner) of aes-byte elements, upd is (outer, K, inner) of
+ * ues-byte elements, both contiguous: acc[o, ix[q], :] += upd[o, q, :] with
+ * `add`. Threads split (o, chunk of inner), so repeated indices accumulate in
+ * q order within one thread: results do not depend on the thread count. */
+static void scatter_blocks(char *acc, size_t aes, const char *upd, size_t ues, const int64_t *ix,
+                           int64_t outer, int64_t n, int64_t k, int64_t inner, add_row_fn add) {
+  int64_t chunks = (inner + SCATTER_CHUNK - 1) / SCATTER_CHUNK;
+#pragma omp parallel for schedule(static) if (outer * k * inner >= NBI_PAR_MIN)
+  for (int64_t p = 0; p < outer * chunks; p++) {
+    int64_t o = p / chunks, j0 = p % chunks * SCATTER_CHUNK;
+    int64_t m = j0 + SCATTER_CHUNK < inner ? SCATTER_CHUNK : inner - j0;
+    for (int64_t q = 0; q < k; q++)
+      add(acc + ((o * n + ix[q]) * inner + j0) * (int64_t)aes,
+          upd + ((o * k + q) * inner + j0) * (int64_t)ues, m);
+  }
+}
 
 /* For f16/bf16 outputs: a float copy of out to accumulate in (NULL + OOM
  * error on failure); for other dtypes, out's own data. */
@@ -216,18 +234,19 @@ static void *accumulator(const char *fn, const nbi_view *out, int64_t numel) {
   if (out->dtype != NB_F16 && out->dtype != NB_BF16) return out->data;
   float *acc = malloc((size_t)(numel ? numel : 1) * sizeof *acc);
   if (!acc) {
-    nbi_error(NB_ERR_OOM, "%s: out of memory for a %lld-element accumulator", fn,
-              (long long)numel);
+    nbi_error(NB_ERR_OOM, "%s: out of memory for a %lld-element accumulator", fn, (long long)numel);
     return NULL;
   }
-  for (int64_t i = 0; i < numel; i++) acc[i] = (float)nbi_load_f64(out->data, out->dtype, i);
+  for (int64_t i = 0; i < numel; i++)
+    acc[i] = (float)nbi_load_f64(out->data, out->dtype, i);
   return acc;
 }
 
 /* Stores a float accumulator back into a contiguous f16/bf16 out and frees it. */
 static void accumulator_finish(const nbi_view *out, void *acc, int64_t numel) {
   if (acc == out->data) return;
-  for (int64_t i = 0; i < numel; i++) nbi_store_f64(out->data, out->dtype, i, ((float *)acc)[i]);
+  for (int64_t i = 0; i < numel; i++)
+    nbi_store_f64(out->data, out->dtype, i, ((float *)acc)[i]);
   free(acc);
 }
 
@@ -243,16 +262,17 @@ nb_status nbi_cpu_scatter_add(const nb_tensor *n, nbi_view *out, const nbi_view 
   if (st) return st;
   nbi_copy_view(out, &in[0]);
   int64_t outer = 1, inner = 1, k = view_numel(&in[1]), numel = view_numel(out);
-  for (int d = 0; d < axis; d++) outer *= out->dims[d];
-  for (int d = axis + 1; d < out->ndim; d++) inner *= out->dims[d];
+  for (int d = 0; d < axis; d++)
+    outer *= out->dims[d];
+  for (int d = axis + 1; d < out->ndim; d++)
+    inner *= out->dims[d];
   if (outer * k * inner == 0) return NB_OK;
   size_t es = nb_dtype_size(out->dtype);
   nbi_view upd = in[2];
   void *upd_copy = NULL;
   if (!nbi_view_is_contiguous(&upd)) {
     upd_copy = malloc((size_t)(outer * k * inner) * es);
-    if (!upd_copy)
-      return nbi_error(NB_ERR_OOM, "%s: out of memory copying the updates", fn);
+    if (!upd_copy) return nbi_error(NB_ERR_OOM, "%s: out of memory copying the updates", fn);
     nbi_view c = upd;
     c.data = upd_copy;
     int64_t s = 1;
@@ -270,32 +290,36 @@ nb_status nbi_cpu_scatter_add(const nb_tensor *n, nbi_view *out, const nbi_view 
     free(upd_copy);
     return NB_ERR_OOM;
   }
-  switch (out->dtype) {
-  case NB_F32: scatter_block_f32(acc, (const float *)upd.data, ix, outer, size, k, inner); break;
-  case NB_F64: scatter_block_f64(acc, (const double *)upd.data, ix, outer, size, k, inner); break;
-  case NB_F16: scatter_block_f16(acc, (const uint16_t *)upd.data, ix, outer, size, k, inner); break;
-  case NB_BF16: scatter_block_bf16(acc, (const uint16_t *)upd.data, ix, outer, size, k, inner); break;
-  case NB_I32: scatter_block_i32(acc, (const int32_t *)upd.data, ix, outer, size, k, inner); break;
-  case NB_I64: scatter_block_i64(acc, (const int64_t *)upd.data, ix, outer, size, k, inner); break;
-  default: scatter_block_bool(acc, (const uint8_t *)upd.data, ix, outer, size, k, inner); break;
-  }
+  static const add_row_fn adds[NB_DTYPE_COUNT] = {
+      [NB_F32] = add_row_f32,   [NB_F64] = add_row_f64, [NB_F16] = add_row_f16,
+      [NB_BF16] = add_row_bf16, [NB_I32] = add_row_i32, [NB_I64] = add_row_i64,
+      [NB_BOOL] = add_row_bool,
+  };
+  bool half = out->dtype == NB_F16 || out->dtype == NB_BF16;
+  scatter_blocks(acc, half ? sizeof(float) : es, upd.data, es, ix, outer, size, k, inner,
+                 adds[out->dtype]);
   accumulator_finish(out, acc, numel);
   free(ix);
   free(upd_copy);
   return NB_OK;
 }
 
-/* scatter_row_<name>: one row of scatter_add along an axis: m updates at u
- * (stride su), indices at i (stride si), acc elements at a (stride sa) plus
- * index * ax. */
-#define DEFINE_SCATTER_ROW(NAME, ACC, UPD, COMBINE)                                              \
-  static void scatter_row_##NAME(ACC *a, int64_t sa, const UPD *u, int64_t su, const char *i,     \
-                                 nb_dtype idt, int64_t si, int64_t ax, int64_t size, int64_t m) { \
-    for (int64_t j = 0; j < m; j++) {                                                           \
-      int64_t v = index_at(i, idt, j * si);                                                     \
-      ACC *d = a + j * sa + (v < 0 ? v + size : v) * ax;                                        \
-      *d = COMBINE(*d, u[j * su]);                                                              \
-    }                                                                                           \
+/* scatter_row_<name>: one row of scatter_add along an axis: m updates at upd
+ * (UPD, stride su), indices at i (stride si), accumulator elements at acc
+ * (ACC, stride sa) plus index * ax. */
+typedef void (*scatter_row_fn)(void *acc, int64_t sa, const void *upd, int64_t su, const char *i,
+                               nb_dtype idt, int64_t si, int64_t ax, int64_t size, int64_t m);
+#define DEFINE_SCATTER_ROW(NAME, ACC, UPD, COMBINE)                                                \
+  static void scatter_row_##NAME(void *acc, int64_t sa, const void *upd, int64_t su,               \
+                                 const char *i, nb_dtype idt, int64_t si, int64_t ax,              \
+                                 int64_t size, int64_t m) {                                        \
+    ACC *a = acc;                                                                                  \
+    const UPD *u = upd;                                                                            \
+    for (int64_t j = 0; j < m; j++) {                                                              \
+      int64_t v = index_at(i, idt, j * si);                                                        \
+      ACC *d = a + j * sa + (v < 0 ? v + size : v) * ax;                                           \
+      *d = COMBINE(*d, u[j * su]);                                                                 \
+    }                                                                                              \
   }
 DEFINE_SCATTER_ROW(f32, float, float, ADD_NATIVE)
 DEFINE_SCATTER_ROW(f64, double, double, ADD_NATIVE)
@@ -334,7 +358,8 @@ nb_status nbi_cpu_scatter_add_along_axis(const nb_tensor *n, nbi_view *out, cons
   nb_shape o = {.ndim = upd->ndim};
   memcpy(o.dims, upd->dims, sizeof o.dims);
   bool broadcast = false;
-  for (int d = 0; d < out->ndim; d++) broadcast |= d != axis && out->dims[d] != o.dims[d];
+  for (int d = 0; d < out->ndim; d++)
+    broadcast |= d != axis && out->dims[d] != o.dims[d];
   void *acc = accumulator(fn, out, numel);
   if (!acc) return NB_ERR_OOM;
   nbi_view av = *out, uv = *upd, iv = nbi_view_broadcast(&in[1], &o);
@@ -348,42 +373,21 @@ nb_status nbi_cpu_scatter_add_along_axis(const nb_tensor *n, nbi_view *out, cons
   int64_t rows = nbi_iter_rows(&it), m = it.dims[it.ndim - 1];
   int64_t su = it.strides[0][it.ndim - 1], si = it.strides[1][it.ndim - 1];
   int64_t sa = it.strides[2][it.ndim - 1];
+  static const scatter_row_fn rows_by_dtype[NB_DTYPE_COUNT] = {
+      [NB_F32] = scatter_row_f32,   [NB_F64] = scatter_row_f64, [NB_F16] = scatter_row_f16,
+      [NB_BF16] = scatter_row_bf16, [NB_I32] = scatter_row_i32, [NB_I64] = scatter_row_i64,
+      [NB_BOOL] = scatter_row_bool,
+  };
+  scatter_row_fn row = rows_by_dtype[out->dtype];
+  bool half = out->dtype == NB_F16 || out->dtype == NB_BF16;
+  size_t es = nb_dtype_size(out->dtype), aes = half ? sizeof(float) : es;
   size_t ies = nb_dtype_size(iv.dtype);
 #pragma omp parallel for schedule(static) if (!broadcast && rows * m >= NBI_PAR_MIN && rows > 1)
   for (int64_t r = 0; r < rows; r++) {
     int64_t off[3];
     nbi_iter_row(&it, r, off);
-    const char *ip = iv.data + off[1] * (int64_t)ies;
-    switch (out->dtype) {
-    case NB_F32:
-      scatter_row_f32((float *)acc + off[2], sa, (const float *)upd->data + off[0], su, ip,
-                      iv.dtype, si, ax, size, m);
-      break;
-    case NB_F64:
-      scatter_row_f64((double *)acc + off[2], sa, (const double *)upd->data + off[0], su, ip,
-                      iv.dtype, si, ax, size, m);
-      break;
-    case NB_F16:
-      scatter_row_f16((float *)acc + off[2], sa, (const uint16_t *)upd->data + off[0], su, ip,
-                      iv.dtype, si, ax, size, m);
-      break;
-    case NB_BF16:
-      scatter_row_bf16((float *)acc + off[2], sa, (const uint16_t *)upd->data + off[0], su, ip,
-                       iv.dtype, si, ax, size, m);
-      break;
-    case NB_I32:
-      scatter_row_i32((int32_t *)acc + off[2], sa, (const int32_t *)upd->data + off[0], su, ip,
-                      iv.dtype, si, ax, size, m);
-      break;
-    case NB_I64:
-      scatter_row_i64((int64_t *)acc + off[2], sa, (const int64_t *)upd->data + off[0], su, ip,
-                      iv.dtype, si, ax, size, m);
-      break;
-    default:
-      scatter_row_bool((uint8_t *)acc + off[2], sa, (const uint8_t *)upd->data + off[0], su, ip,
-                       iv.dtype, si, ax, size, m);
-      break;
-    }
+    row((char *)acc + off[2] * (int64_t)aes, sa, upd->data + off[0] * (int64_t)es, su,
+        iv.data + off[1] * (int64_t)ies, iv.dtype, si, ax, size, m);
   }
   accumulator_finish(out, acc, numel);
   return NB_OK;
@@ -391,7 +395,8 @@ nb_status nbi_cpu_scatter_add_along_axis(const nb_tensor *n, nbi_view *out, cons
 
 /* one_hot: in[0] is idx (any shape and strides, i32/i64); out is idx.shape +
  * [n], contiguous: out[i, :] is 0 except out[i, idx[i]] = 1 when idx[i] is in
- * [0, n) (outside it the row stays 0). */
+ * [0, n) (outside it the row stays 0). The memset dominates; the one store per
+ * index stays serial. */
 nb_status nbi_cpu_one_hot(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
   (void)n;
   int64_t depth = out->dims[out->ndim - 1], numel = view_numel(out);
@@ -400,7 +405,6 @@ nb_status nbi_cpu_one_hot(const nb_tensor *n, nbi_view *out, const nbi_view *in)
   nbi_iter it;
   nbi_iter_init(&it, 1, (const nbi_view *[]){&in[0]});
   int64_t rows = nbi_iter_rows(&it), m = it.dims[it.ndim - 1], s = it.strides[0][it.ndim - 1];
-#pragma omp parallel for schedule(static) if (rows * m * depth >= NBI_PAR_MIN && rows > 1)
   for (int64_t r = 0; r < rows; r++) {
     int64_t off;
     nbi_iter_row(&it, r, &off);
