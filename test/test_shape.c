@@ -817,6 +817,7 @@ Test(shape, split_rejects_bad_sizes) {
   nb_tensor *out[3] = {t, t, t};
   cr_assert_eq(nb_split(NULL, (int64_t[]){1, 1}, 2, 0, out), NB_ERR_NULL);
   tc_assert_error(NB_ERR_NULL, "nb_split");
+  cr_assert_null(out[0], "parts are NULL after a failed split");
   cr_assert_eq(nb_split(t, (int64_t[]){1, 1}, 2, 0, NULL), NB_ERR_NULL);
   tc_assert_error(NB_ERR_NULL, "nb_split: out is NULL");
   cr_assert_eq(nb_split(t, NULL, 2, 0, out), NB_ERR_NULL);

@@ -321,10 +321,11 @@ nb_tensor *nb_slice(nb_tensor *t, const int64_t *starts, const int64_t *stops,
 }
 
 nb_status nb_split(nb_tensor *t, const int64_t *sizes, int n, int axis, nb_tensor **out) {
-  if (nbi_any_null("nb_split", &t, 1)) return NB_ERR_NULL;
-  if (!out || !sizes) return nbi_error(NB_ERR_NULL, "nb_split: %s is NULL", out ? "sizes" : "out");
+  if (!out) return nbi_error(NB_ERR_NULL, "nb_split: out is NULL");
   for (int i = 0; i < n; i++)
-    out[i] = NULL;
+    out[i] = NULL; /* every part stays NULL unless the whole split succeeds */
+  if (nbi_any_null("nb_split", &t, 1)) return NB_ERR_NULL;
+  if (!sizes) return nbi_error(NB_ERR_NULL, "nb_split: sizes is NULL");
   if (n < 1) return nbi_error(NB_ERR_ARG, "nb_split: n is %d (need at least 1 part)", n);
   int a;
   if (nbi_norm_axis("nb_split", axis, t->shape.ndim, &a)) return NB_ERR_AXIS;
