@@ -113,9 +113,9 @@ typedef struct unary_case {
   kind kind;
 } unary_case;
 
-static const domain ANY = {-3, 3, 0, -9, 9, false};
-static const domain POS = {0.1, 4, 0, 1, 9, false};
-static const domain SMALL = {-1.2, 1.2, 0, -1, 1, false};
+#define ANY ((domain){-3, 3, 0, -9, 9, false})
+#define POS ((domain){0.1, 4, 0, 1, 9, false})
+#define SMALL ((domain){-1.2, 1.2, 0, -1, 1, false})
 
 static const unary_case unary_cases[] = {
     {"neg", nb_neg, r_neg, ANY, KEEPS_INT},
@@ -248,11 +248,11 @@ typedef struct binary_case {
   kind kind;
 } binary_case;
 
-static const domain GRID = {-3, 3, 0.5, -3, 3, false};
-static const domain BASE = {0.5, 3, 0, 0, 4, false};
-static const domain EXPO = {-2, 2, 0, 0, 3, false};
-static const domain DIVISOR = {-4, 4, 0, -4, 4, true};
-static const domain WIDE = {-10, 10, 0, -20, 20, false};
+#define GRID ((domain){-3, 3, 0.5, -3, 3, false})
+#define BASE ((domain){0.5, 3, 0, 0, 4, false})
+#define EXPO ((domain){-2, 2, 0, 0, 3, false})
+#define DIVISOR ((domain){-4, 4, 0, -4, 4, true})
+#define WIDE ((domain){-10, 10, 0, -20, 20, false})
 
 static const binary_case binary_cases[] = {
     {"add", nb_add, r_add, ANY, ANY, KEEPS_INT},
@@ -632,7 +632,7 @@ Test(elementwise, where_on_every_dtype_and_strided_cond) {
     nb_tensor *cond = strided(cb, 12, NB_BOOL, NB_SHAPE(3, 4), (int64_t[]){1, 3}, 0);
     nb_tensor *w = nb_where(cond, tc_tensor(a, NB_SHAPE(3, 4), (nb_dtype)dt),
                             tc_tensor(b, NB_SHAPE(3, 4), (nb_dtype)dt));
-    cr_assert_eq(nb_dtype_of(w), dt);
+    cr_assert_eq(nb_dtype_of(w), (nb_dtype)dt);
     tc_assert_close_tol(w, ref, NB_SHAPE(3, 4), 0);
   }
 }
@@ -681,7 +681,7 @@ Test(elementwise, cast_every_pair_of_dtypes) {
       double ref[10];
       for (int i = 0; i < 10; i++) ref[i] = cast_ref(xr[i], (nb_dtype)from, (nb_dtype)to);
       nb_tensor *c = nb_cast(t, (nb_dtype)to);
-      cr_assert_eq(nb_dtype_of(c), to);
+      cr_assert_eq(nb_dtype_of(c), (nb_dtype)to);
       tc_assert_close_tol(c, ref, NB_SHAPE(2, 5), 0);
     }
   }
