@@ -68,7 +68,8 @@ static nb_tensor *strided(const double *x, int64_t base_n, nb_dtype dt, nb_shape
   nb_tensor *t = tc_tensor(x, NB_SHAPE(base_n), dt);
   t->shape = s;
   memset(t->shard0.strides, 0, sizeof t->shard0.strides);
-  for (int d = 0; d < s.ndim; d++) t->shard0.strides[d] = strides[d];
+  for (int d = 0; d < s.ndim; d++)
+    t->shard0.strides[d] = strides[d];
   t->shard0.offset = offset;
   return t;
 }
@@ -79,9 +80,14 @@ static const nb_shape unary_shapes[] = {
 #define N_UNARY_SHAPES (int)(sizeof unary_shapes / sizeof unary_shapes[0])
 
 static const nb_shape binary_shapes[][2] = {
-    {{3, {3, 1, 4}}, {2, {5, 1}}},   {{2, {2, 3}}, {0, {0}}},      {{2, {0, 3}}, {2, {1, 3}}},
-    {{1, {1}}, {2, {4, 1}}},         {{0, {0}}, {0, {0}}},         {{2, {6, 7}}, {2, {6, 7}}},
-    {{4, {2, 1, 3, 1}}, {4, {1, 4, 1, 5}}}, {{1, {600}}, {2, {2, 1}}},
+    {{3, {3, 1, 4}}, {2, {5, 1}}},
+    {{2, {2, 3}}, {0, {0}}},
+    {{2, {0, 3}}, {2, {1, 3}}},
+    {{1, {1}}, {2, {4, 1}}},
+    {{0, {0}}, {0, {0}}},
+    {{2, {6, 7}}, {2, {6, 7}}},
+    {{4, {2, 1, 3, 1}}, {4, {1, 4, 1, 5}}},
+    {{1, {600}}, {2, {2, 1}}},
 };
 #define N_BINARY_SHAPES (int)(sizeof binary_shapes / sizeof binary_shapes[0])
 
@@ -157,7 +163,8 @@ static void check_unary(const unary_case *c, nb_tensor *t, const double *x, nb_s
   nb_dtype dt = nb_dtype_of(t), odt = unary_out_dtype(c->kind, dt);
   int64_t n = tc_numel(s);
   double *ref = malloc((size_t)(n ? n : 1) * sizeof *ref);
-  for (int64_t i = 0; i < n; i++) ref[i] = c->ref(x[i]);
+  for (int64_t i = 0; i < n; i++)
+    ref[i] = c->ref(x[i]);
   tc_round_to(ref, n, odt);
   nb_tensor *y = c->fn(t);
   cr_assert(y, "%s(%s): %s", c->name, nb_dtype_name(dt), nb_last_error());
@@ -196,19 +203,23 @@ Test(elementwise, unary_ops_read_strided_flipped_and_broadcast_views) {
       gen(base, 60, dt, c->dom, &seed);
       /* transpose of a [4,15] buffer: shape [15,4], strides [1,15] */
       for (int i = 0; i < 15; i++)
-        for (int j = 0; j < 4; j++) x[i * 4 + j] = base[j * 15 + i];
+        for (int j = 0; j < 4; j++)
+          x[i * 4 + j] = base[j * 15 + i];
       check_unary(c, strided(base, 60, dt, NB_SHAPE(15, 4), (int64_t[]){1, 15}, 0), x,
                   NB_SHAPE(15, 4));
       /* reversed: shape [60], stride -1 from the last element */
-      for (int i = 0; i < 60; i++) x[i] = base[59 - i];
+      for (int i = 0; i < 60; i++)
+        x[i] = base[59 - i];
       check_unary(c, strided(base, 60, dt, NB_SHAPE(60), (int64_t[]){-1}, 59), x, NB_SHAPE(60));
       /* a row broadcast down: shape [3,20], strides [0,1] from element 5 */
       for (int i = 0; i < 3; i++)
-        for (int j = 0; j < 20; j++) x[i * 20 + j] = base[5 + j];
+        for (int j = 0; j < 20; j++)
+          x[i * 20 + j] = base[5 + j];
       check_unary(c, strided(base, 60, dt, NB_SHAPE(3, 20), (int64_t[]){0, 1}, 5), x,
                   NB_SHAPE(3, 20));
       /* one value broadcast everywhere: strides [0,0] */
-      for (int i = 0; i < 12; i++) x[i] = base[7];
+      for (int i = 0; i < 12; i++)
+        x[i] = base[7];
       check_unary(c, strided(base, 60, dt, NB_SHAPE(3, 4), (int64_t[]){0, 0}, 7), x,
                   NB_SHAPE(3, 4));
     }
@@ -285,8 +296,7 @@ static void check_binary(const binary_case *c, nb_tensor *ta, const double *xa, 
   int64_t n = tc_numel(s);
   double *ref = malloc((size_t)(n ? n : 1) * sizeof *ref);
   for (int64_t i = 0; i < n; i++)
-    ref[i] = c->ref(xa[bcast_index(s, sa, i)], xb[bcast_index(s, sb, i)],
-                    !nb_dtype_is_float(cdt));
+    ref[i] = c->ref(xa[bcast_index(s, sa, i)], xb[bcast_index(s, sb, i)], !nb_dtype_is_float(cdt));
   tc_round_to(ref, n, odt);
   nb_tensor *y = c->fn(ta, tb);
   cr_assert(y, "%s(%s, %s): %s", c->name, nb_dtype_name(da), nb_dtype_name(db), nb_last_error());
@@ -319,6 +329,39 @@ Test(elementwise, binary_ops_match_reference_for_every_dtype_pair_with_broadcast
   }
 }
 
+/* A random operand shape broadcastable to out: a suffix of out's dims, some set to 1. */
+static nb_shape random_operand_shape(nb_shape out, uint64_t *seed) {
+  nb_shape s = {.ndim = (int)floor(tc_uniform(seed, 0, out.ndim + 1))};
+  for (int d = 0; d < s.ndim; d++) {
+    s.dims[d] = out.dims[out.ndim - s.ndim + d];
+    if (tc_uniform(seed, 0, 1) < 0.3) s.dims[d] = 1;
+  }
+  return s;
+}
+
+Test(elementwise, binary_ops_match_reference_on_random_broadcast_shapes) {
+  uint64_t seed = 8;
+  const nb_dtype dts[] = {NB_F32, NB_F64, NB_I32};
+  for (int k = 0; k < N_BINARY; k++) {
+    const binary_case *c = &binary_cases[k];
+    for (int trial = 0; trial < 12; trial++) {
+      nb_dtype dt = dts[trial % 3];
+      nb_shape out = {.ndim = (int)floor(tc_uniform(&seed, 0, 5))};
+      for (int d = 0; d < out.ndim; d++)
+        out.dims[d] = tc_uniform(&seed, 0, 1) < 0.05 ? 0 : (int64_t)floor(tc_uniform(&seed, 1, 6));
+      nb_shape sa = random_operand_shape(out, &seed), sb = random_operand_shape(out, &seed);
+      int64_t na = tc_numel(sa), nb = tc_numel(sb);
+      double *xa = malloc((size_t)(na ? na : 1) * sizeof *xa);
+      double *xb = malloc((size_t)(nb ? nb : 1) * sizeof *xb);
+      gen(xa, na, dt, c->da, &seed);
+      gen(xb, nb, dt, c->db, &seed);
+      check_binary(c, tc_tensor(xa, sa, dt), xa, tc_tensor(xb, sb, dt), xb);
+      free(xa);
+      free(xb);
+    }
+  }
+}
+
 Test(elementwise, binary_ops_read_strided_and_flipped_views) {
   uint64_t seed = 4;
   double base_a[24], base_b[24], xa[24], xb[24];
@@ -340,9 +383,11 @@ Test(elementwise, binary_ops_read_strided_and_flipped_views) {
       check_binary(c, ta, xa, tb, xb);
       /* contiguous a with a stride-0 (broadcast) column view of b */
       for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 6; j++) xb[i * 6 + j] = base_b[i];
+        for (int j = 0; j < 6; j++)
+          xb[i * 6 + j] = base_b[i];
       nb_tensor *tc = strided(base_b, 24, dt, NB_SHAPE(4, 6), (int64_t[]){1, 0}, 0);
-      for (int i = 0; i < 24; i++) xa[i] = base_a[i];
+      for (int i = 0; i < 24; i++)
+        xa[i] = base_a[i];
       check_binary(c, tc_tensor(xa, NB_SHAPE(4, 6), dt), xa, tc, xb);
     }
   }
@@ -356,12 +401,14 @@ Test(elementwise, large_tensors_split_rows_across_threads) {
   double *ref = malloc((size_t)n * sizeof *ref), col[3];
   gen(x, n, NB_F32, ANY, &seed);
   gen(y, n, NB_F32, ANY, &seed);
-  for (int64_t i = 0; i < n; i++) ref[i] = x[i] * y[i];
-  tc_assert_close(nb_mul(tc_tensor(x, NB_SHAPE(n), NB_F32), tc_tensor(y, NB_SHAPE(n), NB_F32)),
-                  ref, NB_SHAPE(n));
+  for (int64_t i = 0; i < n; i++)
+    ref[i] = x[i] * y[i];
+  tc_assert_close(nb_mul(tc_tensor(x, NB_SHAPE(n), NB_F32), tc_tensor(y, NB_SHAPE(n), NB_F32)), ref,
+                  NB_SHAPE(n));
   gen(col, 3, NB_F64, ANY, &seed);
   int64_t rows = n / 3;
-  for (int64_t i = 0; i < rows * 3; i++) ref[i] = exp(x[i]) - col[i % 3];
+  for (int64_t i = 0; i < rows * 3; i++)
+    ref[i] = exp(x[i]) - col[i % 3];
   nb_tensor *ex = nb_exp(tc_tensor(x, NB_SHAPE(rows, 3), NB_F64));
   tc_assert_close(nb_sub(ex, tc_tensor(col, NB_SHAPE(3), NB_F64)), ref, NB_SHAPE(rows, 3));
   free(x);
@@ -446,27 +493,28 @@ Test(elementwise, mod_takes_the_sign_of_the_divisor) {
   double a[6] = {7, -7, 7, -7, 6, -6}, b[6] = {3, 3, -3, -3, 3, -3};
   double r[6] = {1, 2, -2, -1, 0, 0};
   for (int dt = 0; dt < NB_BOOL; dt++)
-    tc_assert_close(nb_mod(tc_tensor(a, NB_SHAPE(6), (nb_dtype)dt),
-                           tc_tensor(b, NB_SHAPE(6), (nb_dtype)dt)),
-                    r, NB_SHAPE(6));
+    tc_assert_close(
+        nb_mod(tc_tensor(a, NB_SHAPE(6), (nb_dtype)dt), tc_tensor(b, NB_SHAPE(6), (nb_dtype)dt)), r,
+        NB_SHAPE(6));
   double fa[3] = {5.5, -5.5, 0}, fb[3] = {2, 2, -2}, fr[3] = {1.5, 0.5, 0};
-  double *got = tc_read(nb_mod(tc_tensor(fa, NB_SHAPE(3), NB_F64),
-                               tc_tensor(fb, NB_SHAPE(3), NB_F64)));
-  for (int i = 0; i < 3; i++) cr_assert_eq(got[i], fr[i]);
+  double *got =
+      tc_read(nb_mod(tc_tensor(fa, NB_SHAPE(3), NB_F64), tc_tensor(fb, NB_SHAPE(3), NB_F64)));
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(got[i], fr[i]);
   cr_assert(signbit(got[2]), "a zero remainder takes the divisor's sign");
   free(got);
 }
 
 Test(elementwise, mod_by_zero_is_zero_for_integers_and_nan_for_floats) {
   double a[3] = {5, -5, 0}, z[3] = {0, 0, 0};
-  tc_assert_close(nb_mod(tc_tensor(a, NB_SHAPE(3), NB_I32), tc_tensor(z, NB_SHAPE(3), NB_I32)),
-                  z, NB_SHAPE(3));
+  tc_assert_close(nb_mod(tc_tensor(a, NB_SHAPE(3), NB_I32), tc_tensor(z, NB_SHAPE(3), NB_I32)), z,
+                  NB_SHAPE(3));
   double nan3[3] = {NAN, NAN, NAN};
   tc_assert_close(nb_mod(tc_tensor(a, NB_SHAPE(3), NB_F32), tc_tensor(z, NB_SHAPE(3), NB_F32)),
                   nan3, NB_SHAPE(3));
   int64_t mn = INT64_MIN, m1 = -1, out = 7;
-  nb_tensor *r = nb_mod(nb_from_data(&mn, NB_SHAPE(1), NB_I64),
-                        nb_from_data(&m1, NB_SHAPE(1), NB_I64));
+  nb_tensor *r =
+      nb_mod(nb_from_data(&mn, NB_SHAPE(1), NB_I64), nb_from_data(&m1, NB_SHAPE(1), NB_I64));
   cr_assert_eq(nb_to_host(r, &out, 8), NB_OK);
   cr_assert_eq(out, 0);
 }
@@ -478,7 +526,8 @@ Test(elementwise, round_is_half_to_even) {
     double xr[10], rr[10];
     memcpy(xr, x, sizeof x);
     tc_round_to(xr, 10, (nb_dtype)dt);
-    for (int i = 0; i < 10; i++) rr[i] = xr[i] == x[i] ? r[i] : r_round(xr[i]);
+    for (int i = 0; i < 10; i++)
+      rr[i] = xr[i] == x[i] ? r[i] : r_round(xr[i]);
     tc_assert_close_tol(nb_round(tc_tensor(x, NB_SHAPE(10), (nb_dtype)dt)), rr, NB_SHAPE(10), 0);
   }
 }
@@ -489,7 +538,8 @@ Test(elementwise, integer_pow_is_exact) {
   nb_tensor *p = nb_pow(nb_from_data(a, NB_SHAPE(7), NB_I64), nb_from_data(b, NB_SHAPE(7), NB_I64));
   cr_assert_eq(nb_dtype_of(p), NB_I64);
   cr_assert_eq(nb_to_host(p, got, sizeof got), NB_OK);
-  for (int i = 0; i < 7; i++) cr_assert_eq(got[i], r[i], "%lld ** %lld", (long long)a[i], (long long)b[i]);
+  for (int i = 0; i < 7; i++)
+    cr_assert_eq(got[i], r[i], "%lld ** %lld", (long long)a[i], (long long)b[i]);
   cr_assert_eq(nb_item(nb_pow_scalar(nb_full(NB_SHAPE(1), 0, NB_I32), -2)), 0);
 }
 
@@ -497,8 +547,8 @@ Test(elementwise, division_by_zero_gives_inf_or_nan) {
   double a[3] = {1, -1, 0}, z[3] = {0, 0, 0}, r[3] = {INFINITY, -INFINITY, NAN};
   for (int dt = 0; dt < N_DT; dt++) {
     if (dt == NB_BOOL) continue;
-    nb_tensor *q = nb_div(tc_tensor(a, NB_SHAPE(3), (nb_dtype)dt),
-                          tc_tensor(z, NB_SHAPE(3), (nb_dtype)dt));
+    nb_tensor *q =
+        nb_div(tc_tensor(a, NB_SHAPE(3), (nb_dtype)dt), tc_tensor(z, NB_SHAPE(3), (nb_dtype)dt));
     tc_assert_close(q, r, NB_SHAPE(3));
   }
   tc_assert_close(nb_reciprocal(tc_tensor(z, NB_SHAPE(1), NB_I32)), (double[]){INFINITY},
@@ -522,16 +572,11 @@ Test(elementwise, unary_special_values) {
     nb_tensor *(*fn)(nb_tensor *);
     double r[5];
   } cases[] = {
-      {nb_exp, {0, INFINITY, NAN, 1, 0}},
-      {nb_sigmoid, {0, 1, NAN, 0.5, 0}},
-      {nb_relu, {0, INFINITY, NAN, 0, 0}},
-      {nb_softplus, {0, INFINITY, NAN, M_LN2, 0}},
-      {nb_gelu, {NAN, INFINITY, NAN, 0, 0}},
-      {nb_sign, {-1, 1, NAN, 0, -1}},
-      {nb_abs, {INFINITY, INFINITY, NAN, 0, 1000}},
-      {nb_tanh, {-1, 1, NAN, 0, -1}},
-      {nb_sqrt, {NAN, INFINITY, NAN, 0, NAN}},
-      {nb_erf, {-1, 1, NAN, 0, -1}},
+      {nb_exp, {0, INFINITY, NAN, 1, 0}},           {nb_sigmoid, {0, 1, NAN, 0.5, 0}},
+      {nb_relu, {0, INFINITY, NAN, 0, 0}},          {nb_softplus, {0, INFINITY, NAN, M_LN2, 0}},
+      {nb_gelu, {NAN, INFINITY, NAN, 0, 0}},        {nb_sign, {-1, 1, NAN, 0, -1}},
+      {nb_abs, {INFINITY, INFINITY, NAN, 0, 1000}}, {nb_tanh, {-1, 1, NAN, 0, -1}},
+      {nb_sqrt, {NAN, INFINITY, NAN, 0, NAN}},      {nb_erf, {-1, 1, NAN, 0, -1}},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
     for (int dt = NB_F32; dt <= NB_F64; dt++)
@@ -546,13 +591,13 @@ Test(elementwise, scalar_forms_match_reference) {
     double (*ref)(double, double, bool);
     bool reversed;
   } cases[] = {
-      {nb_add_scalar, r_add, false}, {nb_sub_scalar, r_sub, false},
-      {nb_rsub_scalar, r_sub, true}, {nb_mul_scalar, r_mul, false},
-      {nb_div_scalar, r_div, false}, {nb_rdiv_scalar, r_div, true},
-      {nb_pow_scalar, r_pow, false}, {nb_maximum_scalar, r_max, false},
+      {nb_add_scalar, r_add, false},     {nb_sub_scalar, r_sub, false},
+      {nb_rsub_scalar, r_sub, true},     {nb_mul_scalar, r_mul, false},
+      {nb_div_scalar, r_div, false},     {nb_rdiv_scalar, r_div, true},
+      {nb_pow_scalar, r_pow, false},     {nb_maximum_scalar, r_max, false},
       {nb_minimum_scalar, r_min, false}, {nb_eq_scalar, r_eq, false},
-      {nb_ne_scalar, r_ne, false},   {nb_lt_scalar, r_lt, false},
-      {nb_le_scalar, r_le, false},   {nb_gt_scalar, r_gt, false},
+      {nb_ne_scalar, r_ne, false},       {nb_lt_scalar, r_lt, false},
+      {nb_le_scalar, r_le, false},       {nb_gt_scalar, r_gt, false},
       {nb_ge_scalar, r_ge, false},
   };
   double x[6] = {1, 2, 3, 0.5, 4, 2.5}, ref[6];
@@ -612,8 +657,8 @@ Test(elementwise, where_selects_with_three_way_broadcast_and_promotes) {
   double ref[120];
   for (int64_t i = 0; i < n; i++)
     ref[i] = c[bcast_index(s, sc, i)] ? a[bcast_index(s, sa, i)] : b[bcast_index(s, sb, i)];
-  nb_tensor *w = nb_where(tc_tensor(c, sc, NB_BOOL), tc_tensor(a, sa, NB_I32),
-                          tc_tensor(b, sb, NB_F16));
+  nb_tensor *w =
+      nb_where(tc_tensor(c, sc, NB_BOOL), tc_tensor(a, sa, NB_I32), tc_tensor(b, sb, NB_F16));
   cr_assert(w, "%s", nb_last_error());
   cr_assert_eq(nb_dtype_of(w), NB_F16);
   tc_assert_close_tol(w, ref, s, 0);
@@ -628,7 +673,8 @@ Test(elementwise, where_on_every_dtype_and_strided_cond) {
     gen(b, 12, (nb_dtype)dt, ANY, &seed);
     /* cond: transpose of a [4,3] buffer */
     for (int i = 0; i < 3; i++)
-      for (int j = 0; j < 4; j++) ref[i * 4 + j] = cb[j * 3 + i] ? a[i * 4 + j] : b[i * 4 + j];
+      for (int j = 0; j < 4; j++)
+        ref[i * 4 + j] = cb[j * 3 + i] ? a[i * 4 + j] : b[i * 4 + j];
     nb_tensor *cond = strided(cb, 12, NB_BOOL, NB_SHAPE(3, 4), (int64_t[]){1, 3}, 0);
     nb_tensor *w = nb_where(cond, tc_tensor(a, NB_SHAPE(3, 4), (nb_dtype)dt),
                             tc_tensor(b, NB_SHAPE(3, 4), (nb_dtype)dt));
@@ -679,7 +725,8 @@ Test(elementwise, cast_every_pair_of_dtypes) {
     nb_tensor *t = tc_tensor(xr, NB_SHAPE(2, 5), (nb_dtype)from);
     for (int to = 0; to < N_DT; to++) {
       double ref[10];
-      for (int i = 0; i < 10; i++) ref[i] = cast_ref(xr[i], (nb_dtype)from, (nb_dtype)to);
+      for (int i = 0; i < 10; i++)
+        ref[i] = cast_ref(xr[i], (nb_dtype)from, (nb_dtype)to);
       nb_tensor *c = nb_cast(t, (nb_dtype)to);
       cr_assert_eq(nb_dtype_of(c), (nb_dtype)to);
       tc_assert_close_tol(c, ref, NB_SHAPE(2, 5), 0);
@@ -691,8 +738,8 @@ Test(elementwise, cast_float_to_int_truncates_and_saturates) {
   double x[7] = {2.7, -2.7, 1e10, -1e10, NAN, INFINITY, -INFINITY};
   double r32[7] = {2, -2, INT32_MAX, INT32_MIN, 0, INT32_MAX, INT32_MIN};
   for (int dt = NB_F32; dt <= NB_F64; dt++)
-    tc_assert_close_tol(nb_cast(tc_tensor(x, NB_SHAPE(7), (nb_dtype)dt), NB_I32), r32,
-                        NB_SHAPE(7), 0);
+    tc_assert_close_tol(nb_cast(tc_tensor(x, NB_SHAPE(7), (nb_dtype)dt), NB_I32), r32, NB_SHAPE(7),
+                        0);
   int64_t got[3];
   double y[3] = {1e19, -1e19, -2.9};
   cr_assert_eq(nb_to_host(nb_cast(tc_tensor(y, NB_SHAPE(3), NB_F64), NB_I64), got, 24), NB_OK);

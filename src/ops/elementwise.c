@@ -88,35 +88,29 @@ const nbi_op_def nbi_opdef_WHERE = {"where", 3, nbi_cpu_elementwise, NULL};
 
 /* ---- dtype rules ------------------------------------------------------------------------ */
 /* Ops with no integer meaning: integer and bool inputs compute in f32. */
-static bool float_only(int op) {
-  switch (op) {
-  case NBI_OP_EXP: case NBI_OP_EXPM1: case NBI_OP_LOG: case NBI_OP_LOG1P: case NBI_OP_SQRT:
-  case NBI_OP_RSQRT: case NBI_OP_SIN: case NBI_OP_COS: case NBI_OP_TAN: case NBI_OP_TANH:
-  case NBI_OP_SIGMOID: case NBI_OP_GELU: case NBI_OP_SILU: case NBI_OP_SOFTPLUS:
-  case NBI_OP_ERF: case NBI_OP_RECIPROCAL: case NBI_OP_DIV: case NBI_OP_ATAN2:
-    return true;
-  default:
-    return false;
-  }
-}
+static const bool float_only[NBI_OP_COUNT] = {
+    [NBI_OP_EXP] = true,        [NBI_OP_EXPM1] = true,    [NBI_OP_LOG] = true,
+    [NBI_OP_LOG1P] = true,      [NBI_OP_SQRT] = true,     [NBI_OP_RSQRT] = true,
+    [NBI_OP_SIN] = true,        [NBI_OP_COS] = true,      [NBI_OP_TAN] = true,
+    [NBI_OP_TANH] = true,       [NBI_OP_SIGMOID] = true,  [NBI_OP_GELU] = true,
+    [NBI_OP_SILU] = true,       [NBI_OP_SOFTPLUS] = true, [NBI_OP_ERF] = true,
+    [NBI_OP_RECIPROCAL] = true, [NBI_OP_DIV] = true,      [NBI_OP_ATAN2] = true,
+};
 
-static bool returns_bool(int op) {
-  switch (op) {
-  case NBI_OP_LOGICAL_NOT: case NBI_OP_EQ: case NBI_OP_NE: case NBI_OP_LT: case NBI_OP_LE:
-  case NBI_OP_GT: case NBI_OP_GE: case NBI_OP_LOGICAL_AND: case NBI_OP_LOGICAL_OR:
-    return true;
-  default:
-    return false;
-  }
-}
+/* Predicates: the result is bool. */
+static const bool returns_bool[NBI_OP_COUNT] = {
+    [NBI_OP_LOGICAL_NOT] = true, [NBI_OP_EQ] = true,          [NBI_OP_NE] = true,
+    [NBI_OP_LT] = true,          [NBI_OP_LE] = true,          [NBI_OP_GT] = true,
+    [NBI_OP_GE] = true,          [NBI_OP_LOGICAL_AND] = true, [NBI_OP_LOGICAL_OR] = true,
+};
 
 /* Records op on the compute dtype cdt (attrs.i[0]); the result is bool for
  * predicates, else cdt. */
 static nb_tensor *record(int op, nb_dtype cdt, const nb_shape *s, nb_tensor *const *in, int n) {
-  if (float_only(op) && !nb_dtype_is_float(cdt)) cdt = NB_F32;
+  if (float_only[op] && !nb_dtype_is_float(cdt)) cdt = NB_F32;
   nbi_attrs at = {0};
   at.i[0] = cdt;
-  return nbi_record(op, returns_bool(op) ? NB_BOOL : cdt, s, in, n, &at);
+  return nbi_record(op, returns_bool[op] ? NB_BOOL : cdt, s, in, n, &at);
 }
 
 /* ---- unary ------------------------------------------------------------------------------- */
@@ -130,12 +124,14 @@ static nb_tensor *unary(const char *fn, int op, nb_tensor *t) {
   return record(op, t->dtype, &t->shape, &t, 1);
 }
 
+/* clang-format off */
 #define EW_UNARY_PUBLIC(X)                                                                         \
-  X(NEG, neg) X(ABS, abs) X(SIGN, sign) X(EXP, exp) X(EXPM1, expm1) X(LOG, log) X(LOG1P, log1p)    \
-  X(SQRT, sqrt) X(RSQRT, rsqrt) X(SQUARE, square) X(SIN, sin) X(COS, cos) X(TAN, tan)            \
-  X(TANH, tanh) X(SIGMOID, sigmoid) X(RELU, relu) X(GELU, gelu) X(SILU, silu)                    \
-  X(SOFTPLUS, softplus) X(ERF, erf) X(FLOOR, floor) X(CEIL, ceil) X(ROUND, round)                \
+  X(NEG, neg) X(ABS, abs) X(SIGN, sign) X(EXP, exp) X(EXPM1, expm1) X(LOG, log)                    \
+  X(LOG1P, log1p) X(SQRT, sqrt) X(RSQRT, rsqrt) X(SQUARE, square) X(SIN, sin) X(COS, cos)          \
+  X(TAN, tan) X(TANH, tanh) X(SIGMOID, sigmoid) X(RELU, relu) X(GELU, gelu) X(SILU, silu)          \
+  X(SOFTPLUS, softplus) X(ERF, erf) X(FLOOR, floor) X(CEIL, ceil) X(ROUND, round)                  \
   X(RECIPROCAL, reciprocal) X(LOGICAL_NOT, logical_not)
+/* clang-format on */
 
 #define DEF_UNARY_PUBLIC(ID, name)                                                                 \
   nb_tensor *nb_##name(nb_tensor *t) { return unary("nb_" #name, NBI_OP_##ID, t); }
@@ -159,13 +155,17 @@ static nb_tensor *binary(const char *fn, int op, nb_tensor *a, nb_tensor *b) {
   return record(op, dt, &s, in, 2);
 }
 
+/* clang-format off */
 #define EW_BINARY_PUBLIC(X)                                                                        \
   X(ADD, add) X(SUB, sub) X(MUL, mul) X(DIV, div) X(POW, pow) X(MAXIMUM, maximum)                  \
-  X(MINIMUM, minimum) X(ATAN2, atan2) X(MOD, mod) X(EQ, eq) X(NE, ne) X(LT, lt) X(LE, le)        \
+  X(MINIMUM, minimum) X(ATAN2, atan2) X(MOD, mod) X(EQ, eq) X(NE, ne) X(LT, lt) X(LE, le)          \
   X(GT, gt) X(GE, ge) X(LOGICAL_AND, logical_and) X(LOGICAL_OR, logical_or)
+/* clang-format on */
 
 #define DEF_BINARY_PUBLIC(ID, name)                                                                \
-  nb_tensor *nb_##name(nb_tensor *a, nb_tensor *b) { return binary("nb_" #name, NBI_OP_##ID, a, b); }
+  nb_tensor *nb_##name(nb_tensor *a, nb_tensor *b) {                                               \
+    return binary("nb_" #name, NBI_OP_##ID, a, b);                                                 \
+  }
 EW_BINARY_PUBLIC(DEF_BINARY_PUBLIC)
 #undef DEF_BINARY_PUBLIC
 
@@ -198,11 +198,13 @@ static nb_tensor *scalar_op(const char *fn, int op, nb_tensor *t, double s, bool
   return reversed ? binary(fn, op, c, t) : binary(fn, op, t, c);
 }
 
+/* clang-format off */
 #define EW_SCALAR_PUBLIC(X)                                                                        \
   X(add, ADD, false) X(sub, SUB, false) X(rsub, SUB, true) X(mul, MUL, false)                      \
   X(div, DIV, false) X(rdiv, DIV, true) X(pow, POW, false) X(maximum, MAXIMUM, false)              \
-  X(minimum, MINIMUM, false) X(eq, EQ, false) X(ne, NE, false) X(lt, LT, false)                  \
+  X(minimum, MINIMUM, false) X(eq, EQ, false) X(ne, NE, false) X(lt, LT, false)                    \
   X(le, LE, false) X(gt, GT, false) X(ge, GE, false)
+/* clang-format on */
 
 #define DEF_SCALAR_PUBLIC(name, ID, reversed)                                                      \
   nb_tensor *nb_##name##_scalar(nb_tensor *t, double s) {                                          \

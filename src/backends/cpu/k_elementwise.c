@@ -112,7 +112,8 @@ static void load_i64(int64_t *restrict d, const char *src, nb_dtype dt, int64_t 
   case NB_I64: GATHER(int64_t, v)
   case NB_BOOL: GATHER(uint8_t, v != 0)
   default: /* float dtypes: truncation toward zero, saturating */
-    for (int64_t j = 0; j < n; j++) d[j] = sat_i64(nbi_load_f64(src, dt, j * s));
+    for (int64_t j = 0; j < n; j++)
+      d[j] = sat_i64(nbi_load_f64(src, dt, j * s));
     break;
   }
 }
@@ -184,9 +185,15 @@ static void store(domain dom, char *dst, nb_dtype dt, const void *x, int64_t n) 
 
 /* ---- scalar helpers used by the op expressions ----------------------------------- */
 /* Wrapping int64 arithmetic (unsigned, so overflow is defined). */
-static inline int64_t wrap_add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
-static inline int64_t wrap_sub(int64_t a, int64_t b) { return (int64_t)((uint64_t)a - (uint64_t)b); }
-static inline int64_t wrap_mul(int64_t a, int64_t b) { return (int64_t)((uint64_t)a * (uint64_t)b); }
+static inline int64_t wrap_add(int64_t a, int64_t b) {
+  return (int64_t)((uint64_t)a + (uint64_t)b);
+}
+static inline int64_t wrap_sub(int64_t a, int64_t b) {
+  return (int64_t)((uint64_t)a - (uint64_t)b);
+}
+static inline int64_t wrap_mul(int64_t a, int64_t b) {
+  return (int64_t)((uint64_t)a * (uint64_t)b);
+}
 
 /* a ** b exactly (wrapping) by repeated squaring; a negative exponent gives 0
  * unless |a| is 1. */
@@ -221,11 +228,12 @@ static inline float floor_modf(float a, float b) {
 }
 
 /* ---- the op lists: one expression per op and domain ------------------------------ */
+/* clang-format off */
 /* Float domains: x (unary) or a, b (binary) have type T; FN(f) is libm's f for T. */
 #define EW_UNARY_FLOAT(X)                                                                          \
   X(NEG, -x)                                                                                       \
   X(ABS, FN(fabs)(x))                                                                              \
-  X(SIGN, x > 0 ? (T)1 : x < 0 ? (T)-1 : x) /* keeps +-0 and NaN */                               \
+  X(SIGN, x > 0 ? (T)1 : x < 0 ? (T)-1 : x) /* keeps +-0 and NaN */                                \
   X(EXP, FN(exp)(x))                                                                               \
   X(EXPM1, FN(expm1)(x))                                                                           \
   X(LOG, FN(log)(x))                                                                               \
@@ -238,14 +246,14 @@ static inline float floor_modf(float a, float b) {
   X(TAN, FN(tan)(x))                                                                               \
   X(TANH, FN(tanh)(x))                                                                             \
   X(SIGMOID, (T)1 / ((T)1 + FN(exp)(-x)))                                                          \
-  X(RELU, x < 0 ? (T)0 : x) /* NaN passes through */                                               \
+  X(RELU, x < 0 ? (T)0 : x)                         /* NaN passes through */                       \
   X(GELU, (T)0.5 * x * FN(erfc)(-x * (T)M_SQRT1_2)) /* x Phi(x), no cancellation for x << 0 */     \
   X(SILU, x / ((T)1 + FN(exp)(-x)))                                                                \
   X(SOFTPLUS, (x > 0 ? x : (T)0) + FN(log1p)(FN(exp)(-FN(fabs)(x))))                               \
   X(ERF, FN(erf)(x))                                                                               \
   X(FLOOR, FN(floor)(x))                                                                           \
   X(CEIL, FN(ceil)(x))                                                                             \
-  X(ROUND, FN(nearbyint)(x)) /* default rounding mode: half to even */                            \
+  X(ROUND, FN(nearbyint)(x)) /* default rounding mode: half to even */                             \
   X(RECIPROCAL, (T)1 / x)
 
 #define EW_BINARY_FLOAT(X)                                                                         \
@@ -293,6 +301,7 @@ static inline float floor_modf(float a, float b) {
   X(GE, a >= b)                                                                                    \
   X(LOGICAL_AND, a != 0 && b != 0)                                                                 \
   X(LOGICAL_OR, a != 0 || b != 0)
+/* clang-format on */
 
 /* ---- row functions ----------------------------------------------------------------- */
 /* Operands are unit-stride (s = 1) or one broadcast value (s = 0); o is
@@ -312,7 +321,8 @@ typedef void (*where_row)(void *restrict o, const uint8_t *restrict c, int64_t s
     if (sa == 0) {                                                                                 \
       TI x = pa[0];                                                                                \
       TO v = (TO)(EXPR);                                                                           \
-      for (int64_t j = 0; j < n; j++) o[j] = v;                                                    \
+      for (int64_t j = 0; j < n; j++)                                                              \
+        o[j] = v;                                                                                  \
       return;                                                                                      \
     }                                                                                              \
     for (int64_t j = 0; j < n; j++) {                                                              \
@@ -346,7 +356,8 @@ typedef void (*where_row)(void *restrict o, const uint8_t *restrict c, int64_t s
     } else {                                                                                       \
       TI a = pa[0], b = pb[0];                                                                     \
       TO v = (TO)(EXPR);                                                                           \
-      for (int64_t j = 0; j < n; j++) o[j] = v;                                                    \
+      for (int64_t j = 0; j < n; j++)                                                              \
+        o[j] = v;                                                                                  \
     }                                                                                              \
   }
 
@@ -356,7 +367,8 @@ typedef void (*where_row)(void *restrict o, const uint8_t *restrict c, int64_t s
                    int64_t n) {                                                                    \
     T *restrict o = ov;                                                                            \
     const T *restrict a = av, *restrict b = bv;                                                    \
-    for (int64_t j = 0; j < n; j++) o[j] = c[j * sc] ? a[j * sa] : b[j * sb];                      \
+    for (int64_t j = 0; j < n; j++)                                                                \
+      o[j] = c[j * sc] ? a[j * sa] : b[j * sb];                                                    \
   }
 
 /* float */
@@ -440,11 +452,11 @@ enum { CHUNK = 512 };
 
 /* What one kernel call does, shared read-only by the threads. */
 typedef struct ew_plan {
-  int n_in;            /* 1, 2, or 3 (where) */
+  int n_in; /* 1, 2, or 3 (where) */
   bool is_where, is_cast;
-  nb_dtype cdt;        /* compute dtype */
-  domain dom;          /* its domain */
-  bool direct_out;     /* the row function writes out itself */
+  nb_dtype cdt;    /* compute dtype */
+  domain dom;      /* its domain */
+  bool direct_out; /* the row function writes out itself */
   nb_dtype out_dt, in_dt[3];
   unary_row un;
   binary_row bin;
@@ -506,7 +518,8 @@ static void run_chunk(const ew_plan *pl, char *out, const char *const *src, cons
       p[0] = src[0];
       ps[0] = s[0];
     } else {
-      for (int64_t j = 0; j < n; j++) cond[j] = (uint8_t)src[0][j * s[0]];
+      for (int64_t j = 0; j < n; j++)
+        cond[j] = (uint8_t)src[0][j * s[0]];
       p[0] = cond;
       ps[0] = 1;
     }
@@ -514,9 +527,12 @@ static void run_chunk(const ew_plan *pl, char *out, const char *const *src, cons
   for (int k = first; k < pl->n_in; k++)
     ps[k] = operand(pl, src[k], pl->in_dt[k], s[k], n, &buf[k], &p[k]);
   void *o = pl->direct_out ? (void *)out : (void *)&obuf;
-  if (pl->is_where) where_rows[pl->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], n);
-  else if (pl->n_in == 1) pl->un(o, p[0], ps[0], n);
-  else pl->bin(o, p[0], ps[0], p[1], ps[1], n);
+  if (pl->is_where)
+    where_rows[pl->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], n);
+  else if (pl->n_in == 1)
+    pl->un(o, p[0], ps[0], n);
+  else
+    pl->bin(o, p[0], ps[0], p[1], ps[1], n);
   if (!pl->direct_out) store(pl->dom, out, pl->out_dt, o, n);
 }
 
@@ -557,10 +573,13 @@ nb_status nbi_cpu_elementwise(const nb_tensor *n, nbi_view *out, const nbi_view 
   ew_plan pl = {.n_in = n->n_in, .is_where = n->op == NBI_OP_WHERE, .out_dt = out->dtype};
   pl.cdt = (nb_dtype)n->attrs.i[0];
   pl.dom = domain_of(pl.cdt);
-  for (int k = 0; k < pl.n_in; k++) pl.in_dt[k] = in[k].dtype;
+  for (int k = 0; k < pl.n_in; k++)
+    pl.in_dt[k] = in[k].dtype;
   if (!pl.is_where) {
-    if (pl.n_in == 1) pl.un = unary_rows[pl.dom][n->op];
-    else pl.bin = binary_rows[pl.dom][n->op];
+    if (pl.n_in == 1)
+      pl.un = unary_rows[pl.dom][n->op];
+    else
+      pl.bin = binary_rows[pl.dom][n->op];
     if (!pl.un && !pl.bin)
       return nbi_error(NB_ERR_INTERNAL, "nb_eval: op %s has no kernel for compute dtype %s",
                        nbi_op_table[n->op]->name, nb_dtype_name(pl.cdt));
