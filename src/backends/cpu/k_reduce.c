@@ -12,7 +12,7 @@
  * Reductions then merge adjacent dims that are both kept or both reduced
  * (size-1 dims vanish) into groups, and run one of two loops:
  *   inner  the last group is reduced: each output folds its rows of length L
- *          with unit stride (lanes of partial results, vectorized);
+ *          with unit stride (vectorized);
  *   outer  the last group is kept: each reduced row of length B is folded into
  *          a vector of B states, so [R,B] -> [B] streams rows and never gathers
  *          with a stride.
@@ -20,7 +20,7 @@
  * rounding) and int64 for integers (sums and products wrap modulo 2^64, and
  * narrower outputs keep the low bits, as JAX's int32 sums do). How work is
  * split between threads depends on the sizes only, never on the thread count,
- * so results are the same on every machine.
+ * so results do not change with OMP_NUM_THREADS.
  */
 #include "k_reduce.h"
 
@@ -49,10 +49,10 @@ typedef enum fold_op {
 } fold_op;
 
 enum {
-  COL_BLOCK = 256,  /* columns per task in the outer / column loops */
-  CHUNK = 1 << 15,  /* elements per parallel chunk of one long reduction */
-  MIN_TASKS = 16,   /* below this many independent tasks, split the reduction */
-  MAX_SPLITS = 64,  /* at most this many private state vectors (outer loop) */
+  COL_BLOCK = 256, /* columns per task in the outer / column loops */
+  CHUNK = 1 << 15, /* elements per parallel chunk of one long reduction */
+  MIN_TASKS = 16,  /* below this many independent tasks, split the reduction */
+  MAX_SPLITS = 64, /* at most this many private state vectors (outer loop) */
 };
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -108,7 +108,7 @@ static inline void istep(fold_op op, int64_t *a, int64_t *ix, int64_t x, int64_t
   }
 }
 
-/* e^x for x <= 0 (or NaN), within 2 ulp (Cephes expf); branch-free so loops
+/* e^x for x <= 0 (or NaN), within 1 ulp (Cephes expf); branch-free so loops
  * over it vectorize. Results below FLT_MIN flush to 0, as FTZ does anyway. */
 static inline float exp_nonpos_f32(float x) {
   const float lo = -87.33654f, magic = 12582912.0f; /* 1.5 * 2^23: rounds to int */
@@ -138,123 +138,129 @@ static inline float exp_nonpos_f32(float x) {
 #define SIMD_MAP _Pragma("omp simd")
 #define NO_SIMD
 
-/* row_max_T / row_min_T: extreme of x[0..n) (n >= 1), NaN if any element is
- *   NaN. They compare integer keys (the float's bits with the magnitude bits of
- *   negatives flipped, which orders like the floats) because compilers vectorize
- *   an integer max but not a float one, and track the largest |x| bits to see NaN.
+/* key_T: the bits of v as a signed integer, with the magnitude bits of negative
+ *   values flipped, so keys order like the (non-NaN) values.
+ * row_extreme_T: max (or min) of x[0..n), n >= 1, NaN if any element is NaN.
+ *   It compares keys because compilers vectorize an integer max but not a
+ *   float one, and tracks the largest |x| bits to detect NaN.
  * sum_exp_T: sum of exp(x[j] - c) over j < n, every x[j] - c <= 0 or NaN; e
  *   (if not NULL) receives the n exponentials.
  * fold_row_T: folds x[0..n) (unit stride, n >= 1; x[0] has reduced index i0)
  *   into the single state *acc / *ix; c is the centre of F_SQDEV / F_SUMEXP.
  * fold_col_T: folds row x[0..n) into n states: acc[j] op= x[j], with centres
  *   c[j] (F_SQDEV / F_SUMEXP only) and arg indices ix[j] = i when taken. */
-#define DEF_FLOAT_FOLDS(SUF, T, U, I, EXP, MAP_SIMD)                                         \
-  static I key_##SUF(T v) {                                                                 \
-    U u;                                                                                    \
-    memcpy(&u, &v, sizeof u);                                                               \
-    return (I)(u ^ ((0 - (u >> (8 * sizeof u - 1))) >> 1));                                 \
-  }                                                                                         \
-  static T row_extreme_##SUF(const T *restrict x, int64_t n, bool max) {                   \
-    const U abs_mask = (U)-1 >> 1;                                                          \
-    const I inf_key = key_##SUF((T)INFINITY);                                               \
-    I mk = key_##SUF(max ? (T)-INFINITY : (T)INFINITY), ma = 0;                             \
-    if (max)                                                                                \
-      for (int64_t j = 0; j < n; j++) {                                                     \
-        U u;                                                                                \
-        memcpy(&u, &x[j], sizeof u);                                                        \
-        I k = key_##SUF(x[j]), a = (I)(u & abs_mask);                                       \
-        mk = k > mk ? k : mk;                                                               \
-        ma = a > ma ? a : ma;                                                               \
-      }                                                                                     \
-    else                                                                                    \
-      for (int64_t j = 0; j < n; j++) {                                                     \
-        U u;                                                                                \
-        memcpy(&u, &x[j], sizeof u);                                                        \
-        I k = key_##SUF(x[j]), a = (I)(u & abs_mask);                                       \
-        mk = k < mk ? k : mk;                                                               \
-        ma = a > ma ? a : ma;                                                               \
-      }                                                                                     \
-    if (ma > inf_key) return (T)NAN;                                                    \
-    U u = (U)mk;                                                                            \
-    u ^= (0 - (u >> (8 * sizeof u - 1))) >> 1;                                              \
-    T r;                                                                                    \
-    memcpy(&r, &u, sizeof r);                                                               \
-    return r;                                                                               \
-  }                                                                                         \
-  static double sum_exp_##SUF(const T *restrict x, T c, int64_t n, T *restrict e) {        \
-    T buf[COL_BLOCK];                                                                       \
-    double s = 0;                                                                           \
-    for (int64_t j0 = 0; j0 < n; j0 += COL_BLOCK) {                                         \
-      int64_t w = min64(COL_BLOCK, n - j0);                                                 \
-      T *restrict d = e ? e + j0 : buf;                                                     \
-      MAP_SIMD for (int64_t j = 0; j < w; j++) d[j] = EXP(x[j0 + j] - c);                   \
-      SIMD_SUM for (int64_t j = 0; j < w; j++) s += (double)d[j];                           \
-    }                                                                                       \
-    return s;                                                                               \
-  }                                                                                         \
-  static void fold_row_##SUF(fold_op op, const T *restrict x, int64_t n, double c,         \
-                             double *acc, int64_t *ix, int64_t i0) {                        \
-    double s = 0;                                                                           \
-    switch (op) {                                                                           \
-    case F_SUM:                                                                             \
-      SIMD_SUM for (int64_t j = 0; j < n; j++) s += (double)x[j];                           \
-      *acc += s;                                                                            \
-      return;                                                                               \
-    case F_SQDEV:                                                                           \
-      SIMD_SUM for (int64_t j = 0; j < n; j++) s += ((double)x[j] - c) * ((double)x[j] - c); \
-      *acc += s;                                                                            \
-      return;                                                                               \
-    case F_SUMEXP: *acc += sum_exp_##SUF(x, (T)c, n, NULL); return;                         \
-    case F_MAX:                                                                             \
-    case F_MIN: fstep(op, acc, ix, row_extreme_##SUF(x, n, op == F_MAX), 0, 0); return;     \
-    case F_ARGMAX:                                                                          \
-    case F_ARGMIN: { /* the first NaN, else the first element equal to the extreme */       \
-      T m = row_extreme_##SUF(x, n, op == F_ARGMAX);                                        \
-      int64_t j = 0;                                                                        \
-      if (m != m)                                                                           \
-        while (x[j] == x[j]) j++;                                                           \
-      else                                                                                  \
-        while (x[j] != m) j++;                                                              \
-      fstep(op, acc, ix, x[j], i0 + j, 0);                                                  \
-      return;                                                                               \
-    }                                                                                       \
-    default:                                                                                \
-      for (int64_t j = 0; j < n; j++) fstep(op, acc, ix, x[j], i0 + j, c);                  \
-      return;                                                                               \
-    }                                                                                       \
-  }                                                                                         \
-  static void fold_col_##SUF(fold_op op, const T *restrict x, int64_t n,                   \
-                             const double *restrict c, double *restrict acc,                \
-                             int64_t *restrict ix, int64_t i) {                             \
-    switch (op) {                                                                           \
-    case F_SUM:                                                                             \
-      for (int64_t j = 0; j < n; j++) acc[j] += (double)x[j];                               \
-      return;                                                                               \
-    case F_SQDEV:                                                                           \
-      for (int64_t j = 0; j < n; j++) {                                                     \
-        double d = (double)x[j] - c[j];                                                     \
-        acc[j] += d * d;                                                                    \
-      }                                                                                     \
-      return;                                                                               \
-    case F_SUMEXP:                                                                          \
-      for (int64_t j = 0; j < n; j++) acc[j] += (double)EXP(x[j] - (T)c[j]);                \
-      return;                                                                               \
-    case F_MAX:                                                                             \
-      for (int64_t j = 0; j < n; j++) {                                                     \
-        double v = x[j];                                                                    \
-        acc[j] = (v > acc[j] || v != v) ? v : acc[j];                                       \
-      }                                                                                     \
-      return;                                                                               \
-    case F_MIN:                                                                             \
-      for (int64_t j = 0; j < n; j++) {                                                     \
-        double v = x[j];                                                                    \
-        acc[j] = (v < acc[j] || v != v) ? v : acc[j];                                       \
-      }                                                                                     \
-      return;                                                                               \
-    default:                                                                                \
-      for (int64_t j = 0; j < n; j++) fstep(op, &acc[j], ix ? &ix[j] : NULL, x[j], i, 0);   \
-      return;                                                                               \
-    }                                                                                       \
+#define DEF_FLOAT_FOLDS(SUF, T, U, I, EXP, MAP_SIMD)                                               \
+  static I key_##SUF(T v) {                                                                        \
+    U u;                                                                                           \
+    memcpy(&u, &v, sizeof u);                                                                      \
+    return (I)(u ^ ((0 - (u >> (8 * sizeof u - 1))) >> 1));                                        \
+  }                                                                                                \
+  static T row_extreme_##SUF(const T *restrict x, int64_t n, bool max) {                           \
+    const U abs_mask = (U)-1 >> 1;                                                                 \
+    const I inf_key = key_##SUF((T)INFINITY);                                                      \
+    I mk = key_##SUF(max ? (T)-INFINITY : (T)INFINITY), ma = 0;                                    \
+    if (max)                                                                                       \
+      for (int64_t j = 0; j < n; j++) {                                                            \
+        U u;                                                                                       \
+        memcpy(&u, &x[j], sizeof u);                                                               \
+        I k = key_##SUF(x[j]), a = (I)(u & abs_mask);                                              \
+        mk = k > mk ? k : mk;                                                                      \
+        ma = a > ma ? a : ma;                                                                      \
+      }                                                                                            \
+    else                                                                                           \
+      for (int64_t j = 0; j < n; j++) {                                                            \
+        U u;                                                                                       \
+        memcpy(&u, &x[j], sizeof u);                                                               \
+        I k = key_##SUF(x[j]), a = (I)(u & abs_mask);                                              \
+        mk = k < mk ? k : mk;                                                                      \
+        ma = a > ma ? a : ma;                                                                      \
+      }                                                                                            \
+    if (ma > inf_key) return (T)NAN;                                                               \
+    U u = (U)mk;                                                                                   \
+    u ^= (0 - (u >> (8 * sizeof u - 1))) >> 1;                                                     \
+    T r;                                                                                           \
+    memcpy(&r, &u, sizeof r);                                                                      \
+    return r;                                                                                      \
+  }                                                                                                \
+  static double sum_exp_##SUF(const T *restrict x, T c, int64_t n, T *restrict e) {                \
+    T buf[COL_BLOCK];                                                                              \
+    double s = 0;                                                                                  \
+    for (int64_t j0 = 0; j0 < n; j0 += COL_BLOCK) {                                                \
+      int64_t w = min64(COL_BLOCK, n - j0);                                                        \
+      T *restrict d = e ? e + j0 : buf;                                                            \
+      MAP_SIMD for (int64_t j = 0; j < w; j++) d[j] = EXP(x[j0 + j] - c);                          \
+      SIMD_SUM for (int64_t j = 0; j < w; j++) s += (double)d[j];                                  \
+    }                                                                                              \
+    return s;                                                                                      \
+  }                                                                                                \
+  static void fold_row_##SUF(fold_op op, const T *restrict x, int64_t n, double c, double *acc,    \
+                             int64_t *ix, int64_t i0) {                                            \
+    double s = 0;                                                                                  \
+    switch (op) {                                                                                  \
+    case F_SUM:                                                                                    \
+      SIMD_SUM for (int64_t j = 0; j < n; j++) s += (double)x[j];                                  \
+      *acc += s;                                                                                   \
+      return;                                                                                      \
+    case F_SQDEV:                                                                                  \
+      SIMD_SUM for (int64_t j = 0; j < n; j++) s += ((double)x[j] - c) * ((double)x[j] - c);       \
+      *acc += s;                                                                                   \
+      return;                                                                                      \
+    case F_SUMEXP: *acc += sum_exp_##SUF(x, (T)c, n, NULL); return;                                \
+    case F_MAX:                                                                                    \
+    case F_MIN: fstep(op, acc, ix, row_extreme_##SUF(x, n, op == F_MAX), 0, 0); return;            \
+    case F_ARGMAX:                                                                                 \
+    case F_ARGMIN: { /* the first NaN, else the first element equal to the extreme */              \
+      T m = row_extreme_##SUF(x, n, op == F_ARGMAX);                                               \
+      int64_t j = 0;                                                                               \
+      if (m != m)                                                                                  \
+        while (x[j] == x[j])                                                                       \
+          j++;                                                                                     \
+      else                                                                                         \
+        while (x[j] != m)                                                                          \
+          j++;                                                                                     \
+      fstep(op, acc, ix, x[j], i0 + j, 0);                                                         \
+      return;                                                                                      \
+    }                                                                                              \
+    default:                                                                                       \
+      for (int64_t j = 0; j < n; j++)                                                              \
+        fstep(op, acc, ix, x[j], i0 + j, c);                                                       \
+      return;                                                                                      \
+    }                                                                                              \
+  }                                                                                                \
+  static void fold_col_##SUF(fold_op op, const T *restrict x, int64_t n, const double *restrict c, \
+                             double *restrict acc, int64_t *restrict ix, int64_t i) {              \
+    switch (op) {                                                                                  \
+    case F_SUM:                                                                                    \
+      for (int64_t j = 0; j < n; j++)                                                              \
+        acc[j] += (double)x[j];                                                                    \
+      return;                                                                                      \
+    case F_SQDEV:                                                                                  \
+      for (int64_t j = 0; j < n; j++) {                                                            \
+        double d = (double)x[j] - c[j];                                                            \
+        acc[j] += d * d;                                                                           \
+      }                                                                                            \
+      return;                                                                                      \
+    case F_SUMEXP:                                                                                 \
+      for (int64_t j = 0; j < n; j++)                                                              \
+        acc[j] += (double)EXP(x[j] - (T)c[j]);                                                     \
+      return;                                                                                      \
+    case F_MAX:                                                                                    \
+      for (int64_t j = 0; j < n; j++) {                                                            \
+        double v = x[j];                                                                           \
+        acc[j] = (v > acc[j] || v != v) ? v : acc[j];                                              \
+      }                                                                                            \
+      return;                                                                                      \
+    case F_MIN:                                                                                    \
+      for (int64_t j = 0; j < n; j++) {                                                            \
+        double v = x[j];                                                                           \
+        acc[j] = (v < acc[j] || v != v) ? v : acc[j];                                              \
+      }                                                                                            \
+      return;                                                                                      \
+    default:                                                                                       \
+      for (int64_t j = 0; j < n; j++)                                                              \
+        fstep(op, &acc[j], ix ? &ix[j] : NULL, x[j], i, 0);                                        \
+      return;                                                                                      \
+    }                                                                                              \
   }
 
 DEF_FLOAT_FOLDS(f32, float, uint32_t, int32_t, exp_nonpos_f32, SIMD_MAP)
@@ -262,16 +268,19 @@ DEF_FLOAT_FOLDS(f64, double, uint64_t, int64_t, exp, NO_SIMD)
 
 static void fold_row_i64(fold_op op, const int64_t *restrict x, int64_t n, int64_t *acc,
                          int64_t *ix, int64_t i0) {
-  for (int64_t j = 0; j < n; j++) istep(op, acc, ix, x[j], i0 + j);
+  for (int64_t j = 0; j < n; j++)
+    istep(op, acc, ix, x[j], i0 + j);
 }
 
 static void fold_col_i64(fold_op op, const int64_t *restrict x, int64_t n, int64_t *restrict acc,
                          int64_t *restrict ix, int64_t i) {
   if (op == F_SUM) {
-    for (int64_t j = 0; j < n; j++) acc[j] = (int64_t)((uint64_t)acc[j] + (uint64_t)x[j]);
+    for (int64_t j = 0; j < n; j++)
+      acc[j] = (int64_t)((uint64_t)acc[j] + (uint64_t)x[j]);
     return;
   }
-  for (int64_t j = 0; j < n; j++) istep(op, &acc[j], ix ? &ix[j] : NULL, x[j], i);
+  for (int64_t j = 0; j < n; j++)
+    istep(op, &acc[j], ix ? &ix[j] : NULL, x[j], i);
 }
 
 /* ---- staging and output ---------------------------------------------------------- */
@@ -282,7 +291,8 @@ static nb_dtype compute_dtype(nb_dtype dt, bool float_result) {
 
 static int64_t view_numel(const nbi_view *v) {
   int64_t n = 1;
-  for (int d = 0; d < v->ndim; d++) n *= v->dims[d];
+  for (int d = 0; d < v->ndim; d++)
+    n *= v->dims[d];
   return n;
 }
 
@@ -454,29 +464,29 @@ static nb_status run_inner(const pass *p, const char *opname) {
       inner_range(p, o, 0, g->n_red, state_at(p->acc, o), p->ix ? p->ix + o : NULL);
     return NB_OK;
   }
-  /* few outputs, long reductions: fixed-size chunks in parallel, merged in order */
-  int64_t nch = ceil_div(g->n_red, CHUNK);
-  int64_t *part = malloc((size_t)nch * 2 * sizeof *part), *pix = part + nch;
-  if (!part)
-    return nbi_error(NB_ERR_OOM, "nb_%s: out of memory splitting a reduction", opname);
-  for (int64_t o = 0; o < g->n_out; o++) {
-    state_init(p, part, p->ix ? pix : NULL, nch);
+  /* few outputs, long reductions: fixed-size chunks of every output in
+   * parallel, merged in order */
+  int64_t nch = ceil_div(g->n_red, CHUNK), tasks = g->n_out * nch;
+  int64_t *part = malloc((size_t)tasks * 2 * sizeof *part);
+  if (!part) return nbi_error(NB_ERR_OOM, "nb_%s: out of memory splitting a reduction", opname);
+  int64_t *pix = p->ix ? part + tasks : NULL;
+  state_init(p, part, pix, tasks);
 #pragma omp parallel for schedule(static)
-    for (int64_t ch = 0; ch < nch; ch++)
-      inner_range(p, o, ch * CHUNK, min64((ch + 1) * CHUNK, g->n_red), state_at(part, ch),
-                  p->ix ? pix + ch : NULL);
-    for (int64_t ch = 0; ch < nch; ch++)
-      state_combine(p, state_at(p->acc, o), p->ix ? p->ix + o : NULL, state_at(part, ch),
-                    p->ix ? pix[ch] : 0);
+  for (int64_t t = 0; t < tasks; t++) {
+    int64_t o = t / nch, a = t % nch * CHUNK;
+    inner_range(p, o, a, min64(a + CHUNK, g->n_red), state_at(part, t), pix ? pix + t : NULL);
   }
+  for (int64_t t = 0; t < tasks; t++)
+    state_combine(p, state_at(p->acc, t / nch), pix ? p->ix + t / nch : NULL, state_at(part, t),
+                  pix ? pix[t] : 0);
   free(part);
   return NB_OK;
 }
 
 /* Outer loop: folds reduced rows [q0, q1) into the states acc/ix (laid out as
  * the outputs) of columns [c0, c1) of output row o1. */
-static void outer_block(const pass *p, void *acc, int64_t *ix, int64_t o1, int64_t c0,
-                        int64_t c1, int64_t q0, int64_t q1) {
+static void outer_block(const pass *p, void *acc, int64_t *ix, int64_t o1, int64_t c0, int64_t c1,
+                        int64_t q0, int64_t q1) {
   const geom *g = p->g;
   int64_t B = g->ks[g->nk - 1], so = o1 * B + c0, w = c1 - c0;
   int64_t base = group_offset(g->ks, g->kst, g->nk - 1, o1) + c0;
@@ -491,7 +501,9 @@ static void outer_block(const pass *p, void *acc, int64_t *ix, int64_t o1, int64
     case NB_F64:
       fold_col_f64(p->op, (const double *)p->x + off, w, c, (double *)acc + so, six, q);
       break;
-    default: fold_col_i64(p->op, (const int64_t *)p->x + off, w, (int64_t *)acc + so, six, q); break;
+    default:
+      fold_col_i64(p->op, (const int64_t *)p->x + off, w, (int64_t *)acc + so, six, q);
+      break;
     }
   }
 }
@@ -514,14 +526,13 @@ static nb_status run_outer(const pass *p, const char *opname) {
     nch = MAX_SPLITS;
     qc = ceil_div(g->n_red, nch);
   }
-  int64_t *part = malloc((size_t)(nch * g->n_out) * 2 * sizeof *part),
-          *pix = part + nch * g->n_out;
-  if (!part)
-    return nbi_error(NB_ERR_OOM, "nb_%s: out of memory splitting a reduction", opname);
+  int64_t *part = malloc((size_t)(nch * g->n_out) * 2 * sizeof *part);
+  if (!part) return nbi_error(NB_ERR_OOM, "nb_%s: out of memory splitting a reduction", opname);
+  int64_t *pix = p->ix ? part + nch * g->n_out : NULL;
 #pragma omp parallel for schedule(static)
   for (int64_t ch = 0; ch < nch; ch++) {
     void *acc = state_at(part, ch * g->n_out);
-    int64_t *ix = p->ix ? pix + ch * g->n_out : NULL;
+    int64_t *ix = pix ? pix + ch * g->n_out : NULL;
     state_init(p, acc, ix, g->n_out);
     for (int64_t t = 0; t < tasks; t++) {
       int64_t c0 = t % nb * COL_BLOCK;
@@ -531,9 +542,8 @@ static nb_status run_outer(const pass *p, const char *opname) {
   }
   for (int64_t ch = 0; ch < nch; ch++)
     for (int64_t o = 0; o < g->n_out; o++)
-      state_combine(p, state_at(p->acc, o), p->ix ? p->ix + o : NULL,
-                    state_at(part, ch * g->n_out + o),
-                    p->ix ? pix[ch * g->n_out + o] : 0);
+      state_combine(p, state_at(p->acc, o), pix ? p->ix + o : NULL,
+                    state_at(part, ch * g->n_out + o), pix ? pix[ch * g->n_out + o] : 0);
   free(part);
   return NB_OK;
 }
@@ -576,11 +586,12 @@ nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
   void *owned = NULL;
   if (numel > 0 && stage_input(opname, in, p.ct, numel, &p.x, &owned)) return NB_ERR_OOM;
   /* acc: states; ix / centre: arg indices, or the centres of pass 2 */
-  double *acc = malloc((size_t)n_out * 2 * sizeof(double)), *centre = acc + n_out;
+  double *acc = malloc((size_t)n_out * 2 * sizeof(double));
   if (!acc) {
     free(owned);
     return nbi_error(NB_ERR_OOM, "nb_%s: out of memory for %lld outputs", opname, (long long)n_out);
   }
+  double *centre = acc + n_out;
   p.acc = acc;
   p.ix = arg ? (int64_t *)centre : NULL;
   nb_status st = NB_OK;
@@ -601,7 +612,8 @@ nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
   case NBI_OP_REDUCE_VAR:
     st = run_pass(&p, F_SUM, NULL, opname);
     if (!st && count > 0) {
-      for (int64_t o = 0; o < n_out; o++) centre[o] = acc[o] / count;
+      for (int64_t o = 0; o < n_out; o++)
+        centre[o] = acc[o] / count;
       st = run_pass(&p, F_SQDEV, centre, opname);
     }
     for (int64_t o = 0; o < n_out; o++) {
@@ -634,33 +646,41 @@ nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
 /* softmax_row_T: y[0..n) = softmax (lg: log_softmax) of x[0..n), max-shifted; a
  *   NaN anywhere (or a row of -inf) makes the row NaN, as JAX.
  * softmax_cols_T: the same down each of the w columns of (n, B) slabs x, y. */
-#define DEF_SOFTMAX(SUF, T, EXP)                                                             \
-  static void softmax_row_##SUF(const T *restrict x, T *restrict y, int64_t n, bool lg) {  \
-    T mx = row_extreme_##SUF(x, n, true);                                                             \
-    if (lg) {                                                                               \
-      T ls = (T)log(sum_exp_##SUF(x, mx, n, NULL));                                         \
-      for (int64_t j = 0; j < n; j++) y[j] = (x[j] - mx) - ls;                              \
-      return;                                                                               \
-    }                                                                                       \
-    T inv = (T)(1.0 / sum_exp_##SUF(x, mx, n, y));                                          \
-    for (int64_t j = 0; j < n; j++) y[j] *= inv;                                            \
-  }                                                                                         \
-  static void softmax_cols_##SUF(const T *restrict x, T *restrict y, int64_t n, int64_t B, \
-                                 int64_t w, bool lg) {                                      \
-    T m[COL_BLOCK], f[COL_BLOCK];                                                           \
-    double s[COL_BLOCK];                                                                    \
-    for (int64_t j = 0; j < w; j++) m[j] = (T)-INFINITY, s[j] = 0;                          \
-    for (int64_t i = 0; i < n; i++)                                                         \
-      for (int64_t j = 0; j < w; j++) m[j] = x[i * B + j] > m[j] ? x[i * B + j] : m[j];     \
-    for (int64_t i = 0; i < n; i++)                                                         \
-      for (int64_t j = 0; j < w; j++) s[j] += (double)EXP(x[i * B + j] - m[j]);             \
-    for (int64_t j = 0; j < w; j++) f[j] = lg ? (T)log(s[j]) : (T)(1.0 / s[j]);             \
-    for (int64_t i = 0; i < n; i++) {                                                       \
-      if (lg)                                                                               \
-        for (int64_t j = 0; j < w; j++) y[i * B + j] = (x[i * B + j] - m[j]) - f[j];        \
-      else                                                                                  \
-        for (int64_t j = 0; j < w; j++) y[i * B + j] = EXP(x[i * B + j] - m[j]) * f[j];     \
-    }                                                                                       \
+#define DEF_SOFTMAX(SUF, T, EXP)                                                                   \
+  static void softmax_row_##SUF(const T *restrict x, T *restrict y, int64_t n, bool lg) {          \
+    T mx = row_extreme_##SUF(x, n, true);                                                          \
+    if (lg) {                                                                                      \
+      T ls = (T)log(sum_exp_##SUF(x, mx, n, NULL));                                                \
+      for (int64_t j = 0; j < n; j++)                                                              \
+        y[j] = (x[j] - mx) - ls;                                                                   \
+      return;                                                                                      \
+    }                                                                                              \
+    T inv = (T)(1.0 / sum_exp_##SUF(x, mx, n, y));                                                 \
+    for (int64_t j = 0; j < n; j++)                                                                \
+      y[j] *= inv;                                                                                 \
+  }                                                                                                \
+  static void softmax_cols_##SUF(const T *restrict x, T *restrict y, int64_t n, int64_t B,         \
+                                 int64_t w, bool lg) {                                             \
+    T m[COL_BLOCK], f[COL_BLOCK];                                                                  \
+    double s[COL_BLOCK];                                                                           \
+    for (int64_t j = 0; j < w; j++)                                                                \
+      m[j] = (T)-INFINITY, s[j] = 0;                                                               \
+    for (int64_t i = 0; i < n; i++)                                                                \
+      for (int64_t j = 0; j < w; j++)                                                              \
+        m[j] = x[i * B + j] > m[j] ? x[i * B + j] : m[j];                                          \
+    for (int64_t i = 0; i < n; i++)                                                                \
+      for (int64_t j = 0; j < w; j++)                                                              \
+        s[j] += (double)EXP(x[i * B + j] - m[j]);                                                  \
+    for (int64_t j = 0; j < w; j++)                                                                \
+      f[j] = lg ? (T)log(s[j]) : (T)(1.0 / s[j]);                                                  \
+    for (int64_t i = 0; i < n; i++) {                                                              \
+      if (lg)                                                                                      \
+        for (int64_t j = 0; j < w; j++)                                                            \
+          y[i * B + j] = (x[i * B + j] - m[j]) - f[j];                                             \
+      else                                                                                         \
+        for (int64_t j = 0; j < w; j++)                                                            \
+          y[i * B + j] = EXP(x[i * B + j] - m[j]) * f[j];                                          \
+    }                                                                                              \
   }
 
 DEF_SOFTMAX(f32, float, exp_nonpos_f32)
@@ -668,61 +688,68 @@ DEF_SOFTMAX(f64, double, exp)
 
 /* cumsum_row_T: y[j] = x[0] + ... + x[j] (floats accumulate in double).
  * cumsum_cols_T: the same down each of the w columns of (n, B) slabs. */
-#define DEF_CUMSUM(SUF, T, ACC)                                                              \
-  static void cumsum_row_##SUF(const T *restrict x, T *restrict y, int64_t n) {             \
-    ACC s = 0;                                                                              \
-    for (int64_t j = 0; j < n; j++) {                                                       \
-      s += (ACC)x[j];                                                                       \
-      y[j] = (T)s;                                                                          \
-    }                                                                                       \
-  }                                                                                         \
-  static void cumsum_cols_##SUF(const T *restrict x, T *restrict y, int64_t n, int64_t B,  \
-                                int64_t w) {                                                \
-    ACC s[COL_BLOCK] = {0};                                                                 \
-    for (int64_t i = 0; i < n; i++)                                                         \
-      for (int64_t j = 0; j < w; j++) {                                                     \
-        s[j] += (ACC)x[i * B + j];                                                          \
-        y[i * B + j] = (T)s[j];                                                             \
-      }                                                                                     \
+#define DEF_CUMSUM(SUF, T, ACC)                                                                    \
+  static void cumsum_row_##SUF(const T *restrict x, T *restrict y, int64_t n) {                    \
+    ACC s = 0;                                                                                     \
+    for (int64_t j = 0; j < n; j++) {                                                              \
+      s += (ACC)x[j];                                                                              \
+      y[j] = (T)s;                                                                                 \
+    }                                                                                              \
+  }                                                                                                \
+  static void cumsum_cols_##SUF(const T *restrict x, T *restrict y, int64_t n, int64_t B,          \
+                                int64_t w) {                                                       \
+    ACC s[COL_BLOCK] = {0};                                                                        \
+    for (int64_t i = 0; i < n; i++)                                                                \
+      for (int64_t j = 0; j < w; j++) {                                                            \
+        s[j] += (ACC)x[i * B + j];                                                                 \
+        y[i * B + j] = (T)s[j];                                                                    \
+      }                                                                                            \
   }
 
 DEF_CUMSUM(f32, float, double)
 DEF_CUMSUM(f64, double, double)
 DEF_CUMSUM(i64, int64_t, uint64_t) /* wraps modulo 2^64 */
 
-/* One task of an axis op on elements from offset off of x and y (compute type ct). */
+/* One task of an axis op on elements from offset off of x and y (compute type
+ * ct): a row (B == 1) or w columns of an (n, B) slab. */
 static void axis_task(int op, nb_dtype ct, const void *x, void *y, int64_t off, int64_t n,
                       int64_t B, int64_t w) {
-  bool lg = op == NBI_OP_LOG_SOFTMAX;
-  if (op != NBI_OP_CUMSUM) {
-    if (ct == NB_F32 && B == 1) softmax_row_f32((const float *)x + off, (float *)y + off, n, lg);
-    if (ct == NB_F32 && B > 1)
-      softmax_cols_f32((const float *)x + off, (float *)y + off, n, B, w, lg);
-    if (ct == NB_F64 && B == 1) softmax_row_f64((const double *)x + off, (double *)y + off, n, lg);
-    if (ct == NB_F64 && B > 1)
-      softmax_cols_f64((const double *)x + off, (double *)y + off, n, B, w, lg);
-    return;
-  }
-  switch (ct) {
-  case NB_F32:
-    if (B == 1) cumsum_row_f32((const float *)x + off, (float *)y + off, n);
-    else cumsum_cols_f32((const float *)x + off, (float *)y + off, n, B, w);
-    break;
-  case NB_F64:
-    if (B == 1) cumsum_row_f64((const double *)x + off, (double *)y + off, n);
-    else cumsum_cols_f64((const double *)x + off, (double *)y + off, n, B, w);
-    break;
-  default:
-    if (B == 1) cumsum_row_i64((const int64_t *)x + off, (int64_t *)y + off, n);
-    else cumsum_cols_i64((const int64_t *)x + off, (int64_t *)y + off, n, B, w);
-    break;
+  bool lg = op == NBI_OP_LOG_SOFTMAX, rows = B == 1;
+  if (ct == NB_I64) { /* cumsum only */
+    const int64_t *xi = (const int64_t *)x + off;
+    int64_t *yi = (int64_t *)y + off;
+    if (rows)
+      cumsum_row_i64(xi, yi, n);
+    else
+      cumsum_cols_i64(xi, yi, n, B, w);
+  } else if (ct == NB_F32) {
+    const float *xf = (const float *)x + off;
+    float *yf = (float *)y + off;
+    if (op == NBI_OP_CUMSUM && rows)
+      cumsum_row_f32(xf, yf, n);
+    else if (op == NBI_OP_CUMSUM)
+      cumsum_cols_f32(xf, yf, n, B, w);
+    else if (rows)
+      softmax_row_f32(xf, yf, n, lg);
+    else
+      softmax_cols_f32(xf, yf, n, B, w, lg);
+  } else {
+    const double *xd = (const double *)x + off;
+    double *yd = (double *)y + off;
+    if (op == NBI_OP_CUMSUM && rows)
+      cumsum_row_f64(xd, yd, n);
+    else if (op == NBI_OP_CUMSUM)
+      cumsum_cols_f64(xd, yd, n, B, w);
+    else if (rows)
+      softmax_row_f64(xd, yd, n, lg);
+    else
+      softmax_cols_f64(xd, yd, n, B, w, lg);
   }
 }
 
 /* in[0] is (A, N, B) around axis attrs.i[0], any strides; out is the same
  * shape, contiguous. Computes into out directly when its dtype is ct. */
-static nb_status run_axis_op(const nb_tensor *nd, nbi_view *out, const nbi_view *in,
-                             nb_dtype ct) {
+static nb_status run_axis_op(const nb_tensor *nd, nbi_view *out, const nbi_view *in, nb_dtype ct) {
   const char *opname = nbi_op_table[nd->op]->name;
   int64_t numel = view_numel(in);
   if (numel == 0) return NB_OK;
@@ -736,8 +763,10 @@ static nb_status run_axis_op(const nb_tensor *nd, nbi_view *out, const nbi_view 
                      (long long)numel);
   }
   int64_t A = 1, N = in->dims[axis], B = 1;
-  for (int d = 0; d < axis; d++) A *= in->dims[d];
-  for (int d = axis + 1; d < in->ndim; d++) B *= in->dims[d];
+  for (int d = 0; d < axis; d++)
+    A *= in->dims[d];
+  for (int d = axis + 1; d < in->ndim; d++)
+    B *= in->dims[d];
   int64_t nb = ceil_div(B, COL_BLOCK), tasks = A * nb;
 #pragma omp parallel for schedule(static) if (numel >= NBI_PAR_MIN && tasks > 1)
   for (int64_t t = 0; t < tasks; t++) {
