@@ -33,6 +33,14 @@
 #pragma GCC optimize("no-trapping-math")
 #endif
 
+/* Hot row and column loops are compiled twice, for AVX2 and for the baseline
+ * ISA, and picked at load time (ifunc): the build targets plain x86-64. */
+#if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__))
+#define HOT __attribute__((target_clones("avx2", "default")))
+#else
+#define HOT
+#endif
+
 /* What one pass folds into a state. F_SQDEV and F_SUMEXP sum (x - c)^2 and
  * exp(x - c) for a per-output centre c (passes 2 of var and logsumexp). */
 typedef enum fold_op {
@@ -147,15 +155,16 @@ static inline float exp_nonpos_f32(float x) {
  *   (if not NULL) receives the n exponentials.
  * fold_row_T: folds x[0..n) (unit stride, n >= 1; x[0] has reduced index i0)
  *   into the single state *acc / *ix; c is the centre of F_SQDEV / F_SUMEXP.
- * fold_col_T: folds row x[0..n) into n states: acc[j] op= x[j], with centres
- *   c[j] (F_SQDEV / F_SUMEXP only) and arg indices ix[j] = i when taken. */
+ * fold_col_T: folds rows x + r * stride, r < rows (reduced index q0 + r), of n
+ *   elements into n states: acc[j] op= x[j], with centres c[j] (F_SQDEV /
+ *   F_SUMEXP only) and arg indices ix[j] = q0 + r when taken. */
 #define DEF_FLOAT_FOLDS(SUF, T, U, I, EXP, MAP_SIMD)                                               \
   static I key_##SUF(T v) {                                                                        \
     U u;                                                                                           \
     memcpy(&u, &v, sizeof u);                                                                      \
     return (I)(u ^ ((0 - (u >> (8 * sizeof u - 1))) >> 1));                                        \
   }                                                                                                \
-  static T row_extreme_##SUF(const T *restrict x, int64_t n, bool max) {                           \
+  HOT static T row_extreme_##SUF(const T *restrict x, int64_t n, bool max) {                       \
     const U abs_mask = (U)-1 >> 1;                                                                 \
     const I inf_key = key_##SUF((T)INFINITY);                                                      \
     I mk = key_##SUF(max ? (T)-INFINITY : (T)INFINITY), ma = 0;                                    \
@@ -182,7 +191,7 @@ static inline float exp_nonpos_f32(float x) {
     memcpy(&r, &u, sizeof r);                                                                      \
     return r;                                                                                      \
   }                                                                                                \
-  static double sum_exp_##SUF(const T *restrict x, T c, int64_t n, T *restrict e) {                \
+  HOT static double sum_exp_##SUF(const T *restrict x, T c, int64_t n, T *restrict e) {            \
     T buf[COL_BLOCK];                                                                              \
     double s = 0;                                                                                  \
     for (int64_t j0 = 0; j0 < n; j0 += COL_BLOCK) {                                                \
@@ -193,8 +202,8 @@ static inline float exp_nonpos_f32(float x) {
     }                                                                                              \
     return s;                                                                                      \
   }                                                                                                \
-  static void fold_row_##SUF(fold_op op, const T *restrict x, int64_t n, double c, double *acc,    \
-                             int64_t *ix, int64_t i0) {                                            \
+  HOT static void fold_row_##SUF(fold_op op, const T *restrict x, int64_t n, double c,             \
+                                 double *acc, int64_t *ix, int64_t i0) {                           \
     double s = 0;                                                                                  \
     switch (op) {                                                                                  \
     case F_SUM:                                                                                    \
@@ -227,39 +236,44 @@ static inline float exp_nonpos_f32(float x) {
       return;                                                                                      \
     }                                                                                              \
   }                                                                                                \
-  static void fold_col_##SUF(fold_op op, const T *restrict x, int64_t n, const double *restrict c, \
-                             double *restrict acc, int64_t *restrict ix, int64_t i) {              \
-    switch (op) {                                                                                  \
-    case F_SUM:                                                                                    \
-      for (int64_t j = 0; j < n; j++)                                                              \
-        acc[j] += (double)x[j];                                                                    \
-      return;                                                                                      \
-    case F_SQDEV:                                                                                  \
-      for (int64_t j = 0; j < n; j++) {                                                            \
-        double d = (double)x[j] - c[j];                                                            \
-        acc[j] += d * d;                                                                           \
+  HOT static void fold_col_##SUF(fold_op op, const T *restrict x, int64_t n, int64_t rows,         \
+                                 int64_t stride, const double *restrict c, double *restrict acc,   \
+                                 int64_t *restrict ix, int64_t q0) {                               \
+    for (int64_t r = 0; r < rows; r++) {                                                           \
+      const T *restrict xr = x + r * stride;                                                       \
+      int64_t i = q0 + r;                                                                          \
+      switch (op) {                                                                                \
+      case F_SUM:                                                                                  \
+        for (int64_t j = 0; j < n; j++)                                                            \
+          acc[j] += (double)xr[j];                                                                 \
+        break;                                                                                     \
+      case F_SQDEV:                                                                                \
+        for (int64_t j = 0; j < n; j++) {                                                          \
+          double d = (double)xr[j] - c[j];                                                         \
+          acc[j] += d * d;                                                                         \
+        }                                                                                          \
+        break;                                                                                     \
+      case F_SUMEXP:                                                                               \
+        for (int64_t j = 0; j < n; j++)                                                            \
+          acc[j] += (double)EXP(xr[j] - (T)c[j]);                                                  \
+        break;                                                                                     \
+      case F_MAX:                                                                                  \
+        for (int64_t j = 0; j < n; j++) {                                                          \
+          double v = xr[j];                                                                        \
+          acc[j] = (v > acc[j] || v != v) ? v : acc[j];                                            \
+        }                                                                                          \
+        break;                                                                                     \
+      case F_MIN:                                                                                  \
+        for (int64_t j = 0; j < n; j++) {                                                          \
+          double v = xr[j];                                                                        \
+          acc[j] = (v < acc[j] || v != v) ? v : acc[j];                                            \
+        }                                                                                          \
+        break;                                                                                     \
+      default:                                                                                     \
+        for (int64_t j = 0; j < n; j++)                                                            \
+          fstep(op, &acc[j], ix ? &ix[j] : NULL, xr[j], i, 0);                                     \
+        break;                                                                                     \
       }                                                                                            \
-      return;                                                                                      \
-    case F_SUMEXP:                                                                                 \
-      for (int64_t j = 0; j < n; j++)                                                              \
-        acc[j] += (double)EXP(x[j] - (T)c[j]);                                                     \
-      return;                                                                                      \
-    case F_MAX:                                                                                    \
-      for (int64_t j = 0; j < n; j++) {                                                            \
-        double v = x[j];                                                                           \
-        acc[j] = (v > acc[j] || v != v) ? v : acc[j];                                              \
-      }                                                                                            \
-      return;                                                                                      \
-    case F_MIN:                                                                                    \
-      for (int64_t j = 0; j < n; j++) {                                                            \
-        double v = x[j];                                                                           \
-        acc[j] = (v < acc[j] || v != v) ? v : acc[j];                                              \
-      }                                                                                            \
-      return;                                                                                      \
-    default:                                                                                       \
-      for (int64_t j = 0; j < n; j++)                                                              \
-        fstep(op, &acc[j], ix ? &ix[j] : NULL, x[j], i, 0);                                        \
-      return;                                                                                      \
     }                                                                                              \
   }
 
@@ -272,15 +286,17 @@ static void fold_row_i64(fold_op op, const int64_t *restrict x, int64_t n, int64
     istep(op, acc, ix, x[j], i0 + j);
 }
 
-static void fold_col_i64(fold_op op, const int64_t *restrict x, int64_t n, int64_t *restrict acc,
-                         int64_t *restrict ix, int64_t i) {
-  if (op == F_SUM) {
+static void fold_col_i64(fold_op op, const int64_t *restrict x, int64_t n, int64_t rows,
+                         int64_t stride, int64_t *restrict acc, int64_t *restrict ix, int64_t q0) {
+  for (int64_t r = 0; r < rows; r++, x += stride) {
+    if (op == F_SUM) {
+      for (int64_t j = 0; j < n; j++)
+        acc[j] = (int64_t)((uint64_t)acc[j] + (uint64_t)x[j]);
+      continue;
+    }
     for (int64_t j = 0; j < n; j++)
-      acc[j] = (int64_t)((uint64_t)acc[j] + (uint64_t)x[j]);
-    return;
+      istep(op, &acc[j], ix ? &ix[j] : NULL, x[j], q0 + r);
   }
-  for (int64_t j = 0; j < n; j++)
-    istep(op, &acc[j], ix ? &ix[j] : NULL, x[j], i);
 }
 
 /* ---- staging and output ---------------------------------------------------------- */
@@ -492,17 +508,22 @@ static void outer_block(const pass *p, void *acc, int64_t *ix, int64_t o1, int64
   int64_t base = group_offset(g->ks, g->kst, g->nk - 1, o1) + c0;
   const double *c = p->c ? p->c + so : NULL;
   int64_t *six = ix ? ix + so : NULL;
-  for (int64_t q = q0; q < q1; q++) {
+  /* one reduced group: rows at a fixed stride, folded in one call */
+  int64_t rows = g->nr <= 1 ? q1 - q0 : 1, stride = g->nr == 1 ? g->rst[0] : 0;
+  for (int64_t q = q0; q < q1; q += rows) {
     int64_t off = base + group_offset(g->rs, g->rst, g->nr, q);
     switch (p->ct) {
     case NB_F32:
-      fold_col_f32(p->op, (const float *)p->x + off, w, c, (double *)acc + so, six, q);
+      fold_col_f32(p->op, (const float *)p->x + off, w, rows, stride, c, (double *)acc + so, six,
+                   q);
       break;
     case NB_F64:
-      fold_col_f64(p->op, (const double *)p->x + off, w, c, (double *)acc + so, six, q);
+      fold_col_f64(p->op, (const double *)p->x + off, w, rows, stride, c, (double *)acc + so, six,
+                   q);
       break;
     default:
-      fold_col_i64(p->op, (const int64_t *)p->x + off, w, (int64_t *)acc + so, six, q);
+      fold_col_i64(p->op, (const int64_t *)p->x + off, w, rows, stride, (int64_t *)acc + so, six,
+                   q);
       break;
     }
   }
@@ -647,7 +668,7 @@ nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
  *   NaN anywhere (or a row of -inf) makes the row NaN, as JAX.
  * softmax_cols_T: the same down each of the w columns of (n, B) slabs x, y. */
 #define DEF_SOFTMAX(SUF, T, EXP)                                                                   \
-  static void softmax_row_##SUF(const T *restrict x, T *restrict y, int64_t n, bool lg) {          \
+  HOT static void softmax_row_##SUF(const T *restrict x, T *restrict y, int64_t n, bool lg) {      \
     T mx = row_extreme_##SUF(x, n, true);                                                          \
     if (lg) {                                                                                      \
       T ls = (T)log(sum_exp_##SUF(x, mx, n, NULL));                                                \
@@ -659,8 +680,8 @@ nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
     for (int64_t j = 0; j < n; j++)                                                                \
       y[j] *= inv;                                                                                 \
   }                                                                                                \
-  static void softmax_cols_##SUF(const T *restrict x, T *restrict y, int64_t n, int64_t B,         \
-                                 int64_t w, bool lg) {                                             \
+  HOT static void softmax_cols_##SUF(const T *restrict x, T *restrict y, int64_t n, int64_t B,     \
+                                     int64_t w, bool lg) {                                         \
     T m[COL_BLOCK], f[COL_BLOCK];                                                                  \
     double s[COL_BLOCK];                                                                           \
     for (int64_t j = 0; j < w; j++)                                                                \
@@ -696,8 +717,8 @@ DEF_SOFTMAX(f64, double, exp)
       y[j] = (T)s;                                                                                 \
     }                                                                                              \
   }                                                                                                \
-  static void cumsum_cols_##SUF(const T *restrict x, T *restrict y, int64_t n, int64_t B,          \
-                                int64_t w) {                                                       \
+  HOT static void cumsum_cols_##SUF(const T *restrict x, T *restrict y, int64_t n, int64_t B,      \
+                                    int64_t w) {                                                   \
     ACC s[COL_BLOCK] = {0};                                                                        \
     for (int64_t i = 0; i < n; i++)                                                                \
       for (int64_t j = 0; j < w; j++) {                                                            \
