@@ -155,6 +155,8 @@ static inline float exp_nonpos_f32(float x) {
  *   (if not NULL) receives the n exponentials.
  * fold_row_T: folds x[0..n) (unit stride, n >= 1; x[0] has reduced index i0)
  *   into the single state *acc / *ix; c is the centre of F_SQDEV / F_SUMEXP.
+ * fold_rows_T: fold_row_T on `rows` rows back to back, into consecutive states
+ *   with consecutive centres c (or NULL).
  * fold_col_T: folds rows x + r * stride, r < rows (reduced index q0 + r), of n
  *   elements into n states: acc[j] op= x[j], with centres c[j] (F_SQDEV /
  *   F_SUMEXP only) and arg indices ix[j] = q0 + r when taken. */
@@ -164,7 +166,7 @@ static inline float exp_nonpos_f32(float x) {
     memcpy(&u, &v, sizeof u);                                                                      \
     return (I)(u ^ ((0 - (u >> (8 * sizeof u - 1))) >> 1));                                        \
   }                                                                                                \
-  HOT static T row_extreme_##SUF(const T *restrict x, int64_t n, bool max) {                       \
+  static inline T row_extreme_##SUF(const T *restrict x, int64_t n, bool max) {                    \
     const U abs_mask = (U)-1 >> 1;                                                                 \
     const I inf_key = key_##SUF((T)INFINITY);                                                      \
     I mk = key_##SUF(max ? (T)-INFINITY : (T)INFINITY), ma = 0;                                    \
@@ -191,7 +193,7 @@ static inline float exp_nonpos_f32(float x) {
     memcpy(&r, &u, sizeof r);                                                                      \
     return r;                                                                                      \
   }                                                                                                \
-  HOT static double sum_exp_##SUF(const T *restrict x, T c, int64_t n, T *restrict e) {            \
+  static inline double sum_exp_##SUF(const T *restrict x, T c, int64_t n, T *restrict e) {         \
     T buf[COL_BLOCK];                                                                              \
     double s = 0;                                                                                  \
     for (int64_t j0 = 0; j0 < n; j0 += COL_BLOCK) {                                                \
@@ -202,9 +204,14 @@ static inline float exp_nonpos_f32(float x) {
     }                                                                                              \
     return s;                                                                                      \
   }                                                                                                \
-  HOT static void fold_row_##SUF(fold_op op, const T *restrict x, int64_t n, double c,             \
-                                 double *acc, int64_t *ix, int64_t i0) {                           \
+  static inline void fold_row_##SUF(fold_op op, const T *restrict x, int64_t n, double c,          \
+                                    double *acc, int64_t *ix, int64_t i0) {                        \
     double s = 0;                                                                                  \
+    if (n < 8) { /* too short for vector loops */                                                  \
+      for (int64_t j = 0; j < n; j++)                                                              \
+        fstep(op, acc, ix, x[j], i0 + j, c);                                                       \
+      return;                                                                                      \
+    }                                                                                              \
     switch (op) {                                                                                  \
     case F_SUM:                                                                                    \
       SIMD_SUM for (int64_t j = 0; j < n; j++) s += (double)x[j];                                  \
@@ -235,6 +242,11 @@ static inline float exp_nonpos_f32(float x) {
         fstep(op, acc, ix, x[j], i0 + j, c);                                                       \
       return;                                                                                      \
     }                                                                                              \
+  }                                                                                                \
+  HOT static void fold_rows_##SUF(fold_op op, const T *restrict x, int64_t n, int64_t rows,        \
+                                  const double *c, double *acc, int64_t *ix, int64_t i0) {         \
+    for (int64_t r = 0; r < rows; r++)                                                             \
+      fold_row_##SUF(op, x + r * n, n, c ? c[r] : 0, acc + r, ix ? ix + r : NULL, i0);             \
   }                                                                                                \
   HOT static void fold_col_##SUF(fold_op op, const T *restrict x, int64_t n, int64_t rows,         \
                                  int64_t stride, const double *restrict c, double *restrict acc,   \
@@ -280,29 +292,87 @@ static inline float exp_nonpos_f32(float x) {
 DEF_FLOAT_FOLDS(f32, float, uint32_t, int32_t, exp_nonpos_f32, SIMD_MAP)
 DEF_FLOAT_FOLDS(f64, double, uint64_t, int64_t, exp, NO_SIMD)
 
-static void fold_row_i64(fold_op op, const int64_t *restrict x, int64_t n, int64_t *acc,
-                         int64_t *ix, int64_t i0) {
-  for (int64_t j = 0; j < n; j++)
-    istep(op, acc, ix, x[j], i0 + j);
-}
-
-static void fold_col_i64(fold_op op, const int64_t *restrict x, int64_t n, int64_t rows,
-                         int64_t stride, int64_t *restrict acc, int64_t *restrict ix, int64_t q0) {
-  for (int64_t r = 0; r < rows; r++, x += stride) {
-    if (op == F_SUM) {
-      for (int64_t j = 0; j < n; j++)
-        acc[j] = (int64_t)((uint64_t)acc[j] + (uint64_t)x[j]);
-      continue;
-    }
-    for (int64_t j = 0; j < n; j++)
-      istep(op, &acc[j], ix ? &ix[j] : NULL, x[j], q0 + r);
+/* The integer counterparts of fold_rows_T and fold_col_T, reading elements of
+ * type T (i64, i32, bool) through LOAD into int64 states. */
+#define DEF_INT_FOLDS(SUF, T, LOAD)                                                                \
+  HOT static void fold_rows_##SUF(fold_op op, const T *restrict x, int64_t n, int64_t rows,        \
+                                  int64_t *acc, int64_t *ix, int64_t i0) {                         \
+    for (int64_t r = 0; r < rows; r++) {                                                           \
+      const T *restrict xr = x + r * n;                                                            \
+      int64_t m = op == F_MAX ? INT64_MIN : INT64_MAX, any = 0, all = 1;                           \
+      uint64_t s = 0;                                                                              \
+      switch (op) {                                                                                \
+      case F_SUM:                                                                                  \
+        for (int64_t j = 0; j < n; j++)                                                            \
+          s += (uint64_t)LOAD(xr[j]);                                                              \
+        istep(op, acc + r, NULL, (int64_t)s, 0);                                                   \
+        break;                                                                                     \
+      case F_MAX:                                                                                  \
+        for (int64_t j = 0; j < n; j++)                                                            \
+          m = LOAD(xr[j]) > m ? LOAD(xr[j]) : m;                                                   \
+        istep(op, acc + r, NULL, m, 0);                                                            \
+        break;                                                                                     \
+      case F_MIN:                                                                                  \
+        for (int64_t j = 0; j < n; j++)                                                            \
+          m = LOAD(xr[j]) < m ? LOAD(xr[j]) : m;                                                   \
+        istep(op, acc + r, NULL, m, 0);                                                            \
+        break;                                                                                     \
+      case F_ANY:                                                                                  \
+        for (int64_t j = 0; j < n; j++)                                                            \
+          any |= xr[j] != 0;                                                                       \
+        istep(op, acc + r, NULL, any, 0);                                                          \
+        break;                                                                                     \
+      case F_ALL:                                                                                  \
+        for (int64_t j = 0; j < n; j++)                                                            \
+          all &= xr[j] != 0;                                                                       \
+        istep(op, acc + r, NULL, all, 0);                                                          \
+        break;                                                                                     \
+      default:                                                                                     \
+        for (int64_t j = 0; j < n; j++)                                                            \
+          istep(op, acc + r, ix ? ix + r : NULL, LOAD(xr[j]), i0 + j);                             \
+        break;                                                                                     \
+      }                                                                                            \
+    }                                                                                              \
+  }                                                                                                \
+  HOT static void fold_col_##SUF(fold_op op, const T *restrict x, int64_t n, int64_t rows,         \
+                                 int64_t stride, int64_t *restrict acc, int64_t *restrict ix,      \
+                                 int64_t q0) {                                                     \
+    for (int64_t r = 0; r < rows; r++) {                                                           \
+      const T *restrict xr = x + r * stride;                                                       \
+      switch (op) {                                                                                \
+      case F_SUM:                                                                                  \
+        for (int64_t j = 0; j < n; j++)                                                            \
+          acc[j] = (int64_t)((uint64_t)acc[j] + (uint64_t)LOAD(xr[j]));                            \
+        break;                                                                                     \
+      case F_MAX:                                                                                  \
+        for (int64_t j = 0; j < n; j++)                                                            \
+          acc[j] = LOAD(xr[j]) > acc[j] ? LOAD(xr[j]) : acc[j];                                    \
+        break;                                                                                     \
+      case F_MIN:                                                                                  \
+        for (int64_t j = 0; j < n; j++)                                                            \
+          acc[j] = LOAD(xr[j]) < acc[j] ? LOAD(xr[j]) : acc[j];                                    \
+        break;                                                                                     \
+      default:                                                                                     \
+        for (int64_t j = 0; j < n; j++)                                                            \
+          istep(op, &acc[j], ix ? &ix[j] : NULL, LOAD(xr[j]), q0 + r);                             \
+        break;                                                                                     \
+      }                                                                                            \
+    }                                                                                              \
   }
-}
+
+#define LOAD_INT(v) ((int64_t)(v))
+#define LOAD_BOOL(v) ((int64_t)((v) != 0))
+DEF_INT_FOLDS(i64, int64_t, LOAD_INT)
+DEF_INT_FOLDS(i32, int32_t, LOAD_INT)
+DEF_INT_FOLDS(b8, uint8_t, LOAD_BOOL)
 
 /* ---- staging and output ---------------------------------------------------------- */
-static nb_dtype compute_dtype(nb_dtype dt, bool float_result) {
+/* f64 computes in f64, f32/f16/bf16 in f32. Integers and bools compute in f32
+ * when the result is float, else as i64 when widen_ints, else as themselves. */
+static nb_dtype compute_dtype(nb_dtype dt, bool float_result, bool widen_ints) {
   if (dt == NB_F64) return NB_F64;
-  return float_result || nb_dtype_is_float(dt) ? NB_F32 : NB_I64;
+  if (float_result || nb_dtype_is_float(dt)) return NB_F32;
+  return widen_ints ? NB_I64 : dt;
 }
 
 static int64_t view_numel(const nbi_view *v) {
@@ -312,12 +382,39 @@ static int64_t view_numel(const nbi_view *v) {
   return n;
 }
 
+/* dst[i] = src[i] for n contiguous elements, src of dtype dt converted to ct
+ * (f32 or i64: the staging conversions of a contiguous input). */
+static void convert_contig(void *dst, nb_dtype ct, const void *src, nb_dtype dt, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= NBI_PAR_MIN)
+  for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
+    int64_t i1 = min64(i0 + CHUNK, n);
+    float *f = dst;
+    int64_t *l = dst;
+    const uint16_t *h = src;
+    const uint8_t *b = src;
+    const int32_t *w = src;
+    const int64_t *q = src;
+    for (int64_t i = i0; i < i1; i++) {
+      switch (ct == NB_F32 ? dt : dt + NB_DTYPE_COUNT) {
+      case NB_F16: f[i] = nbi_f16_to_f32(h[i]); break;
+      case NB_BF16: f[i] = nbi_bf16_to_f32(h[i]); break;
+      case NB_I32: f[i] = (float)w[i]; break;
+      case NB_I64: f[i] = (float)q[i]; break;
+      case NB_BOOL: f[i] = b[i] != 0; break;
+      case NB_I32 + NB_DTYPE_COUNT: l[i] = w[i]; break;
+      default: l[i] = b[i] != 0; break; /* bool to i64 */
+      }
+    }
+  }
+}
+
 /* Points *x at in's numel (> 0) elements as a contiguous array of ct. *owned is
  * the copy the caller frees, or NULL when in is read in place. */
 static nb_status stage_input(const char *op, const nbi_view *in, nb_dtype ct, int64_t numel,
                              const void **x, void **owned) {
   *owned = NULL;
-  if (in->dtype == ct && nbi_view_is_contiguous(in)) {
+  bool contiguous = nbi_view_is_contiguous(in);
+  if (in->dtype == ct && contiguous) {
     *x = in->data;
     return NB_OK;
   }
@@ -325,13 +422,17 @@ static nb_status stage_input(const char *op, const nbi_view *in, nb_dtype ct, in
   if (!buf)
     return nbi_error(NB_ERR_OOM, "nb_%s: out of memory staging %lld elements", op,
                      (long long)numel);
-  nbi_view dst = *in;
-  dst.data = buf;
-  dst.dtype = ct;
-  nb_shape s = {.ndim = in->ndim};
-  memcpy(s.dims, in->dims, sizeof s.dims);
-  nbi_contig_strides(&s, dst.strides);
-  nbi_copy_view(&dst, in);
+  if (contiguous) {
+    convert_contig(buf, ct, in->data, in->dtype, numel);
+  } else {
+    nbi_view dst = *in;
+    dst.data = buf;
+    dst.dtype = ct;
+    nb_shape s = {.ndim = in->ndim};
+    memcpy(s.dims, in->dims, sizeof s.dims);
+    nbi_contig_strides(&s, dst.strides);
+    nbi_copy_view(&dst, in);
+  }
   *x = buf;
   *owned = buf;
   return NB_OK;
@@ -342,14 +443,25 @@ static nb_status stage_input(const char *op, const nbi_view *in, nb_dtype ct, in
 static void write_out(nbi_view *out, const void *src, nb_dtype st, int64_t n) {
   if (out->data == src) return;
   nb_dtype dt = out->dtype;
+  if (dt == st) {
+    memcpy(out->data, src, (size_t)n * nb_dtype_size(dt));
+    return;
+  }
 #pragma omp parallel for schedule(static) if (n >= NBI_PAR_MIN)
-  for (int64_t i = 0; i < n; i++) {
-    if (st != NB_I64) {
-      nbi_store_f64(out->data, dt, i, nbi_load_f64(src, st, i));
-    } else if (dt == NB_I32) {
-      ((int32_t *)out->data)[i] = (int32_t)(uint32_t)((const uint64_t *)src)[i];
+  for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
+    int64_t i1 = min64(i0 + CHUNK, n);
+    if (st == NB_F64 && dt == NB_F32) {
+      for (int64_t i = i0; i < i1; i++)
+        ((float *)out->data)[i] = (float)((const double *)src)[i];
+    } else if (st == NB_I64 && dt == NB_I32) {
+      for (int64_t i = i0; i < i1; i++)
+        ((int32_t *)out->data)[i] = (int32_t)(uint32_t)((const uint64_t *)src)[i];
+    } else if (st == NB_I64) {
+      for (int64_t i = i0; i < i1; i++)
+        nbi_store_i64(out->data, dt, i, ((const int64_t *)src)[i]);
     } else {
-      nbi_store_i64(out->data, dt, i, ((const int64_t *)src)[i]);
+      for (int64_t i = i0; i < i1; i++)
+        nbi_store_f64(out->data, dt, i, nbi_load_f64(src, st, i));
     }
   }
 }
@@ -414,7 +526,7 @@ static int64_t group_offset(const int64_t *size, const int64_t *stride, int n, i
 }
 
 /* One pass of a reduction: folds the staged input x (compute type ct) into the
- * n_out states acc (8 bytes each: double, or int64 for ct i64) and arg indices ix
+ * n_out states acc (8 bytes each: double, or int64 for integer ct) and arg indices ix
  * (NULL unless argmax/argmin), with per-output centres c (NULL unless needed). */
 typedef struct pass {
   nb_dtype ct;
@@ -429,19 +541,23 @@ typedef struct pass {
 static void state_init(const pass *p, void *acc, int64_t *ix, int64_t n) {
   bool one = p->op == F_PROD || p->op == F_ALL;
   bool hi = p->op == F_MIN || p->op == F_ARGMIN, lo = p->op == F_MAX || p->op == F_ARGMAX;
-  for (int64_t k = 0; k < n; k++) {
-    if (p->ct == NB_I64)
-      ((int64_t *)acc)[k] = lo ? INT64_MIN : hi ? INT64_MAX : one;
-    else
-      ((double *)acc)[k] = lo ? -INFINITY : hi ? INFINITY : one;
-    if (ix) ix[k] = -1;
+  if (nb_dtype_is_float(p->ct)) {
+    double v = lo ? -INFINITY : hi ? INFINITY : one;
+    for (int64_t k = 0; k < n; k++)
+      ((double *)acc)[k] = v;
+  } else {
+    int64_t v = lo ? INT64_MIN : hi ? INT64_MAX : one;
+    for (int64_t k = 0; k < n; k++)
+      ((int64_t *)acc)[k] = v;
   }
+  for (int64_t k = 0; ix && k < n; k++)
+    ix[k] = -1;
 }
 
 /* Folds partial state (b, ib) of a later part of the reduction into (*a, *ia). */
 static void state_combine(const pass *p, void *a, int64_t *ia, const void *b, int64_t ib) {
   fold_op op = p->op == F_SQDEV || p->op == F_SUMEXP ? F_SUM : p->op;
-  if (p->ct == NB_I64)
+  if (!nb_dtype_is_float(p->ct))
     istep(op, a, ia, *(const int64_t *)b, ib);
   else
     fstep(op, a, ia, *(const double *)b, ib, 0);
@@ -449,12 +565,17 @@ static void state_combine(const pass *p, void *a, int64_t *ia, const void *b, in
 
 static void *state_at(void *acc, int64_t k) { return (char *)acc + 8 * k; }
 
-static void fold_row(const pass *p, int64_t off, int64_t n, double c, void *acc, int64_t *ix,
-                     int64_t i0) {
+/* Folds `rows` consecutive rows of n elements from offset off of the staged
+ * input into consecutive states acc / ix, with centres c (or NULL); i0 is the
+ * reduced index of each row's first element. */
+static void fold_rows(const pass *p, int64_t off, int64_t n, int64_t rows, const double *c,
+                      void *acc, int64_t *ix, int64_t i0) {
   switch (p->ct) {
-  case NB_F32: fold_row_f32(p->op, (const float *)p->x + off, n, c, acc, ix, i0); break;
-  case NB_F64: fold_row_f64(p->op, (const double *)p->x + off, n, c, acc, ix, i0); break;
-  default: fold_row_i64(p->op, (const int64_t *)p->x + off, n, acc, ix, i0); break;
+  case NB_F32: fold_rows_f32(p->op, (const float *)p->x + off, n, rows, c, acc, ix, i0); break;
+  case NB_F64: fold_rows_f64(p->op, (const double *)p->x + off, n, rows, c, acc, ix, i0); break;
+  case NB_I32: fold_rows_i32(p->op, (const int32_t *)p->x + off, n, rows, acc, ix, i0); break;
+  case NB_BOOL: fold_rows_b8(p->op, (const uint8_t *)p->x + off, n, rows, acc, ix, i0); break;
+  default: fold_rows_i64(p->op, (const int64_t *)p->x + off, n, rows, acc, ix, i0); break;
   }
 }
 
@@ -463,10 +584,10 @@ static void fold_row(const pass *p, int64_t off, int64_t n, double c, void *acc,
 static void inner_range(const pass *p, int64_t o, int64_t a, int64_t b, void *st, int64_t *si) {
   const geom *g = p->g;
   int64_t len_row = g->rs[g->nr - 1], base = group_offset(g->ks, g->kst, g->nk, o);
-  double c = p->c ? p->c[o] : 0;
+  const double *c = p->c ? p->c + o : NULL;
   while (a < b) {
     int64_t q = a / len_row, j0 = a % len_row, len = min64(len_row - j0, b - a);
-    fold_row(p, base + group_offset(g->rs, g->rst, g->nr - 1, q) + j0, len, c, st, si, a);
+    fold_rows(p, base + group_offset(g->rs, g->rst, g->nr - 1, q) + j0, len, 1, c, st, si, a);
     a += len;
   }
 }
@@ -474,6 +595,17 @@ static void inner_range(const pass *p, int64_t o, int64_t a, int64_t b, void *st
 static nb_status run_inner(const pass *p, const char *opname) {
   const geom *g = p->g;
   int64_t work = g->n_out * g->n_red;
+  if ((work < NBI_PAR_MIN || g->n_out >= MIN_TASKS) && g->nr == 1) {
+    /* [outputs, L] rows back to back: blocks of about CHUNK elements */
+    int64_t L = g->n_red, rb = CHUNK / L + 1, nblk = ceil_div(g->n_out, rb);
+#pragma omp parallel for schedule(static) if (work >= NBI_PAR_MIN)
+    for (int64_t b = 0; b < nblk; b++) {
+      int64_t o = b * rb;
+      fold_rows(p, o * L, L, min64(rb, g->n_out - o), p->c ? p->c + o : NULL, state_at(p->acc, o),
+                p->ix ? p->ix + o : NULL, 0);
+    }
+    return NB_OK;
+  }
   if (work < NBI_PAR_MIN || g->n_out >= MIN_TASKS) {
 #pragma omp parallel for schedule(static) if (work >= NBI_PAR_MIN)
     for (int64_t o = 0; o < g->n_out; o++)
@@ -520,6 +652,13 @@ static void outer_block(const pass *p, void *acc, int64_t *ix, int64_t o1, int64
     case NB_F64:
       fold_col_f64(p->op, (const double *)p->x + off, w, rows, stride, c, (double *)acc + so, six,
                    q);
+      break;
+    case NB_I32:
+      fold_col_i32(p->op, (const int32_t *)p->x + off, w, rows, stride, (int64_t *)acc + so, six,
+                   q);
+      break;
+    case NB_BOOL:
+      fold_col_b8(p->op, (const uint8_t *)p->x + off, w, rows, stride, (int64_t *)acc + so, six, q);
       break;
     default:
       fold_col_i64(p->op, (const int64_t *)p->x + off, w, rows, stride, (int64_t *)acc + so, six,
@@ -603,7 +742,7 @@ nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
   bool arg = n->op == NBI_OP_ARGMAX || n->op == NBI_OP_ARGMIN;
   geom g = {.n_out = n_out}; /* numel == 0: every output reduces nothing */
   if (numel > 0) geom_build(&g, in->dims, in->ndim, mask);
-  pass p = {.ct = compute_dtype(in->dtype, float_result), .g = &g};
+  pass p = {.ct = compute_dtype(in->dtype, float_result, false), .g = &g};
   void *owned = NULL;
   if (numel > 0 && stage_input(opname, in, p.ct, numel, &p.x, &owned)) return NB_ERR_OOM;
   /* acc: states; ix / centre: arg indices, or the centres of pass 2 */
@@ -617,14 +756,15 @@ nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
   p.ix = arg ? (int64_t *)centre : NULL;
   nb_status st = NB_OK;
   double count = (double)g.n_red;
-  nb_dtype res = p.ct == NB_I64 ? NB_I64 : NB_F64; /* dtype of the results in acc */
+  bool ints = !nb_dtype_is_float(p.ct);
+  nb_dtype res = ints ? NB_I64 : NB_F64; /* dtype of the results in acc */
   switch (n->op) {
   case NBI_OP_REDUCE_SUM: {
     st = run_pass(&p, F_SUM, NULL, opname);
     double div = n->attrs.f[0]; /* 1 for sum, the count for mean */
     if (div == 1) break;
     for (int64_t o = 0; o < n_out; o++) {
-      double v = p.ct == NB_I64 ? (double)((int64_t *)acc)[o] : acc[o];
+      double v = ints ? (double)((int64_t *)acc)[o] : acc[o];
       acc[o] = div > 0 ? v / div : NAN;
     }
     res = NB_F64;
@@ -801,9 +941,9 @@ static nb_status run_axis_op(const nb_tensor *nd, nbi_view *out, const nbi_view 
 }
 
 nb_status nbi_cpu_softmax(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
-  return run_axis_op(n, out, in, compute_dtype(in->dtype, true));
+  return run_axis_op(n, out, in, compute_dtype(in->dtype, true, true));
 }
 
 nb_status nbi_cpu_cumsum(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
-  return run_axis_op(n, out, in, compute_dtype(in->dtype, false));
+  return run_axis_op(n, out, in, compute_dtype(in->dtype, false, true));
 }
