@@ -1,0 +1,18 @@
+/* src/backends/cpu/k_reduce.h — CPU kernels of the reduction family
+ * (src/ops/reduce.c records the nodes and documents the attribute slots). */
+#ifndef NABLA_K_REDUCE_H
+#define NABLA_K_REDUCE_H
+
+#include "cpu.h"
+
+/* Axis reductions: REDUCE_SUM (mean too), REDUCE_PROD, REDUCE_MAX, REDUCE_MIN,
+ * REDUCE_ANY, REDUCE_ALL, REDUCE_VAR (std too), LOGSUMEXP, ARGMAX, ARGMIN.
+ * in[0] is any shape with any strides; the reduced axes are the bits of
+ * n->attrs.i[0]; out holds the kept axes in order (keepdims or not). */
+nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in);
+/* SOFTMAX / LOG_SOFTMAX along axis n->attrs.i[0]; out has in[0]'s shape. */
+nb_status nbi_cpu_softmax(const nb_tensor *n, nbi_view *out, const nbi_view *in);
+/* CUMSUM (inclusive) along axis n->attrs.i[0]; out has in[0]'s shape. */
+nb_status nbi_cpu_cumsum(const nb_tensor *n, nbi_view *out, const nbi_view *in);
+
+#endif
