@@ -550,6 +550,18 @@ Test(reduce, integer_sums_wrap_to_the_result_width) {
   cr_assert_eq(got, (int64_t)1 << 53);
 }
 
+Test(reduce, bool_bytes_other_than_one_count_as_true) {
+  uint8_t raw[4] = {2, 0, 255, 1};
+  nb_tensor *t = nb_from_data(raw, NB_SHAPE(4), NB_BOOL);
+  cr_assert_eq(nb_item(nb_sum(t, NB_ALL, false)), 3);
+  cr_assert_eq(nb_item(nb_max(t, NB_ALL, false)), 1);
+  cr_assert_eq(nb_item(nb_argmin(t, 0, false)), 1);
+  cr_assert_eq(nb_item(nb_argmax(t, 0, false)), 0);
+  cr_assert_eq(nb_item(nb_mean(t, NB_ALL, false)), 0.75);
+  double cs[4] = {1, 1, 2, 3};
+  tc_assert_close(nb_cumsum(t, 0), cs, NB_SHAPE(4));
+}
+
 Test(reduce, broadcast_input_with_zero_strides) {
   double row[3] = {1, -2, 5};
   nb_tensor *base = tc_tensor(row, NB_SHAPE(3), NB_F32);

@@ -3,11 +3,11 @@
  * argmin), softmax / log_softmax and cumsum along one axis.
  *
  * Every kernel first stages its input as a contiguous array of a compute type
- * (stage_input): f32 for f32/f16/bf16, f64 for f64, i64 for i32/i64/bool. The
- * float-result ops (var, logsumexp, softmax) use f32 for every input but f64,
- * as JAX casts integers to f32 first. A contiguous input already of that type is
- * read in place; anything else (strided, broadcast, flipped, other dtype) is
- * copied once.
+ * (stage_input): f32 for f32/f16/bf16 and f64 for f64; reductions read
+ * i32/i64/bool as they are, cumsum widens them to i64, and the float-result ops
+ * (var, logsumexp, softmax) read every non-f64 input as f32, as JAX casts
+ * integers to f32 first. A contiguous input already of that type is read in
+ * place; anything else (strided, broadcast, flipped, other dtype) is copied once.
  *
  * Reductions then merge adjacent dims that are both kept or both reduced
  * (size-1 dims vanish) into groups, and run one of two loops:
@@ -83,10 +83,16 @@ static inline void fstep(fold_op op, double *a, int64_t *ix, double x, int64_t i
   case F_ANY: *a = (*a != 0 || x != 0); break;
   case F_ALL: *a = (*a != 0 && x != 0); break;
   case F_ARGMAX:
-    if (*ix < 0 || (*a == *a && (x > *a || x != x))) *a = x, *ix = i;
+    if (*ix < 0 || (*a == *a && (x > *a || x != x))) {
+      *a = x;
+      *ix = i;
+    }
     break;
   case F_ARGMIN:
-    if (*ix < 0 || (*a == *a && (x < *a || x != x))) *a = x, *ix = i;
+    if (*ix < 0 || (*a == *a && (x < *a || x != x))) {
+      *a = x;
+      *ix = i;
+    }
     break;
   case F_SQDEV: *a += (x - c) * (x - c); break;
   case F_SUMEXP: *a += exp(x - c); break;
@@ -107,10 +113,16 @@ static inline void istep(fold_op op, int64_t *a, int64_t *ix, int64_t x, int64_t
   case F_ANY: *a = *a != 0 || x != 0; break;
   case F_ALL: *a = *a != 0 && x != 0; break;
   case F_ARGMAX:
-    if (*ix < 0 || x > *a) *a = x, *ix = i;
+    if (*ix < 0 || x > *a) {
+      *a = x;
+      *ix = i;
+    }
     break;
   case F_ARGMIN:
-    if (*ix < 0 || x < *a) *a = x, *ix = i;
+    if (*ix < 0 || x < *a) {
+      *a = x;
+      *ix = i;
+    }
     break;
   default: break;
   }
@@ -385,26 +397,36 @@ static int64_t view_numel(const nbi_view *v) {
 /* dst[i] = src[i] for n contiguous elements, src of dtype dt converted to ct
  * (f32 or i64: the staging conversions of a contiguous input). */
 static void convert_contig(void *dst, nb_dtype ct, const void *src, nb_dtype dt, int64_t n) {
+  float *f = dst;
+  int64_t *l = dst;
+  const uint16_t *h = src;
+  const uint8_t *b = src;
+  const int32_t *w = src;
+  const int64_t *q = src;
 #pragma omp parallel for schedule(static) if (n >= NBI_PAR_MIN)
   for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
     int64_t i1 = min64(i0 + CHUNK, n);
-    float *f = dst;
-    int64_t *l = dst;
-    const uint16_t *h = src;
-    const uint8_t *b = src;
-    const int32_t *w = src;
-    const int64_t *q = src;
-    for (int64_t i = i0; i < i1; i++) {
-      switch (ct == NB_F32 ? dt : dt + NB_DTYPE_COUNT) {
-      case NB_F16: f[i] = nbi_f16_to_f32(h[i]); break;
-      case NB_BF16: f[i] = nbi_bf16_to_f32(h[i]); break;
-      case NB_I32: f[i] = (float)w[i]; break;
-      case NB_I64: f[i] = (float)q[i]; break;
-      case NB_BOOL: f[i] = b[i] != 0; break;
-      case NB_I32 + NB_DTYPE_COUNT: l[i] = w[i]; break;
-      default: l[i] = b[i] != 0; break; /* bool to i64 */
-      }
-    }
+    if (ct == NB_I64 && dt == NB_I32)
+      for (int64_t i = i0; i < i1; i++)
+        l[i] = w[i];
+    else if (ct == NB_I64) /* from bool */
+      for (int64_t i = i0; i < i1; i++)
+        l[i] = b[i] != 0;
+    else if (dt == NB_F16)
+      for (int64_t i = i0; i < i1; i++)
+        f[i] = nbi_f16_to_f32(h[i]);
+    else if (dt == NB_BF16)
+      for (int64_t i = i0; i < i1; i++)
+        f[i] = nbi_bf16_to_f32(h[i]);
+    else if (dt == NB_I32)
+      for (int64_t i = i0; i < i1; i++)
+        f[i] = (float)w[i];
+    else if (dt == NB_I64)
+      for (int64_t i = i0; i < i1; i++)
+        f[i] = (float)q[i];
+    else /* bool */
+      for (int64_t i = i0; i < i1; i++)
+        f[i] = b[i] != 0;
   }
 }
 
