@@ -9,85 +9,24 @@ TestSuite(index, .init = tc_setup, .fini = tc_teardown);
 
 /* ---- helpers --------------------------------------------------------------------- */
 
-/* Uniform integer in [lo, hi]. */
-static int64_t rnd(uint64_t *seed, int64_t lo, int64_t hi) {
-  int64_t v = lo + (int64_t)floor(tc_uniform(seed, 0, (double)(hi - lo + 1)));
-  return v > hi ? hi : v;
-}
-
-static nb_shape rand_shape(uint64_t *seed, int rmin, int rmax, int64_t dmin, int64_t dmax) {
-  nb_shape s = {.ndim = (int)rnd(seed, rmin, rmax)};
-  for (int d = 0; d < s.ndim; d++)
-    s.dims[d] = rnd(seed, dmin, dmax);
-  return s;
-}
-
-/* Small integers (0/1 for bool), exact in every dtype. */
-static double *rand_values(int64_t n, nb_dtype dt, uint64_t *seed) {
-  double *x = malloc((size_t)(n ? n : 1) * sizeof *x);
-  for (int64_t i = 0; i < n; i++)
-    x[i] = dt == NB_BOOL ? (double)rnd(seed, 0, 1) : (double)rnd(seed, -20, 20);
-  return x;
-}
-
 /* n valid indices for an axis of size `size`, negative half the time. */
 static double *rand_indices(int64_t n, int64_t size, uint64_t *seed) {
   double *x = malloc((size_t)(n ? n : 1) * sizeof *x);
   for (int64_t i = 0; i < n; i++) {
-    int64_t v = rnd(seed, 0, size - 1);
-    x[i] = (double)(rnd(seed, 0, 1) ? v : v - size);
+    int64_t v = tc_randint(seed, 0, size - 1);
+    x[i] = (double)(tc_randint(seed, 0, 1) ? v : v - size);
   }
   return x;
 }
 
-static void unravel(int64_t i, const nb_shape *s, int64_t *ix) {
-  for (int d = s->ndim - 1; d >= 0; d--) {
-    ix[d] = s->dims[d] ? i % s->dims[d] : 0;
-    i = s->dims[d] ? i / s->dims[d] : 0;
-  }
-}
-static int64_t ravel(const int64_t *ix, const nb_shape *s) {
-  int64_t i = 0;
-  for (int d = 0; d < s->ndim; d++)
-    i = i * s->dims[d] + ix[d];
-  return i;
-}
-
 static double *alloc_values(int64_t n) { return malloc((size_t)(n ? n : 1) * sizeof(double)); }
-
-/* A tensor holding x (shape s) as a transposed view when s has rank >= 2:
- * built from the transposed data, then nb_transpose, so reads are strided. */
-static nb_tensor *strided_tensor(const double *x, nb_shape s, nb_dtype dt) {
-  if (s.ndim < 2) return tc_tensor(x, s, dt);
-  nb_shape ts = s;
-  int a = s.ndim - 2, b = s.ndim - 1;
-  ts.dims[a] = s.dims[b];
-  ts.dims[b] = s.dims[a];
-  int64_t n = tc_numel(s), j[NB_MAX_DIMS];
-  double *xt = alloc_values(n);
-  for (int64_t k = 0; k < n; k++) {
-    unravel(k, &ts, j);
-    int64_t tmp = j[a];
-    j[a] = j[b];
-    j[b] = tmp;
-    xt[k] = x[ravel(j, &s)];
-  }
-  nb_tensor *t = nb_transpose(tc_tensor(xt, ts, dt));
-  free(xt);
-  return t;
-}
 
 /* Some tensor holding x: contiguous or strided at random. */
 static nb_tensor *any_tensor(const double *x, nb_shape s, nb_dtype dt, uint64_t *seed) {
-  return rnd(seed, 0, 1) ? strided_tensor(x, s, dt) : tc_tensor(x, s, dt);
+  return tc_randint(seed, 0, 1) ? tc_strided_tensor(x, s, dt) : tc_tensor(x, s, dt);
 }
 
-static nb_dtype index_dtype(uint64_t *seed) { return rnd(seed, 0, 1) ? NB_I32 : NB_I64; }
-
-static void assert_unchanged(nb_tensor *t, const double *x, nb_shape s) {
-  cr_assert(nb_is_realized(t));
-  tc_assert_close_tol(t, x, s, 0);
-}
+static nb_dtype index_dtype(uint64_t *seed) { return tc_randint(seed, 0, 1) ? NB_I32 : NB_I64; }
 
 /* Asserts reading t fails with NB_ERR_INDEX and a message containing msg,
  * through both nb_to_host and nb_eval, and leaves t unrealized. */
@@ -121,11 +60,11 @@ static int64_t take_source(const int64_t *j, nb_shape ts, nb_shape is, const dou
   int64_t i[NB_MAX_DIMS];
   for (int d = 0; d < axis; d++)
     i[d] = j[d];
-  int64_t v = (int64_t)ix[ravel(j + axis, &is)];
+  int64_t v = (int64_t)ix[tc_ravel(j + axis, &is)];
   i[axis] = v < 0 ? v + ts.dims[axis] : v;
   for (int d = axis + 1; d < ts.ndim; d++)
     i[d] = j[d - 1 + is.ndim];
-  return ravel(i, &ts);
+  return tc_ravel(i, &ts);
 }
 
 /* Shape of take_along_axis: idx's extent on axis, broadcast elsewhere. */
@@ -143,10 +82,10 @@ static int64_t along_source(const int64_t *j, nb_shape ts, nb_shape is, const do
   int64_t i[NB_MAX_DIMS], k[NB_MAX_DIMS];
   for (int d = 0; d < ts.ndim; d++)
     k[d] = is.dims[d] == 1 ? 0 : j[d];
-  int64_t v = (int64_t)ix[ravel(k, &is)];
+  int64_t v = (int64_t)ix[tc_ravel(k, &is)];
   for (int d = 0; d < ts.ndim; d++)
     i[d] = d == axis ? (v < 0 ? v + ts.dims[d] : v) : ts.dims[d] == 1 ? 0 : j[d];
-  return ravel(i, &ts);
+  return tc_ravel(i, &ts);
 }
 
 /* Adds u into *acc as scatter_add does in dtype dt (bool: logical or). */
@@ -157,15 +96,15 @@ static void ref_accumulate(double *acc, double u, nb_dtype dt) {
 /* Random t / idx shapes for the along-axis ops: same rank, each non-axis dim
  * equal, or 1 in t, or 1 in idx. */
 static void rand_along_shapes(uint64_t *seed, nb_shape *ts, nb_shape *is, int *axis) {
-  *ts = rand_shape(seed, 1, 4, 1, 3);
+  *ts = tc_rand_shape(seed, 1, 4, 1, 3);
   *is = *ts;
-  *axis = (int)rnd(seed, 0, ts->ndim - 1);
+  *axis = (int)tc_randint(seed, 0, ts->ndim - 1);
   for (int d = 0; d < ts->ndim; d++) {
     if (d == *axis) {
-      is->dims[d] = rnd(seed, 0, 3);
+      is->dims[d] = tc_randint(seed, 0, 3);
       continue;
     }
-    int64_t c = rnd(seed, 0, 3);
+    int64_t c = tc_randint(seed, 0, 3);
     if (c == 1) ts->dims[d] = 1;
     if (c == 2) is->dims[d] = 1;
     if (c == 3) ts->dims[d] = is->dims[d] = 0;
@@ -178,21 +117,21 @@ Test(index, take_random_every_dtype) {
   uint64_t seed = 1;
   for (int dt = 0; dt < NB_DTYPE_COUNT; dt++) {
     for (int trial = 0; trial < 15; trial++) {
-      nb_shape ts = rand_shape(&seed, 1, 3, 0, 4), is = rand_shape(&seed, 0, 2, 0, 3);
-      int axis = (int)rnd(&seed, 0, ts.ndim - 1);
+      nb_shape ts = tc_rand_shape(&seed, 1, 3, 0, 4), is = tc_rand_shape(&seed, 0, 2, 0, 3);
+      int axis = (int)tc_randint(&seed, 0, ts.ndim - 1);
       if (ts.dims[axis] == 0 && tc_numel(is) > 0) is = NB_SHAPE(0); /* no valid index exists */
-      double *x = rand_values(tc_numel(ts), (nb_dtype)dt, &seed);
+      double *x = tc_rand_ints(tc_numel(ts), (nb_dtype)dt, &seed, 20);
       double *ix = rand_indices(tc_numel(is), ts.dims[axis], &seed);
       nb_shape os = take_shape(ts, is, axis);
       int64_t on = tc_numel(os), j[NB_MAX_DIMS];
       double *ref = alloc_values(on);
       for (int64_t q = 0; q < on; q++) {
-        unravel(q, &os, j);
+        tc_unravel(q, &os, j);
         ref[q] = x[take_source(j, ts, is, ix, axis)];
       }
       nb_tensor *t = any_tensor(x, ts, (nb_dtype)dt, &seed);
       nb_tensor *idx = any_tensor(ix, is, index_dtype(&seed), &seed);
-      tc_assert_close_tol(nb_take(t, idx, rnd(&seed, 0, 1) ? axis : axis - ts.ndim), ref, os, 0);
+      tc_assert_close_tol(nb_take(t, idx, tc_randint(&seed, 0, 1) ? axis : axis - ts.ndim), ref, os, 0);
       free(x);
       free(ix);
       free(ref);
@@ -211,23 +150,23 @@ Test(index, take_large_embedding_lookup) {
   /* big enough for the threaded path: [2000] rows of 64 from a [500, 64] table */
   uint64_t seed = 2;
   nb_shape ts = NB_SHAPE(500, 64), is = NB_SHAPE(40, 50);
-  double *x = rand_values(500 * 64, NB_F32, &seed), *ix = rand_indices(2000, 500, &seed);
+  double *x = tc_rand_ints(500 * 64, NB_F32, &seed, 20), *ix = rand_indices(2000, 500, &seed);
   nb_shape os = take_shape(ts, is, 0);
   int64_t on = tc_numel(os), j[NB_MAX_DIMS];
   double *ref = alloc_values(on);
   for (int64_t q = 0; q < on; q++) {
-    unravel(q, &os, j);
+    tc_unravel(q, &os, j);
     ref[q] = x[take_source(j, ts, is, ix, 0)];
   }
   nb_tensor *t = tc_tensor(x, ts, NB_F32), *idx = tc_tensor(ix, is, NB_I64);
   tc_assert_close_tol(nb_take(t, idx, 0), ref, os, 0);
   /* and the same on a strided table along its last axis */
-  nb_tensor *tt = strided_tensor(x, ts, NB_F32);
+  nb_tensor *tt = tc_strided_tensor(x, ts, NB_F32);
   double *ix2 = rand_indices(2000, 64, &seed);
   nb_shape os2 = take_shape(ts, is, 1);
   double *ref2 = alloc_values(tc_numel(os2));
   for (int64_t q = 0; q < tc_numel(os2); q++) {
-    unravel(q, &os2, j);
+    tc_unravel(q, &os2, j);
     ref2[q] = x[take_source(j, ts, is, ix2, 1)];
   }
   tc_assert_close_tol(nb_take(tt, tc_tensor(ix2, is, NB_I32), 1), ref2, os2, 0);
@@ -247,7 +186,7 @@ Test(index, take_out_of_range_index_fails_at_realization) {
                      "nb_take: index -3 out of range for axis 0 of size 2");
   assert_index_error(nb_take(nb_zeros(NB_SHAPE(0, 2), NB_F32), nb_scalar(0, NB_I32), 0),
                      "nb_take: index 0 out of range for axis 0 of size 0");
-  assert_unchanged(t, x, NB_SHAPE(2, 3));
+  tc_assert_unchanged(t, x, NB_SHAPE(2, 3));
 }
 
 Test(index, take_rejects_bad_input) {
@@ -270,7 +209,7 @@ Test(index, take_rejects_bad_input) {
   cr_assert_null(nb_take(t, big, 0));
   tc_assert_error(NB_ERR_SHAPE,
                   "nb_take: result of t [2,3] with idx [1,1,1,1,1,1,1,1] would have rank 9");
-  assert_unchanged(t, x, NB_SHAPE(2, 3));
+  tc_assert_unchanged(t, x, NB_SHAPE(2, 3));
 }
 
 /* ---- take_along_axis ----------------------------------------------------------------- */
@@ -282,18 +221,18 @@ Test(index, take_along_axis_random_with_broadcasting) {
       nb_shape ts, is;
       int axis;
       rand_along_shapes(&seed, &ts, &is, &axis);
-      double *x = rand_values(tc_numel(ts), (nb_dtype)dt, &seed);
+      double *x = tc_rand_ints(tc_numel(ts), (nb_dtype)dt, &seed, 20);
       double *ix = rand_indices(tc_numel(is), ts.dims[axis], &seed);
       nb_shape os = along_shape(ts, is, axis);
       int64_t on = tc_numel(os), j[NB_MAX_DIMS];
       double *ref = alloc_values(on);
       for (int64_t q = 0; q < on; q++) {
-        unravel(q, &os, j);
+        tc_unravel(q, &os, j);
         ref[q] = x[along_source(j, ts, is, ix, axis)];
       }
       nb_tensor *t = any_tensor(x, ts, (nb_dtype)dt, &seed);
       nb_tensor *idx = any_tensor(ix, is, index_dtype(&seed), &seed);
-      tc_assert_close_tol(nb_take_along_axis(t, idx, rnd(&seed, 0, 1) ? axis : axis - ts.ndim), ref,
+      tc_assert_close_tol(nb_take_along_axis(t, idx, tc_randint(&seed, 0, 1) ? axis : axis - ts.ndim), ref,
                           os, 0);
       free(x);
       free(ix);
@@ -306,19 +245,19 @@ Test(index, take_along_axis_large_argmax_style_gather) {
   /* [300, 200] f64, one index per row along axis 1, then all rows along axis 0 */
   uint64_t seed = 4;
   nb_shape ts = NB_SHAPE(300, 200), is = NB_SHAPE(300, 1), is0 = NB_SHAPE(200, 200);
-  double *x = rand_values(60000, NB_F64, &seed);
+  double *x = tc_rand_ints(60000, NB_F64, &seed, 20);
   double *ix = rand_indices(300, 200, &seed), *ix0 = rand_indices(40000, 300, &seed);
   nb_tensor *t = tc_tensor(x, ts, NB_F64);
   double ref[300];
   int64_t j[2];
   for (int64_t q = 0; q < 300; q++) {
-    unravel(q, &is, j);
+    tc_unravel(q, &is, j);
     ref[q] = x[along_source(j, ts, is, ix, 1)];
   }
   tc_assert_close_tol(nb_take_along_axis(t, tc_tensor(ix, is, NB_I32), -1), ref, is, 0);
   double *ref0 = alloc_values(40000);
   for (int64_t q = 0; q < 40000; q++) {
-    unravel(q, &is0, j);
+    tc_unravel(q, &is0, j);
     ref0[q] = x[along_source(j, ts, is0, ix0, 0)];
   }
   tc_assert_close_tol(nb_take_along_axis(t, tc_tensor(ix0, is0, NB_I64), 0), ref0, is0, 0);
@@ -334,7 +273,7 @@ Test(index, take_along_axis_out_of_range_index_fails_at_realization) {
   nb_tensor *idx = tc_tensor((double[]){0, 2, 1, 7}, NB_SHAPE(2, 2), NB_I32);
   assert_index_error(nb_take_along_axis(t, idx, 1),
                      "nb_take_along_axis: index 7 out of range for axis 1 of size 3");
-  assert_unchanged(t, x, NB_SHAPE(2, 3));
+  tc_assert_unchanged(t, x, NB_SHAPE(2, 3));
 }
 
 Test(index, take_along_axis_rejects_bad_input) {
@@ -354,7 +293,7 @@ Test(index, take_along_axis_rejects_bad_input) {
                   "nb_take_along_axis: idx [3,1] does not broadcast with t [2,3] outside axis 1");
   cr_assert_null(nb_take_along_axis(t, idx, -3));
   tc_assert_error(NB_ERR_AXIS, "nb_take_along_axis: axis -3 out of range for rank 2");
-  assert_unchanged(t, x, NB_SHAPE(2, 3));
+  tc_assert_unchanged(t, x, NB_SHAPE(2, 3));
 }
 
 /* ---- scatter_add ------------------------------------------------------------------ */
@@ -363,25 +302,25 @@ Test(index, scatter_add_random_every_dtype) {
   uint64_t seed = 5;
   for (int dt = 0; dt < NB_DTYPE_COUNT; dt++) {
     for (int trial = 0; trial < 15; trial++) {
-      nb_shape ts = rand_shape(&seed, 1, 3, 0, 4), is = rand_shape(&seed, 0, 2, 0, 4);
-      int axis = (int)rnd(&seed, 0, ts.ndim - 1);
+      nb_shape ts = tc_rand_shape(&seed, 1, 3, 0, 4), is = tc_rand_shape(&seed, 0, 2, 0, 4);
+      int axis = (int)tc_randint(&seed, 0, ts.ndim - 1);
       if (ts.dims[axis] == 0 && tc_numel(is) > 0) is = NB_SHAPE(0);
       nb_shape us = take_shape(ts, is, axis);
-      double *x = rand_values(tc_numel(ts), (nb_dtype)dt, &seed);
-      double *u = rand_values(tc_numel(us), (nb_dtype)dt, &seed);
+      double *x = tc_rand_ints(tc_numel(ts), (nb_dtype)dt, &seed, 20);
+      double *u = tc_rand_ints(tc_numel(us), (nb_dtype)dt, &seed, 20);
       double *ix = rand_indices(tc_numel(is), ts.dims[axis], &seed); /* repeats are likely */
       double *ref = alloc_values(tc_numel(ts));
       memcpy(ref, x, (size_t)tc_numel(ts) * sizeof *x);
       int64_t j[NB_MAX_DIMS];
       for (int64_t q = 0; q < tc_numel(us); q++) {
-        unravel(q, &us, j);
+        tc_unravel(q, &us, j);
         ref_accumulate(&ref[take_source(j, ts, is, ix, axis)], u[q], (nb_dtype)dt);
       }
       tc_round_to(ref, tc_numel(ts), (nb_dtype)dt);
       nb_tensor *t = any_tensor(x, ts, (nb_dtype)dt, &seed);
       nb_tensor *idx = any_tensor(ix, is, index_dtype(&seed), &seed);
       nb_tensor *upd = any_tensor(u, us, (nb_dtype)dt, &seed);
-      nb_tensor *r = nb_scatter_add(t, idx, upd, rnd(&seed, 0, 1) ? axis : axis - ts.ndim);
+      nb_tensor *r = nb_scatter_add(t, idx, upd, tc_randint(&seed, 0, 1) ? axis : axis - ts.ndim);
       cr_assert_eq((int)nb_dtype_of(r), dt);
       tc_assert_close_tol(r, ref, ts, 0);
       free(x);
@@ -424,14 +363,14 @@ Test(index, scatter_add_large_embedding_gradient) {
   /* the transpose of an embedding lookup, threaded: [64, 200] += [64, 3000] along axis 1 */
   uint64_t seed = 6;
   nb_shape ts = NB_SHAPE(64, 200), is = NB_SHAPE(3000), us = NB_SHAPE(64, 3000);
-  double *x = rand_values(tc_numel(ts), NB_F32, &seed),
-         *u = rand_values(tc_numel(us), NB_F32, &seed);
+  double *x = tc_rand_ints(tc_numel(ts), NB_F32, &seed, 20),
+         *u = tc_rand_ints(tc_numel(us), NB_F32, &seed, 20);
   double *ix = rand_indices(3000, 200, &seed);
   double *ref = alloc_values(tc_numel(ts));
   memcpy(ref, x, (size_t)tc_numel(ts) * sizeof *x);
   int64_t j[NB_MAX_DIMS];
   for (int64_t q = 0; q < tc_numel(us); q++) {
-    unravel(q, &us, j);
+    tc_unravel(q, &us, j);
     ref[take_source(j, ts, is, ix, 1)] += u[q];
   }
   nb_tensor *r = nb_scatter_add(tc_tensor(x, ts, NB_F32), tc_tensor(ix, is, NB_I64),
@@ -449,7 +388,7 @@ Test(index, scatter_add_out_of_range_index_fails_at_realization) {
   nb_tensor *r = nb_scatter_add(t, tc_tensor((double[]){1, -5}, NB_SHAPE(2), NB_I64),
                                 nb_ones(NB_SHAPE(2), NB_F64), 0);
   assert_index_error(r, "nb_scatter_add: index -5 out of range for axis 0 of size 4");
-  assert_unchanged(t, x, NB_SHAPE(4));
+  tc_assert_unchanged(t, x, NB_SHAPE(4));
 }
 
 Test(index, scatter_add_rejects_bad_input) {
@@ -473,7 +412,7 @@ Test(index, scatter_add_rejects_bad_input) {
       "nb_scatter_add: updates have shape [4,2], expected [2,4] for t [2,3], idx [4], axis 1");
   cr_assert_null(nb_scatter_add(t, idx, u, 5));
   tc_assert_error(NB_ERR_AXIS, "nb_scatter_add: axis 5 out of range for rank 2");
-  assert_unchanged(t, x, NB_SHAPE(2, 3));
+  tc_assert_unchanged(t, x, NB_SHAPE(2, 3));
 }
 
 /* ---- scatter_add_along_axis (internal) --------------------------------------------------- */
@@ -486,14 +425,14 @@ Test(index, scatter_add_along_axis_random_with_broadcasting) {
       int axis;
       rand_along_shapes(&seed, &ts, &is, &axis);
       nb_shape us = along_shape(ts, is, axis);
-      double *x = rand_values(tc_numel(ts), (nb_dtype)dt, &seed);
-      double *u = rand_values(tc_numel(us), (nb_dtype)dt, &seed);
+      double *x = tc_rand_ints(tc_numel(ts), (nb_dtype)dt, &seed, 20);
+      double *u = tc_rand_ints(tc_numel(us), (nb_dtype)dt, &seed, 20);
       double *ix = rand_indices(tc_numel(is), ts.dims[axis], &seed);
       double *ref = alloc_values(tc_numel(ts));
       memcpy(ref, x, (size_t)tc_numel(ts) * sizeof *x);
       int64_t j[NB_MAX_DIMS];
       for (int64_t q = 0; q < tc_numel(us); q++) {
-        unravel(q, &us, j);
+        tc_unravel(q, &us, j);
         ref_accumulate(&ref[along_source(j, ts, is, ix, axis)], u[q], (nb_dtype)dt);
       }
       tc_round_to(ref, tc_numel(ts), (nb_dtype)dt);
@@ -501,7 +440,7 @@ Test(index, scatter_add_along_axis_random_with_broadcasting) {
       nb_tensor *idx = any_tensor(ix, is, index_dtype(&seed), &seed);
       nb_tensor *upd = any_tensor(u, us, (nb_dtype)dt, &seed);
       nb_tensor *r =
-          nbi_scatter_add_along_axis(t, idx, upd, rnd(&seed, 0, 1) ? axis : axis - ts.ndim);
+          nbi_scatter_add_along_axis(t, idx, upd, tc_randint(&seed, 0, 1) ? axis : axis - ts.ndim);
       tc_assert_close_tol(r, ref, ts, 0);
       free(x);
       free(u);
@@ -515,12 +454,12 @@ Test(index, scatter_add_along_axis_large_is_transpose_of_gather) {
   /* threaded rows: [400, 100] f32, 100 indices per row along axis 1 */
   uint64_t seed = 8;
   nb_shape ts = NB_SHAPE(400, 100), is = NB_SHAPE(400, 100);
-  double *x = rand_values(40000, NB_F32, &seed), *u = rand_values(40000, NB_F32, &seed);
+  double *x = tc_rand_ints(40000, NB_F32, &seed, 20), *u = tc_rand_ints(40000, NB_F32, &seed, 20);
   double *ix = rand_indices(40000, 100, &seed), *ref = alloc_values(40000);
   memcpy(ref, x, 40000 * sizeof *x);
   int64_t j[2];
   for (int64_t q = 0; q < 40000; q++) {
-    unravel(q, &is, j);
+    tc_unravel(q, &is, j);
     ref[along_source(j, ts, is, ix, 1)] += u[q];
   }
   nb_tensor *r = nbi_scatter_add_along_axis(tc_tensor(x, ts, NB_F32), tc_tensor(ix, is, NB_I32),
@@ -556,7 +495,7 @@ Test(index, scatter_add_along_axis_rejects_bad_input) {
   tc_assert_error(NB_ERR_DTYPE, "updates are i32 but t is f32");
   cr_assert_null(nbi_scatter_add_along_axis(t, idx, u, 2));
   tc_assert_error(NB_ERR_AXIS, "axis 2 out of range");
-  assert_unchanged(t, x, NB_SHAPE(2, 3));
+  tc_assert_unchanged(t, x, NB_SHAPE(2, 3));
 }
 
 /* ---- one_hot ------------------------------------------------------------------------ */
@@ -565,11 +504,11 @@ Test(index, one_hot_random_every_dtype) {
   uint64_t seed = 9;
   for (int dt = 0; dt < NB_DTYPE_COUNT; dt++) {
     for (int trial = 0; trial < 8; trial++) {
-      nb_shape is = rand_shape(&seed, 0, 3, 0, 3);
-      int64_t n = rnd(&seed, 0, 5), m = tc_numel(is);
+      nb_shape is = tc_rand_shape(&seed, 0, 3, 0, 3);
+      int64_t n = tc_randint(&seed, 0, 5), m = tc_numel(is);
       double *ix = alloc_values(m);
       for (int64_t k = 0; k < m; k++)
-        ix[k] = (double)rnd(&seed, -2, n + 1); /* some outside [0, n) */
+        ix[k] = (double)tc_randint(&seed, -2, n + 1); /* some outside [0, n) */
       nb_shape os = is;
       os.dims[os.ndim++] = n;
       double *ref = alloc_values(m * n);
@@ -598,5 +537,5 @@ Test(index, one_hot_rejects_bad_input) {
   tc_assert_error(NB_ERR_DTYPE, "nb_one_hot: invalid dtype 42");
   cr_assert_null(nb_one_hot(nb_zeros(NB_SHAPE(1, 1, 1, 1, 1, 1, 1, 1), NB_I64), 3, NB_F32));
   tc_assert_error(NB_ERR_SHAPE, "nb_one_hot: idx already has the maximum rank 8");
-  assert_unchanged(idx, (double[]){0, 1}, NB_SHAPE(2));
+  tc_assert_unchanged(idx, (double[]){0, 1}, NB_SHAPE(2));
 }

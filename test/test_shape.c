@@ -8,42 +8,6 @@ TestSuite(shape, .init = tc_setup, .fini = tc_teardown);
 
 /* ---- helpers --------------------------------------------------------------------- */
 
-/* Uniform integer in [lo, hi]. */
-static int64_t rnd(uint64_t *seed, int64_t lo, int64_t hi) {
-  int64_t v = lo + (int64_t)floor(tc_uniform(seed, 0, (double)(hi - lo + 1)));
-  return v > hi ? hi : v;
-}
-
-/* Random rank in [rmin, rmax], dims in [dmin, dmax]. */
-static nb_shape rand_shape(uint64_t *seed, int rmin, int rmax, int64_t dmin, int64_t dmax) {
-  nb_shape s = {.ndim = (int)rnd(seed, rmin, rmax)};
-  for (int d = 0; d < s.ndim; d++)
-    s.dims[d] = rnd(seed, dmin, dmax);
-  return s;
-}
-
-/* Small integers (0/1 for bool), exact in every dtype. */
-static double *rand_values(int64_t n, nb_dtype dt, uint64_t *seed) {
-  double *x = malloc((size_t)(n ? n : 1) * sizeof *x);
-  for (int64_t i = 0; i < n; i++)
-    x[i] = dt == NB_BOOL ? (double)rnd(seed, 0, 1) : (double)rnd(seed, -60, 60);
-  return x;
-}
-
-/* Row-major multi-index of flat index i in s, and back. */
-static void unravel(int64_t i, const nb_shape *s, int64_t *ix) {
-  for (int d = s->ndim - 1; d >= 0; d--) {
-    ix[d] = s->dims[d] ? i % s->dims[d] : 0;
-    i = s->dims[d] ? i / s->dims[d] : 0;
-  }
-}
-static int64_t ravel(const int64_t *ix, const nb_shape *s) {
-  int64_t i = 0;
-  for (int d = 0; d < s->ndim; d++)
-    i = i * s->dims[d] + ix[d];
-  return i;
-}
-
 /* Reference permute: out[j] = x[i] with i[perm[d]] = j[d]. */
 static double *ref_permute(const double *x, const nb_shape *s, const int *perm, nb_shape *os) {
   os->ndim = s->ndim;
@@ -52,10 +16,10 @@ static double *ref_permute(const double *x, const nb_shape *s, const int *perm, 
   int64_t n = tc_numel(*s), j[NB_MAX_DIMS], i[NB_MAX_DIMS];
   double *r = malloc((size_t)(n ? n : 1) * sizeof *r);
   for (int64_t k = 0; k < n; k++) {
-    unravel(k, os, j);
+    tc_unravel(k, os, j);
     for (int d = 0; d < s->ndim; d++)
       i[perm[d]] = j[d];
-    r[k] = x[ravel(i, s)];
+    r[k] = x[tc_ravel(i, s)];
   }
   return r;
 }
@@ -89,10 +53,10 @@ static double *ref_slice(const double *x, const nb_shape *s, const int64_t *b, c
   int64_t n = tc_numel(*os), j[NB_MAX_DIMS], i[NB_MAX_DIMS];
   double *r = malloc((size_t)(n ? n : 1) * sizeof *r);
   for (int64_t k = 0; k < n; k++) {
-    unravel(k, os, j);
+    tc_unravel(k, os, j);
     for (int d = 0; d < s->ndim; d++)
       i[d] = sel[d][j[d]];
-    r[k] = x[ravel(i, s)];
+    r[k] = x[tc_ravel(i, s)];
   }
   return r;
 }
@@ -102,10 +66,10 @@ static double *ref_flip(const double *x, const nb_shape *s, uint32_t mask) {
   int64_t n = tc_numel(*s), i[NB_MAX_DIMS];
   double *r = malloc((size_t)(n ? n : 1) * sizeof *r);
   for (int64_t k = 0; k < n; k++) {
-    unravel(k, s, i);
+    tc_unravel(k, s, i);
     for (int d = 0; d < s->ndim; d++)
       if (mask >> d & 1) i[d] = s->dims[d] - 1 - i[d];
-    r[k] = x[ravel(i, s)];
+    r[k] = x[tc_ravel(i, s)];
   }
   return r;
 }
@@ -115,32 +79,10 @@ static void rand_perm(uint64_t *seed, int n, int *p) {
   for (int d = 0; d < n; d++)
     p[d] = d;
   for (int d = n - 1; d > 0; d--) {
-    int k = (int)rnd(seed, 0, d), tmp = p[d];
+    int k = (int)tc_randint(seed, 0, d), tmp = p[d];
     p[d] = p[k];
     p[k] = tmp;
   }
-}
-
-/* A tensor holding x (shape s, row-major) as a transposed view of a tensor
- * built from the transposed data (rank >= 2), so reads go through strides. */
-static nb_tensor *strided_tensor(const double *x, nb_shape s, nb_dtype dt) {
-  if (s.ndim < 2) return tc_tensor(x, s, dt);
-  int perm[NB_MAX_DIMS];
-  for (int d = 0; d < s.ndim; d++)
-    perm[d] = d;
-  perm[s.ndim - 2] = s.ndim - 1;
-  perm[s.ndim - 1] = s.ndim - 2;
-  nb_shape ts;
-  double *xt = ref_permute(x, &s, perm, &ts);
-  nb_tensor *t = nb_transpose(tc_tensor(xt, ts, dt));
-  free(xt);
-  return t;
-}
-
-/* Asserts t still holds x exactly (after a failed call on it). */
-static void assert_unchanged(nb_tensor *t, const double *x, nb_shape s) {
-  cr_assert(nb_is_realized(t));
-  tc_assert_close_tol(t, x, s, 0);
 }
 
 static uint64_t kernels(void) { return nb_get_stats().kernels_run; }
@@ -150,19 +92,19 @@ static uint64_t kernels(void) { return nb_get_stats().kernels_run; }
 /* Random target shape for numel n (rank <= 4), built from n's factors; with a
  * zero-size source, one dim is 0 and the rest random. */
 static nb_shape rand_target(uint64_t *seed, int64_t n) {
-  nb_shape s = {.ndim = (int)rnd(seed, n == 1 ? 0 : 1, 4)};
+  nb_shape s = {.ndim = (int)tc_randint(seed, n == 1 ? 0 : 1, 4)};
   for (int d = 0; d < s.ndim; d++)
     s.dims[d] = 1;
   if (n == 0) {
     for (int d = 0; d < s.ndim; d++)
-      s.dims[d] = rnd(seed, 1, 3);
-    s.dims[rnd(seed, 0, s.ndim - 1)] = 0;
+      s.dims[d] = tc_randint(seed, 1, 3);
+    s.dims[tc_randint(seed, 0, s.ndim - 1)] = 0;
     return s;
   }
   int64_t m = n;
   for (int64_t f = 2; m > 1; f++)
     while (m % f == 0) {
-      s.dims[rnd(seed, 0, s.ndim - 1)] *= f;
+      s.dims[tc_randint(seed, 0, s.ndim - 1)] *= f;
       m /= f;
     }
   return s;
@@ -172,11 +114,11 @@ Test(shape, reshape_random_shapes_every_dtype) {
   uint64_t seed = 11;
   for (int dt = 0; dt < NB_DTYPE_COUNT; dt++) {
     for (int trial = 0; trial < 20; trial++) {
-      nb_shape s = rand_shape(&seed, 0, 4, 0, 4);
+      nb_shape s = tc_rand_shape(&seed, 0, 4, 0, 4);
       int64_t n = tc_numel(s);
-      double *x = rand_values(n, (nb_dtype)dt, &seed);
+      double *x = tc_rand_ints(n, (nb_dtype)dt, &seed, 60);
       nb_shape target = rand_target(&seed, n), ask = target;
-      if (n > 0 && target.ndim > 0 && rnd(&seed, 0, 1)) ask.dims[rnd(&seed, 0, ask.ndim - 1)] = -1;
+      if (n > 0 && target.ndim > 0 && tc_randint(&seed, 0, 1)) ask.dims[tc_randint(&seed, 0, ask.ndim - 1)] = -1;
       nb_tensor *t = tc_tensor(x, s, (nb_dtype)dt);
       tc_assert_close_tol(nb_reshape(t, ask), x, target, 0);
       free(x);
@@ -201,7 +143,7 @@ Test(shape, reshape_infers_the_minus_one_dim) {
 
 Test(shape, reshape_of_contiguous_tensor_is_zero_copy) {
   uint64_t seed = 3;
-  double *x = rand_values(24, NB_F32, &seed);
+  double *x = tc_rand_ints(24, NB_F32, &seed, 60);
   nb_tensor *t = tc_tensor(x, NB_SHAPE(2, 3, 4), NB_F32);
   nb_tensor *r = nb_reshape(nb_reshape(t, NB_SHAPE(6, 4)), NB_SHAPE(4, 1, 6));
   uint64_t before = kernels();
@@ -230,7 +172,7 @@ Test(shape, reshape_of_compatible_strided_view_is_zero_copy) {
 Test(shape, reshape_of_transposed_tensor_copies) {
   uint64_t seed = 5;
   for (int dt = 0; dt < NB_DTYPE_COUNT; dt++) {
-    double *x = rand_values(12, (nb_dtype)dt, &seed);
+    double *x = tc_rand_ints(12, (nb_dtype)dt, &seed, 60);
     nb_tensor *t = tc_tensor(x, NB_SHAPE(3, 4), (nb_dtype)dt);
     nb_tensor *r = nb_reshape(nb_transpose(t), NB_SHAPE(2, 6));
     double ref[12];
@@ -272,7 +214,7 @@ Test(shape, reshape_rejects_bad_shapes) {
   nb_tensor *z = nb_zeros(NB_SHAPE(0, 2), NB_F32);
   cr_assert_null(nb_reshape(z, NB_SHAPE(0, -1)));
   tc_assert_error(NB_ERR_SHAPE, "cannot infer");
-  assert_unchanged(t, x, NB_SHAPE(2, 3));
+  tc_assert_unchanged(t, x, NB_SHAPE(2, 3));
 }
 
 /* ---- transpose, permute ------------------------------------------------------------ */
@@ -280,8 +222,8 @@ Test(shape, reshape_rejects_bad_shapes) {
 Test(shape, transpose_swaps_the_last_two_dims) {
   uint64_t seed = 21;
   for (int dt = 0; dt < NB_DTYPE_COUNT; dt++) {
-    nb_shape s = rand_shape(&seed, 2, 4, 0, 4);
-    double *x = rand_values(tc_numel(s), (nb_dtype)dt, &seed);
+    nb_shape s = tc_rand_shape(&seed, 2, 4, 0, 4);
+    double *x = tc_rand_ints(tc_numel(s), (nb_dtype)dt, &seed, 60);
     int perm[NB_MAX_DIMS];
     for (int d = 0; d < s.ndim; d++)
       perm[d] = d;
@@ -302,13 +244,13 @@ Test(shape, permute_random_perms_every_dtype) {
   uint64_t seed = 22;
   for (int dt = 0; dt < NB_DTYPE_COUNT; dt++) {
     for (int trial = 0; trial < 10; trial++) {
-      nb_shape s = rand_shape(&seed, 0, 5, 0, 3);
-      double *x = rand_values(tc_numel(s), (nb_dtype)dt, &seed);
+      nb_shape s = tc_rand_shape(&seed, 0, 5, 0, 3);
+      double *x = tc_rand_ints(tc_numel(s), (nb_dtype)dt, &seed, 60);
       int perm[NB_MAX_DIMS];
       rand_perm(&seed, s.ndim, perm);
       nb_axes ax = {.n = s.ndim};
       for (int d = 0; d < s.ndim; d++)
-        ax.v[d] = rnd(&seed, 0, 1) ? perm[d] : perm[d] - s.ndim;
+        ax.v[d] = tc_randint(&seed, 0, 1) ? perm[d] : perm[d] - s.ndim;
       nb_shape os;
       double *ref = ref_permute(x, &s, perm, &os);
       tc_assert_close_tol(nb_permute(tc_tensor(x, s, (nb_dtype)dt), ax), ref, os, 0);
@@ -335,7 +277,7 @@ Test(shape, transpose_and_permute_reject_bad_input) {
   tc_assert_error(NB_ERR_AXIS, "axis 2 out of range for rank 2");
   cr_assert_null(nb_permute(t, NB_ALL));
   tc_assert_error(NB_ERR_AXIS, "nb_permute");
-  assert_unchanged(t, x, NB_SHAPE(2, 3));
+  tc_assert_unchanged(t, x, NB_SHAPE(2, 3));
 }
 
 /* ---- squeeze, unsqueeze, flatten ----------------------------------------------------- */
@@ -405,7 +347,7 @@ Test(shape, squeeze_unsqueeze_flatten_reject_bad_input) {
   tc_assert_error(NB_ERR_AXIS, "nb_flatten: start_axis 2 comes after end_axis 1");
   cr_assert_null(nb_flatten(t, 0, 3));
   tc_assert_error(NB_ERR_AXIS, "axis 3 out of range for rank 3");
-  assert_unchanged(t, x, NB_SHAPE(1, 2, 3));
+  tc_assert_unchanged(t, x, NB_SHAPE(1, 2, 3));
 }
 
 /* ---- broadcast_to ----------------------------------------------------------------- */
@@ -414,19 +356,19 @@ Test(shape, broadcast_to_random_shapes_every_dtype) {
   uint64_t seed = 31;
   for (int dt = 0; dt < NB_DTYPE_COUNT; dt++) {
     for (int trial = 0; trial < 10; trial++) {
-      nb_shape target = rand_shape(&seed, 0, 4, 0, 3);
-      int lead = (int)rnd(&seed, 0, target.ndim);
+      nb_shape target = tc_rand_shape(&seed, 0, 4, 0, 3);
+      int lead = (int)tc_randint(&seed, 0, target.ndim);
       nb_shape s = {.ndim = target.ndim - lead};
       for (int d = 0; d < s.ndim; d++)
-        s.dims[d] = rnd(&seed, 0, 1) ? 1 : target.dims[d + lead];
-      double *x = rand_values(tc_numel(s), (nb_dtype)dt, &seed);
+        s.dims[d] = tc_randint(&seed, 0, 1) ? 1 : target.dims[d + lead];
+      double *x = tc_rand_ints(tc_numel(s), (nb_dtype)dt, &seed, 60);
       int64_t n = tc_numel(target), j[NB_MAX_DIMS], i[NB_MAX_DIMS];
       double *ref = malloc((size_t)(n ? n : 1) * sizeof *ref);
       for (int64_t k = 0; k < n; k++) {
-        unravel(k, &target, j);
+        tc_unravel(k, &target, j);
         for (int d = 0; d < s.ndim; d++)
           i[d] = s.dims[d] == 1 ? 0 : j[d + lead];
-        ref[k] = x[ravel(i, &s)];
+        ref[k] = x[tc_ravel(i, &s)];
       }
       nb_tensor *b = nb_broadcast_to(tc_tensor(x, s, (nb_dtype)dt), target);
       uint64_t before = kernels();
@@ -449,7 +391,7 @@ Test(shape, broadcast_to_rejects_incompatible_shapes) {
   tc_assert_error(NB_ERR_SHAPE, "cannot broadcast [2,3] to [3]");
   cr_assert_null(nb_broadcast_to(t, NB_SHAPE(-1, 3)));
   tc_assert_error(NB_ERR_SHAPE, "negative dimension");
-  assert_unchanged(t, x, NB_SHAPE(2, 3));
+  tc_assert_unchanged(t, x, NB_SHAPE(2, 3));
 }
 
 /* ---- slice ------------------------------------------------------------------------ */
@@ -490,13 +432,13 @@ Test(shape, slice_random_every_dtype) {
   static const int64_t steps[] = {-3, -2, -1, 1, 1, 2, 3};
   for (int dt = 0; dt < NB_DTYPE_COUNT; dt++) {
     for (int trial = 0; trial < 15; trial++) {
-      nb_shape s = rand_shape(&seed, 0, 4, 0, 5);
-      double *x = rand_values(tc_numel(s), (nb_dtype)dt, &seed);
+      nb_shape s = tc_rand_shape(&seed, 0, 4, 0, 5);
+      double *x = tc_rand_ints(tc_numel(s), (nb_dtype)dt, &seed, 60);
       int64_t b[NB_MAX_DIMS], e[NB_MAX_DIMS], st[NB_MAX_DIMS];
       for (int d = 0; d < s.ndim; d++) {
-        b[d] = rnd(&seed, -7, 7);
-        e[d] = rnd(&seed, 0, 5) == 0 ? NB_END : rnd(&seed, -7, 7);
-        st[d] = steps[rnd(&seed, 0, 6)];
+        b[d] = tc_randint(&seed, -7, 7);
+        e[d] = tc_randint(&seed, 0, 5) == 0 ? NB_END : tc_randint(&seed, -7, 7);
+        st[d] = steps[tc_randint(&seed, 0, 6)];
       }
       nb_shape os;
       double *ref = ref_slice(x, &s, b, e, st, &os);
@@ -535,7 +477,7 @@ Test(shape, slice_rejects_bad_input) {
   tc_assert_error(NB_ERR_NULL, "nb_slice: stops is NULL");
   cr_assert_null(nb_slice(t, b, e, (int64_t[]){1, 0}));
   tc_assert_error(NB_ERR_ARG, "nb_slice: step 0 for axis 1");
-  assert_unchanged(t, x, NB_SHAPE(2, 3));
+  tc_assert_unchanged(t, x, NB_SHAPE(2, 3));
 }
 
 /* ---- flip -------------------------------------------------------------------------- */
@@ -544,13 +486,13 @@ Test(shape, flip_random_axes_every_dtype) {
   uint64_t seed = 51;
   for (int dt = 0; dt < NB_DTYPE_COUNT; dt++) {
     for (int trial = 0; trial < 10; trial++) {
-      nb_shape s = rand_shape(&seed, 0, 4, 0, 4);
-      double *x = rand_values(tc_numel(s), (nb_dtype)dt, &seed);
+      nb_shape s = tc_rand_shape(&seed, 0, 4, 0, 4);
+      double *x = tc_rand_ints(tc_numel(s), (nb_dtype)dt, &seed, 60);
       nb_axes ax = {.n = 0};
       uint32_t mask = 0;
       for (int d = 0; d < s.ndim; d++)
-        if (rnd(&seed, 0, 1)) {
-          ax.v[ax.n++] = rnd(&seed, 0, 1) ? d : d - s.ndim;
+        if (tc_randint(&seed, 0, 1)) {
+          ax.v[ax.n++] = tc_randint(&seed, 0, 1) ? d : d - s.ndim;
           mask |= 1u << d;
         }
       if (trial == 0) {
@@ -577,7 +519,7 @@ Test(shape, flip_rejects_bad_axes) {
   tc_assert_error(NB_ERR_AXIS, "nb_flip: axis -2 repeated");
   cr_assert_null(nb_flip(t, NB_AXES(2)));
   tc_assert_error(NB_ERR_AXIS, "nb_flip: axis 2 out of range for rank 2");
-  assert_unchanged(t, x, NB_SHAPE(2, 3));
+  tc_assert_unchanged(t, x, NB_SHAPE(2, 3));
 }
 
 /* ---- chains of views ----------------------------------------------------------------- */
@@ -586,7 +528,7 @@ Test(shape, chains_of_views_read_back_without_kernels) {
   uint64_t seed = 61;
   for (int dt = 0; dt < NB_DTYPE_COUNT; dt++) {
     nb_shape s = NB_SHAPE(3, 4, 5);
-    double *x = rand_values(60, (nb_dtype)dt, &seed);
+    double *x = tc_rand_ints(60, (nb_dtype)dt, &seed, 60);
     nb_tensor *t = tc_tensor(x, s, (nb_dtype)dt);
     /* flip axes 0, 2 -> slice [::-1, 1::2, -1:0:-2] -> permute (2, 0, 1) -> broadcast [2,...] */
     double *f = ref_flip(x, &s, 5u);
@@ -634,7 +576,7 @@ Test(shape, view_of_pending_intermediate_survives_realization) {
 Test(shape, view_kernels_materialize_the_same_view) {
   /* the CPU kernels of the view ops copy the view they would alias */
   uint64_t seed = 62;
-  double *x = rand_values(24, NB_F32, &seed);
+  double *x = tc_rand_ints(24, NB_F32, &seed, 60);
   nb_tensor *t = tc_tensor(x, NB_SHAPE(2, 3, 4), NB_F32);
   nb_tensor *views[] = {
       nb_permute(t, NB_AXES(2, 0, 1)),
@@ -666,33 +608,33 @@ Test(shape, view_kernels_materialize_the_same_view) {
 Test(shape, concat_random_pieces_promote_dtypes) {
   uint64_t seed = 71;
   for (int trial = 0; trial < 40; trial++) {
-    nb_shape base = rand_shape(&seed, 1, 4, 0, 3);
-    int axis = (int)rnd(&seed, 0, base.ndim - 1), n = (int)rnd(&seed, 1, 4);
+    nb_shape base = tc_rand_shape(&seed, 1, 4, 0, 3);
+    int axis = (int)tc_randint(&seed, 0, base.ndim - 1), n = (int)tc_randint(&seed, 1, 4);
     nb_tensor *ts[4];
     double *xs[4];
     nb_shape ss[4];
     nb_shape os = base;
     os.dims[axis] = 0;
-    nb_dtype dt = (nb_dtype)rnd(&seed, 0, NB_DTYPE_COUNT - 1), odt = dt;
+    nb_dtype dt = (nb_dtype)tc_randint(&seed, 0, NB_DTYPE_COUNT - 1), odt = dt;
     for (int k = 0; k < n; k++) {
-      nb_dtype dk = rnd(&seed, 0, 2) ? dt : (nb_dtype)rnd(&seed, 0, NB_DTYPE_COUNT - 1);
+      nb_dtype dk = tc_randint(&seed, 0, 2) ? dt : (nb_dtype)tc_randint(&seed, 0, NB_DTYPE_COUNT - 1);
       odt = k == 0 ? dk : nb_promote_types(odt, dk);
       ss[k] = base;
-      ss[k].dims[axis] = rnd(&seed, 0, 3);
+      ss[k].dims[axis] = tc_randint(&seed, 0, 3);
       os.dims[axis] += ss[k].dims[axis];
-      xs[k] = rand_values(tc_numel(ss[k]), dk, &seed);
-      ts[k] = rnd(&seed, 0, 1) ? strided_tensor(xs[k], ss[k], dk) : tc_tensor(xs[k], ss[k], dk);
+      xs[k] = tc_rand_ints(tc_numel(ss[k]), dk, &seed, 60);
+      ts[k] = tc_randint(&seed, 0, 1) ? tc_strided_tensor(xs[k], ss[k], dk) : tc_tensor(xs[k], ss[k], dk);
     }
     int64_t on = tc_numel(os), j[NB_MAX_DIMS];
     double *ref = malloc((size_t)(on ? on : 1) * sizeof *ref);
     for (int64_t q = 0; q < on; q++) {
-      unravel(q, &os, j);
+      tc_unravel(q, &os, j);
       int k = 0;
       while (j[axis] >= ss[k].dims[axis])
         j[axis] -= ss[k++].dims[axis];
-      ref[q] = xs[k][ravel(j, &ss[k])];
+      ref[q] = xs[k][tc_ravel(j, &ss[k])];
     }
-    nb_tensor *c = nb_concat(ts, n, rnd(&seed, 0, 1) ? axis : axis - base.ndim);
+    nb_tensor *c = nb_concat(ts, n, tc_randint(&seed, 0, 1) ? axis : axis - base.ndim);
     cr_assert(c, "%s", nb_last_error());
     cr_assert_eq(nb_dtype_of(c), odt);
     tc_assert_close_tol(c, ref, os, 0);
@@ -726,19 +668,19 @@ Test(shape, concat_rejects_bad_input) {
   nb_tensor *huge = nb_broadcast_to(s, NB_SHAPE(((int64_t)1 << 47) + 1)); /* a view: no data */
   cr_assert_null(nb_concat((nb_tensor *[]){huge, huge}, 2, 0));
   tc_assert_error(NB_ERR_OVERFLOW, "nb_concat: concatenated axis 0 is too long");
-  assert_unchanged(a, x, NB_SHAPE(2, 3));
+  tc_assert_unchanged(a, x, NB_SHAPE(2, 3));
 }
 
 Test(shape, stack_adds_a_new_axis) {
   uint64_t seed = 81;
   for (int trial = 0; trial < 20; trial++) {
-    nb_shape s = rand_shape(&seed, 0, 3, 0, 3);
-    int n = (int)rnd(&seed, 1, 4), axis = (int)rnd(&seed, 0, s.ndim);
+    nb_shape s = tc_rand_shape(&seed, 0, 3, 0, 3);
+    int n = (int)tc_randint(&seed, 1, 4), axis = (int)tc_randint(&seed, 0, s.ndim);
     nb_dtype dt = (nb_dtype)(trial % NB_DTYPE_COUNT);
     nb_tensor *ts[4];
     double *xs[4];
     for (int k = 0; k < n; k++) {
-      xs[k] = rand_values(tc_numel(s), dt, &seed);
+      xs[k] = tc_rand_ints(tc_numel(s), dt, &seed, 60);
       ts[k] = tc_tensor(xs[k], s, dt);
     }
     nb_shape os = {.ndim = s.ndim + 1};
@@ -747,12 +689,12 @@ Test(shape, stack_adds_a_new_axis) {
     int64_t on = tc_numel(os), j[NB_MAX_DIMS], i[NB_MAX_DIMS];
     double *ref = malloc((size_t)(on ? on : 1) * sizeof *ref);
     for (int64_t q = 0; q < on; q++) {
-      unravel(q, &os, j);
+      tc_unravel(q, &os, j);
       for (int d = 0, r = 0; d < os.ndim; d++)
         if (d != axis) i[r++] = j[d];
-      ref[q] = xs[j[axis]][ravel(i, &s)];
+      ref[q] = xs[j[axis]][tc_ravel(i, &s)];
     }
-    tc_assert_close_tol(nb_stack(ts, n, rnd(&seed, 0, 1) ? axis : axis - s.ndim - 1), ref, os, 0);
+    tc_assert_close_tol(nb_stack(ts, n, tc_randint(&seed, 0, 1) ? axis : axis - s.ndim - 1), ref, os, 0);
     for (int k = 0; k < n; k++)
       free(xs[k]);
     free(ref);
@@ -776,20 +718,20 @@ Test(shape, stack_rejects_bad_input) {
   nb_tensor *big = nb_zeros(NB_SHAPE(1, 1, 1, 1, 1, 1, 1, 1), NB_F32);
   cr_assert_null(nb_stack((nb_tensor *[]){big, big}, 2, 0));
   tc_assert_error(NB_ERR_SHAPE, "nb_stack: inputs already have the maximum rank 8");
-  assert_unchanged(a, x, NB_SHAPE(2, 3));
+  tc_assert_unchanged(a, x, NB_SHAPE(2, 3));
 }
 
 Test(shape, split_parts_match_reference_slices) {
   uint64_t seed = 91;
   for (int trial = 0; trial < 20; trial++) {
-    nb_shape s = rand_shape(&seed, 1, 4, 0, 4);
-    int axis = (int)rnd(&seed, 0, s.ndim - 1), n = (int)rnd(&seed, 1, 4);
+    nb_shape s = tc_rand_shape(&seed, 1, 4, 0, 4);
+    int axis = (int)tc_randint(&seed, 0, s.ndim - 1), n = (int)tc_randint(&seed, 1, 4);
     int64_t sizes[4] = {0}, left = s.dims[axis];
     for (int k = 0; k < n - 1; k++)
-      left -= sizes[k] = rnd(&seed, 0, left);
+      left -= sizes[k] = tc_randint(&seed, 0, left);
     sizes[n - 1] = left;
     nb_dtype dt = (nb_dtype)(trial % NB_DTYPE_COUNT);
-    double *x = rand_values(tc_numel(s), dt, &seed);
+    double *x = tc_rand_ints(tc_numel(s), dt, &seed, 60);
     nb_tensor *out[4];
     cr_assert_eq(nb_split(tc_tensor(x, s, dt), sizes, n, axis, out), NB_OK, "%s", nb_last_error());
     int64_t start = 0;
@@ -834,7 +776,7 @@ Test(shape, split_rejects_bad_sizes) {
   tc_assert_error(NB_ERR_SHAPE, "sizes sum to more than");
   cr_assert_eq(nb_split(t, (int64_t[]){1, 1}, 2, 2, out), NB_ERR_AXIS);
   tc_assert_error(NB_ERR_AXIS, "nb_split: axis 2 out of range for rank 2");
-  assert_unchanged(t, x, NB_SHAPE(2, 3));
+  tc_assert_unchanged(t, x, NB_SHAPE(2, 3));
 }
 
 /* ---- pad ----------------------------------------------------------------------------- */
@@ -843,13 +785,13 @@ Test(shape, pad_random_every_dtype) {
   uint64_t seed = 101;
   for (int dt = 0; dt < NB_DTYPE_COUNT; dt++) {
     for (int trial = 0; trial < 8; trial++) {
-      nb_shape s = rand_shape(&seed, 0, 3, 0, 3);
-      double *x = rand_values(tc_numel(s), (nb_dtype)dt, &seed);
+      nb_shape s = tc_rand_shape(&seed, 0, 3, 0, 3);
+      double *x = tc_rand_ints(tc_numel(s), (nb_dtype)dt, &seed, 60);
       int64_t pads[2 * NB_MAX_DIMS];
       nb_shape os = s;
       for (int d = 0; d < s.ndim; d++) {
-        pads[2 * d] = rnd(&seed, 0, 2);
-        pads[2 * d + 1] = rnd(&seed, 0, 2);
+        pads[2 * d] = tc_randint(&seed, 0, 2);
+        pads[2 * d + 1] = tc_randint(&seed, 0, 2);
         os.dims[d] += pads[2 * d] + pads[2 * d + 1];
       }
       double value = dt == NB_BOOL ? 1 : -7;
@@ -859,13 +801,13 @@ Test(shape, pad_random_every_dtype) {
       int64_t on = tc_numel(os), j[NB_MAX_DIMS];
       double *ref = malloc((size_t)(on ? on : 1) * sizeof *ref);
       for (int64_t q = 0; q < on; q++) {
-        unravel(q, &os, j);
+        tc_unravel(q, &os, j);
         bool inside = true;
         for (int d = 0; d < s.ndim; d++) {
           j[d] -= pads[2 * d];
           inside = inside && j[d] >= 0 && j[d] < s.dims[d];
         }
-        ref[q] = inside ? xf[ravel(j, &s)] : value;
+        ref[q] = inside ? xf[tc_ravel(j, &s)] : value;
       }
       tc_assert_close_tol(nb_pad(t, pads, value), ref, os, 0);
       free(x);
@@ -897,7 +839,7 @@ Test(shape, pad_rejects_bad_pads) {
   tc_assert_error(NB_ERR_ARG, "nb_pad: pads[2] is -1");
   cr_assert_null(nb_pad(t, (int64_t[]){0, 0, INT64_MAX, 0}, 0));
   tc_assert_error(NB_ERR_OVERFLOW, "nb_pad: pads[2]");
-  assert_unchanged(t, x, NB_SHAPE(2, 3));
+  tc_assert_unchanged(t, x, NB_SHAPE(2, 3));
 }
 
 /* ---- repeat, tile ----------------------------------------------------------------------- */
@@ -906,21 +848,21 @@ Test(shape, repeat_random_every_dtype) {
   uint64_t seed = 111;
   for (int dt = 0; dt < NB_DTYPE_COUNT; dt++) {
     for (int trial = 0; trial < 8; trial++) {
-      nb_shape s = rand_shape(&seed, 1, 4, 0, 3);
-      int axis = (int)rnd(&seed, 0, s.ndim - 1);
-      int64_t r = rnd(&seed, 0, 3);
-      double *x = rand_values(tc_numel(s), (nb_dtype)dt, &seed);
+      nb_shape s = tc_rand_shape(&seed, 1, 4, 0, 3);
+      int axis = (int)tc_randint(&seed, 0, s.ndim - 1);
+      int64_t r = tc_randint(&seed, 0, 3);
+      double *x = tc_rand_ints(tc_numel(s), (nb_dtype)dt, &seed, 60);
       nb_shape os = s;
       os.dims[axis] *= r;
       int64_t on = tc_numel(os), j[NB_MAX_DIMS];
       double *ref = malloc((size_t)(on ? on : 1) * sizeof *ref);
       for (int64_t q = 0; q < on; q++) {
-        unravel(q, &os, j);
+        tc_unravel(q, &os, j);
         j[axis] /= r;
-        ref[q] = x[ravel(j, &s)];
+        ref[q] = x[tc_ravel(j, &s)];
       }
-      nb_tensor *t = strided_tensor(x, s, (nb_dtype)dt);
-      tc_assert_close_tol(nb_repeat(t, r, rnd(&seed, 0, 1) ? axis : axis - s.ndim), ref, os, 0);
+      nb_tensor *t = tc_strided_tensor(x, s, (nb_dtype)dt);
+      tc_assert_close_tol(nb_repeat(t, r, tc_randint(&seed, 0, 1) ? axis : axis - s.ndim), ref, os, 0);
       free(x);
       free(ref);
     }
@@ -931,8 +873,8 @@ Test(shape, tile_random_reps_every_dtype) {
   uint64_t seed = 121;
   for (int dt = 0; dt < NB_DTYPE_COUNT; dt++) {
     for (int trial = 0; trial < 8; trial++) {
-      nb_shape s = rand_shape(&seed, 0, 3, 0, 3), reps = rand_shape(&seed, 0, 4, 0, 3);
-      double *x = rand_values(tc_numel(s), (nb_dtype)dt, &seed);
+      nb_shape s = tc_rand_shape(&seed, 0, 3, 0, 3), reps = tc_rand_shape(&seed, 0, 4, 0, 3);
+      double *x = tc_rand_ints(tc_numel(s), (nb_dtype)dt, &seed, 60);
       int nd = s.ndim > reps.ndim ? s.ndim : reps.ndim;
       nb_shape base = {.ndim = nd}, os = {.ndim = nd};
       for (int d = 0; d < nd; d++) {
@@ -943,12 +885,12 @@ Test(shape, tile_random_reps_every_dtype) {
       int64_t on = tc_numel(os), j[NB_MAX_DIMS];
       double *ref = malloc((size_t)(on ? on : 1) * sizeof *ref);
       for (int64_t q = 0; q < on; q++) {
-        unravel(q, &os, j);
+        tc_unravel(q, &os, j);
         for (int d = 0; d < nd; d++)
           j[d] %= base.dims[d];
-        ref[q] = x[ravel(j, &base)];
+        ref[q] = x[tc_ravel(j, &base)];
       }
-      nb_tensor *t = strided_tensor(x, s, (nb_dtype)dt);
+      nb_tensor *t = tc_strided_tensor(x, s, (nb_dtype)dt);
       tc_assert_close_tol(nb_tile(t, reps), ref, os, 0);
       free(x);
       free(ref);
@@ -985,5 +927,5 @@ Test(shape, repeat_and_tile_reject_bad_input) {
   tc_assert_error(NB_ERR_ARG, "nb_tile: negative repetition in reps [2,-1]");
   cr_assert_null(nb_tile(t, (nb_shape){.ndim = 9}));
   tc_assert_error(NB_ERR_ARG, "nb_tile: reps has 9 entries");
-  assert_unchanged(t, x, NB_SHAPE(2, 3));
+  tc_assert_unchanged(t, x, NB_SHAPE(2, 3));
 }
