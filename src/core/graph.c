@@ -115,6 +115,24 @@ static bool push(nb_tensor ***arr, int *n, int *cap, nb_tensor *t) {
   return true;
 }
 
+/* Pushes t on the DFS stack (with its next-input cursor at 0) and marks it
+ * as on the stack; false when the stack cannot grow. */
+static bool dfs_push(nb_tensor ***stack, int **next, int *n, int *cap, nb_tensor *t) {
+  if (*n == *cap) {
+    int nc = *cap ? 2 * *cap : 64;
+    nb_tensor **ns = realloc(*stack, (size_t)nc * sizeof *ns);
+    if (ns) *stack = ns;
+    int *nn = realloc(*next, (size_t)nc * sizeof *nn);
+    if (nn) *next = nn;
+    if (!ns || !nn) return false;
+    *cap = nc;
+  }
+  (*stack)[*n] = t;
+  (*next)[(*n)++] = 0;
+  t->mark = -2;
+  return true;
+}
+
 /* Post-order DFS. mark: -2 = on the stack, >= 0 = topological index (nodes) or
  * leaf index encoded as -3 - k (leaves). Every visited tensor gets a mark, reset
  * to -1 by graph_unmark. */
@@ -130,20 +148,10 @@ static nb_status graph_collect(graph *g, nb_tensor *const *roots, int n_roots) {
       if (!push(&g->leaves, &g->n_leaves, &g->cap_leaves, root)) st = NB_ERR_OOM;
       continue;
     }
-    if (n == cap) {
-      cap = cap ? 2 * cap : 64;
-      nb_tensor **ns = realloc(stack, (size_t)cap * sizeof *ns);
-      int *nn = realloc(next, (size_t)cap * sizeof *nn);
-      if (ns) stack = ns;
-      if (nn) next = nn;
-      if (!ns || !nn) {
-        st = NB_ERR_OOM;
-        break;
-      }
+    if (!dfs_push(&stack, &next, &n, &cap, root)) {
+      st = NB_ERR_OOM;
+      break;
     }
-    stack[n] = root;
-    next[n++] = 0;
-    root->mark = -2;
     while (n && !st) {
       nb_tensor *t = stack[n - 1];
       if (next[n - 1] < t->n_in) {
@@ -154,20 +162,10 @@ static nb_status graph_collect(graph *g, nb_tensor *const *roots, int n_roots) {
           if (!push(&g->leaves, &g->n_leaves, &g->cap_leaves, c)) st = NB_ERR_OOM;
           continue;
         }
-        if (n == cap) {
-          cap *= 2;
-          nb_tensor **ns = realloc(stack, (size_t)cap * sizeof *ns);
-          int *nn = realloc(next, (size_t)cap * sizeof *nn);
-          if (ns) stack = ns;
-          if (nn) next = nn;
-          if (!ns || !nn) {
-            st = NB_ERR_OOM;
-            break;
-          }
+        if (!dfs_push(&stack, &next, &n, &cap, c)) {
+          st = NB_ERR_OOM;
+          break;
         }
-        c->mark = -2;
-        stack[n] = c;
-        next[n++] = 0;
       } else {
         t->mark = g->n;
         if (!push(&g->nodes, &g->n, &g->cap, t)) st = NB_ERR_OOM;
