@@ -6,5 +6,6 @@
 #include "tensor.h"
 #include "ops.h"
 #include "nn.h"
+#include "transforms.h"
 
 #endif

@@ -21,9 +21,8 @@ bool nbi_dtype_is_int(nb_dtype dt) { return dt == NB_I32 || dt == NB_I64; }
 nb_dtype nb_promote_types(nb_dtype a, nb_dtype b) {
   if (!nbi_dtype_valid(a) || !nbi_dtype_valid(b)) return NB_DTYPE_COUNT;
   if (a == b) return a;
-  static const int rank[NB_DTYPE_COUNT] = {[NB_BOOL] = 0, [NB_I32] = 1, [NB_I64] = 2,
-                                           [NB_F16] = 3,  [NB_BF16] = 3, [NB_F32] = 4,
-                                           [NB_F64] = 5};
+  static const int rank[NB_DTYPE_COUNT] = {[NB_BOOL] = 0, [NB_I32] = 1, [NB_I64] = 2, [NB_F16] = 3,
+                                           [NB_BF16] = 3, [NB_F32] = 4, [NB_F64] = 5};
   if (rank[a] == rank[b]) return NB_F32; /* f16 with bf16 */
   return rank[a] > rank[b] ? a : b;
 }
@@ -131,7 +130,7 @@ void nbi_store_f64(void *p, nb_dtype dt, int64_t i, double v) {
   case NB_BF16: ((uint16_t *)p)[i] = nbi_f32_to_bf16((float)v); break;
   case NB_I32: ((int32_t *)p)[i] = sat_i32(v); break;
   case NB_I64:
-    ((int64_t *)p)[i] = v != v ? 0
+    ((int64_t *)p)[i] = v != v                        ? 0
                         : v >= 9.2233720368547758e18  ? INT64_MAX
                         : v <= -9.2233720368547758e18 ? INT64_MIN
                                                       : (int64_t)v;

@@ -56,7 +56,8 @@ static void plan_clear(plan *p) {
 }
 
 __attribute__((destructor)) static void plan_cache_cleanup(void) {
-  for (int i = 0; i < PLAN_CACHE_SIZE; i++) plan_clear(&plan_cache[i]);
+  for (int i = 0; i < PLAN_CACHE_SIZE; i++)
+    plan_clear(&plan_cache[i]);
 }
 
 static plan *plan_cache_lookup(uint64_t h1, uint64_t h2, int n_steps) {
@@ -182,8 +183,10 @@ static nb_status graph_collect(graph *g, nb_tensor *const *roots, int n_roots) {
 }
 
 static void graph_unmark_free(graph *g) {
-  for (int i = 0; i < g->n; i++) g->nodes[i]->mark = -1;
-  for (int i = 0; i < g->n_leaves; i++) g->leaves[i]->mark = -1;
+  for (int i = 0; i < g->n; i++)
+    g->nodes[i]->mark = -1;
+  for (int i = 0; i < g->n_leaves; i++)
+    g->leaves[i]->mark = -1;
   free(g->nodes);
   free(g->leaves);
 }
@@ -197,7 +200,8 @@ static void graph_hash(const graph *g, const int *uses, const bool *held, hasher
     hash_bytes(h, head, sizeof head);
     hash_bytes(h, &t->shape, sizeof t->shape);
     hash_bytes(h, &t->attrs, sizeof t->attrs);
-    for (int k = 0; k < t->n_in; k++) hash_i64(h, t->in[k]->mark);
+    for (int k = 0; k < t->n_in; k++)
+      hash_i64(h, t->in[k]->mark);
     hash_i64(h, uses[i]);
   }
   for (int i = 0; i < g->n_leaves; i++) {
@@ -215,7 +219,8 @@ static plan *plan_build(const graph *g, const bool *held, uint64_t h1, uint64_t 
   int *count = calloc((size_t)g->n + 1, sizeof(int));
   plan *p = plan_cache_slot();
   if (!last || !count) goto oom;
-  for (int i = 0; i < g->n; i++) last[i] = -1;
+  for (int i = 0; i < g->n; i++)
+    last[i] = -1;
   for (int i = 0; i < g->n; i++) {
     const nb_tensor *t = g->nodes[i];
     for (int k = 0; k < t->n_in; k++)
@@ -228,8 +233,10 @@ static plan *plan_build(const graph *g, const bool *held, uint64_t h1, uint64_t 
   p->free_idx = malloc(sizeof(int) * (size_t)(n_free ? n_free : 1));
   if (!p->free_start || !p->free_idx) goto oom;
   p->free_start[0] = 0;
-  for (int i = 0; i < g->n; i++) p->free_start[i + 1] = p->free_start[i] + count[i];
-  for (int i = 0; i < g->n; i++) count[i] = p->free_start[i];
+  for (int i = 0; i < g->n; i++)
+    p->free_start[i + 1] = p->free_start[i] + count[i];
+  for (int i = 0; i < g->n; i++)
+    count[i] = p->free_start[i];
   for (int i = 0; i < g->n; i++)
     if (!held[i] && last[i] >= 0) p->free_idx[count[last[i]]++] = i;
   p->h1 = h1;
@@ -250,7 +257,8 @@ oom:
 static nb_status run_node(nb_tensor *t) {
   const nbi_op_def *def = nbi_op_table[t->op];
   nbi_view in[t->n_in > 0 ? t->n_in : 1];
-  for (int k = 0; k < t->n_in; k++) in[k] = nbi_tensor_view(t->in[k]);
+  for (int k = 0; k < t->n_in; k++)
+    in[k] = nbi_tensor_view(t->in[k]);
   nbi_view out = {.dtype = t->dtype, .ndim = t->shape.ndim};
   memcpy(out.dims, t->shape.dims, sizeof out.dims);
 
@@ -262,8 +270,7 @@ static nb_status run_node(nb_tensor *t) {
     memcpy(t->shard0.strides, out.strides, sizeof out.strides);
     return NB_OK;
   }
-  if (!def->cpu)
-    return nbi_error(NB_ERR_INTERNAL, "nb_eval: op %s has no CPU kernel", def->name);
+  if (!def->cpu) return nbi_error(NB_ERR_INTERNAL, "nb_eval: op %s has no CPU kernel", def->name);
   size_t nbytes = (size_t)nbi_numel(&t->shape) * nb_dtype_size(t->dtype);
   nbi_buffer *b = nbi_buffer_alloc(nbytes);
   if (!b) return NB_ERR_OOM;
@@ -302,7 +309,8 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
   for (int i = 0; i < g.n; i++)
     for (int k = 0; k < g.nodes[i]->n_in; k++)
       if (g.nodes[i]->in[k]->mark >= 0) uses[g.nodes[i]->in[k]->mark]++;
-  for (int i = 0; i < g.n; i++) held[i] = g.nodes[i]->refcount > uses[i];
+  for (int i = 0; i < g.n; i++)
+    held[i] = g.nodes[i]->refcount > uses[i];
   for (int r = 0; r < n; r++)
     if (ts[r]->mark >= 0) held[ts[r]->mark] = true;
 
@@ -338,14 +346,20 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
     if (held[i]) g.nodes[i]->flags |= NBI_T_REALIZED;
   /* Drop edges only after every node is final and unmarked: releasing edges
    * frees the intermediates (and may free nodes of g). */
-  for (int i = 0; i < g.n; i++) g.nodes[i]->mark = -1;
-  for (int i = 0; i < g.n_leaves; i++) g.leaves[i]->mark = -1;
+  for (int i = 0; i < g.n; i++)
+    g.nodes[i]->mark = -1;
+  for (int i = 0; i < g.n_leaves; i++)
+    g.leaves[i]->mark = -1;
   g.n_leaves = 0;
   int n_held = 0;
   for (int i = 0; i < g.n; i++)
     if (held[i]) g.nodes[n_held++] = g.nodes[i];
   g.n = 0;
-  for (int i = 0; i < n_held; i++) nbi_tensor_drop_graph(g.nodes[i]);
+  for (int i = 0; i < n_held; i++) {
+    nb_tensor *t = g.nodes[i];
+    /* provenance for nb_backward stays until the backward frees it */
+    if (!(t->flags & NBI_T_GRAD_PATH) || (t->flags & NBI_T_GRAD_FREED)) nbi_tensor_drop_graph(t);
+  }
 done:
   free(uses);
   free(held);

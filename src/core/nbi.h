@@ -11,8 +11,7 @@
  * nbi_error records the thread's first error (later ones are ignored until
  * nb_clear_error) and returns the status so callers can `return nbi_error(...)`.
  * Messages start with the public function's name: "nb_matmul: ...". */
-nb_status nbi_error(nb_status s, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+nb_status nbi_error(nb_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* true if any of the n tensors is NULL (and records NB_ERR_NULL naming fn and
  * the argument position unless an earlier error is already recorded). */
 bool nbi_any_null(const char *fn, nb_tensor *const *ts, int n);
@@ -41,8 +40,7 @@ int64_t nbi_numel(const nb_shape *s);
 nb_status nbi_check_shape(const char *fn, const nb_shape *s);
 bool nbi_shape_eq(const nb_shape *a, const nb_shape *b);
 /* NumPy broadcast of a and b into out; error naming fn on mismatch. */
-nb_status nbi_broadcast_shapes(const char *fn, const nb_shape *a, const nb_shape *b,
-                               nb_shape *out);
+nb_status nbi_broadcast_shapes(const char *fn, const nb_shape *a, const nb_shape *b, nb_shape *out);
 /* Normalizes a possibly negative axis for a rank; error naming fn if out of range. */
 nb_status nbi_norm_axis(const char *fn, int axis, int ndim, int *out);
 /* Axes (NB_ALL allowed) -> bitmask over ndim; error on range or duplicates. */
@@ -104,6 +102,11 @@ typedef struct nbi_attrs {
 enum {
   NBI_T_REALIZED = 1u << 0, /* shards hold the data */
   NBI_T_TRACED = 1u << 1,   /* symbolic (transforms); data may not be read */
+  /* Imperative autodiff (src/transforms/backward.c): */
+  NBI_T_REQUIRES_GRAD = 1u << 2, /* a leaf nb_backward accumulates into */
+  NBI_T_GRAD_PATH = 1u << 3,     /* depends on a leaf: keeps its graph edges
+                                    (provenance) even when realized */
+  NBI_T_GRAD_FREED = 1u << 4,    /* provenance freed by a backward */
 };
 
 struct nb_tensor {
@@ -111,7 +114,9 @@ struct nb_tensor {
   uint32_t flags;
   nb_shape shape;
   nb_dtype dtype;
-  int op;  /* NBI_OP_* that produces it (NBI_OP_CONST for data leaves) */
+  int op;       /* NBI_OP_* that produces it (NBI_OP_CONST for data leaves) */
+  uint64_t seq; /* creation order (process-wide, increasing): a node can only
+                   depend on nodes with a smaller seq */
   int32_t mark; /* scratch for graph passes (realization); -1 when idle */
   int n_in;
   nb_tensor **in; /* retained inputs while pending; in_inline when n_in <= 3 */
@@ -123,6 +128,7 @@ struct nb_tensor {
   int n_shards;
   nbi_storage *shards;
   nbi_storage shard0;
+  nb_tensor *grad; /* accumulated gradient of a requires-grad leaf (owned) */
 };
 
 /* View of shard 0 of a realized tensor. */
@@ -131,8 +137,8 @@ nbi_view nbi_tensor_view(const nb_tensor *t);
 /* Makes a pending node: checks nothing (the op's public function has already
  * validated), retains the inputs, registers the result in the current scope.
  * attrs may be NULL (all zero). Returns NULL + NB_ERR_OOM on failure. */
-nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in,
-                      int n_in, const nbi_attrs *attrs);
+nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,
+                      const nbi_attrs *attrs);
 /* Makes a realized leaf holding a fresh contiguous buffer (contents
  * uninitialized), registered in the current scope. */
 nb_tensor *nbi_leaf_alloc(const char *fn, const nb_shape *shape, nb_dtype dt);
@@ -158,11 +164,40 @@ typedef nb_status (*nbi_cpu_kernel)(const nb_tensor *n, nbi_view *out, const nbi
  * returns true, or returns false to fall back to the kernel. */
 typedef bool (*nbi_view_fn)(const nb_tensor *n, const nbi_view *in, nbi_view *out);
 
+/* ---- autodiff rules ----------------------------------------------------------------
+ * Written with public nabla ops, so rules are themselves differentiable and
+ * every transform applies to them (higher derivatives, vmap later). A rule
+ * reads the primal node y: its inputs y->in[k], attrs, shape, and y itself
+ * (exp's derivative is y). Rules never read data.
+ *
+ * VJP: gy has y's shape and dtype. For each k with need[k], set gin[k] to the
+ * cotangent of y->in[k], with exactly that input's shape and dtype (sum
+ * broadcast dims back and cast: nbi_grad_fit), or leave it NULL for "zero".
+ * need[k] is false for integer/bool inputs. Return NB_OK, or an error status
+ * (an op failed: the error is already recorded).
+ * JVP: tin[k] is the tangent of y->in[k] (its shape and dtype) or NULL for
+ * zero (never all NULL). Return y's tangent (y's shape and dtype) or NULL for
+ * zero; on failure return NULL with the error recorded (callers check
+ * nb_last_status()). */
+typedef nb_status (*nbi_vjp_rule)(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin);
+typedef nb_tensor *(*nbi_jvp_rule)(nb_tensor *y, nb_tensor *const *tin);
+
+enum {
+  /* No derivative flows through the op: integer/bool results (comparisons,
+   * argmax, one_hot), piecewise-constant ones (floor, sign), stop_gradient.
+   * Such an op has no rules; every other op with a float result must have
+   * both (test_autodiff checks the table). */
+  NBI_OPF_NONDIFF = 1u << 0,
+};
+
 typedef struct nbi_op_def {
   const char *name;
   int arity; /* -1: variadic (concat) */
   nbi_cpu_kernel cpu;
   nbi_view_fn view;
+  nbi_vjp_rule vjp;
+  nbi_jvp_rule jvp;
+  uint32_t flags; /* NBI_OPF_* */
 } nbi_op_def;
 
 /* One record per op, defined next to the op's public function, named
@@ -171,6 +206,23 @@ typedef struct nbi_op_def {
 #include "../ops/ops.def"
 #undef NB_OP
 extern const nbi_op_def *const nbi_op_table[NBI_OP_COUNT];
+
+/* A new node with t's value (src/ops/identity.c). */
+nb_tensor *nbi_identity(nb_tensor *t);
+/* True while a backward sweep builds its graph on this thread: new nodes then
+ * record no provenance (torch.no_grad). */
+extern _Thread_local bool nbi_no_grad;
+
+/* ---- helpers for rules (src/ops/grad_util.c) ------------------------------------ */
+/* g summed over the dims that broadcasting added or stretched to reach g's
+ * shape from s (s must broadcast to g's shape); returns g itself if equal. */
+nb_tensor *nbi_sum_to(nb_tensor *g, const nb_shape *s);
+/* nbi_sum_to(g, x's shape) cast to x's dtype: a cotangent for input x. */
+nb_tensor *nbi_grad_fit(nb_tensor *g, const nb_tensor *x);
+/* Zeros of x's shape and dtype as a broadcast 0-d constant (no big buffer). */
+nb_tensor *nbi_zeros_like(const nb_tensor *x);
+/* a + b where either may be NULL (zero); NULL only if both are. */
+nb_tensor *nbi_add_maybe(nb_tensor *a, nb_tensor *b);
 
 /* ---- realization, stats ------------------------------------------------------ */
 nb_status nbi_realize(nb_tensor *const *ts, int n);

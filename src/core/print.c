@@ -28,10 +28,12 @@ static void print_rec(FILE *f, const nbi_view *v, int dim, int64_t off, bool sum
     print_rec(f, v, dim + 1, off + i * v->strides[dim], summarize);
     if (i + 1 < n) {
       fputc(',', f);
-      if (dim == v->ndim - 1) fputc(' ', f);
+      if (dim == v->ndim - 1)
+        fputc(' ', f);
       else {
         fputc('\n', f);
-        for (int k = 0; k <= dim; k++) fputc(' ', f);
+        for (int k = 0; k <= dim; k++)
+          fputc(' ', f);
       }
     }
   }

@@ -15,7 +15,8 @@ static uint64_t splitmix64(uint64_t *x) {
 }
 
 void nb_seed(uint64_t seed) {
-  for (int i = 0; i < 4; i++) rng_state[i] = splitmix64(&seed);
+  for (int i = 0; i < 4; i++)
+    rng_state[i] = splitmix64(&seed);
 }
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -47,7 +48,8 @@ static void fill_uniform(nb_tensor *t, double lo, double hi) {
   void *p = t->shard0.buf->data;
   int64_t n = nbi_numel(&t->shape);
   if (!(hi > lo)) { /* empty interval (a zero-size fan): all lo */
-    for (int64_t i = 0; i < n; i++) nbi_store_f64(p, t->dtype, i, lo);
+    for (int64_t i = 0; i < n; i++)
+      nbi_store_f64(p, t->dtype, i, lo);
     return;
   }
   for (int64_t i = 0; i < n; i++) {
@@ -87,7 +89,8 @@ nb_tensor *nb_glorot_uniform(nb_shape s, nb_dtype dt) {
     fan_in = fan_out = (double)s.dims[0];
   } else if (s.ndim >= 2) {
     double receptive = 1;
-    for (int i = 0; i < s.ndim - 2; i++) receptive *= (double)s.dims[i];
+    for (int i = 0; i < s.ndim - 2; i++)
+      receptive *= (double)s.dims[i];
     fan_in = (double)s.dims[s.ndim - 2] * receptive;
     fan_out = (double)s.dims[s.ndim - 1] * receptive;
   }

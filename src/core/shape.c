@@ -92,8 +92,7 @@ nb_status nbi_axes_mask(const char *fn, nb_axes axes, int ndim, uint32_t *mask) 
   for (int i = 0; i < axes.n; i++) {
     int a;
     if (nbi_norm_axis(fn, axes.v[i], ndim, &a)) return NB_ERR_AXIS;
-    if (m & (1u << a))
-      return nbi_error(NB_ERR_AXIS, "%s: axis %d repeated", fn, axes.v[i]);
+    if (m & (1u << a)) return nbi_error(NB_ERR_AXIS, "%s: axis %d repeated", fn, axes.v[i]);
     m |= 1u << a;
   }
   *mask = m;

@@ -61,7 +61,8 @@ void nb_scope_begin(void) {
 }
 
 static void frame_clear(scope_frame *f) {
-  for (size_t i = f->n; i-- > 0;) nb_release(f->items[i]);
+  for (size_t i = f->n; i-- > 0;)
+    nb_release(f->items[i]);
   free(f->items);
   *f = (scope_frame){0};
 }
@@ -76,14 +77,17 @@ nb_status nb_scope_end(void) {
 nb_tensor *nb_keep(nb_tensor *t) {
   if (!t) return NULL;
   if (n_frames <= 1) return t; /* root scope: nothing encloses it */
-  if (frame_push(&frames[n_frames - 2], t)) t->refcount++;
-  else nbi_error(NB_ERR_OOM, "nb_keep: out of memory");
+  if (frame_push(&frames[n_frames - 2], t))
+    t->refcount++;
+  else
+    nbi_error(NB_ERR_OOM, "nb_keep: out of memory");
   return t;
 }
 
 /* Empties the main thread's root scope at exit so leak checkers see no leaks. */
 __attribute__((destructor)) static void root_scope_cleanup(void) {
-  while (n_frames > 1) frame_clear(&frames[--n_frames]);
+  while (n_frames > 1)
+    frame_clear(&frames[--n_frames]);
   if (n_frames == 1) frame_clear(&frames[0]);
   free(frames);
   frames = NULL;
@@ -113,6 +117,7 @@ void nb_release(nb_tensor *t) {
     for (int s = 0; s < x->n_shards; s++)
       if (x->shards[s].buf) nbi_buffer_release(x->shards[s].buf);
     if (x->shards != &x->shard0) free(x->shards);
+    if (x->grad) nb_release(x->grad); /* a leaf: recursion depth is one */
     free(x);
     live_tensors--;
   }
@@ -144,15 +149,20 @@ static void tensor_drop_inputs(nb_tensor *t, nb_tensor ***stack, size_t *n, size
 
 /* Drops a realized tensor's graph edges (its value no longer needs them). */
 void nbi_tensor_drop_graph(nb_tensor *t) {
-  for (int i = 0; i < t->n_in; i++) nb_release(t->in[i]);
+  for (int i = 0; i < t->n_in; i++)
+    nb_release(t->in[i]);
   if (t->in != t->in_inline) free(t->in);
   t->in = t->in_inline;
   t->n_in = 0;
 }
 
+static _Atomic uint64_t next_seq = 1;
+_Thread_local bool nbi_no_grad;
+
 static nb_tensor *tensor_new(const nb_shape *shape, nb_dtype dt, int op) {
   nb_tensor *t = calloc(1, sizeof *t);
   if (!t) return NULL;
+  t->seq = next_seq++;
   t->refcount = 1;
   t->shape = *shape;
   t->dtype = dt;
@@ -167,8 +177,8 @@ static nb_tensor *tensor_new(const nb_shape *shape, nb_dtype dt, int op) {
 
 uint64_t nbi_live_tensors(void) { return live_tensors; }
 
-nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in,
-                      int n_in, const nbi_attrs *attrs) {
+nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,
+                      const nbi_attrs *attrs) {
   nb_tensor *t = tensor_new(shape, dt, op);
   if (!t) {
     nbi_error(NB_ERR_OOM, "nb_%s: out of memory", nbi_op_table[op]->name);
@@ -183,8 +193,18 @@ nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *con
       return NULL;
     }
   }
-  for (int i = 0; i < n_in; i++) t->in[i] = nb_retain(in[i]);
+  uint32_t inherit = 0;
+  for (int i = 0; i < n_in; i++) {
+    t->in[i] = nb_retain(in[i]);
+    inherit |= in[i]->flags;
+  }
   t->n_in = n_in;
+  /* Symbolic inputs make a symbolic result; inputs that need gradients make a
+   * result that keeps its provenance, unless the op has no derivative. */
+  t->flags |= inherit & NBI_T_TRACED;
+  if ((inherit & (NBI_T_REQUIRES_GRAD | NBI_T_GRAD_PATH)) && !nbi_no_grad &&
+      !(nbi_op_table[op]->flags & NBI_OPF_NONDIFF) && nb_dtype_is_float(dt))
+    t->flags |= NBI_T_GRAD_PATH;
   if (attrs) t->attrs = *attrs;
   nbi_scope_register(t);
   return t;
@@ -232,14 +252,13 @@ nb_tensor *nb_full(nb_shape s, double value, nb_dtype dt) {
 
 nb_tensor *nb_zeros(nb_shape s, nb_dtype dt) { return nb_full(s, 0.0, dt); }
 nb_tensor *nb_ones(nb_shape s, nb_dtype dt) { return nb_full(s, 1.0, dt); }
-nb_tensor *nb_scalar(double value, nb_dtype dt) {
-  return nb_full(NB_SCALAR_SHAPE, value, dt);
-}
+nb_tensor *nb_scalar(double value, nb_dtype dt) { return nb_full(NB_SCALAR_SHAPE, value, dt); }
 
 nb_tensor *nb_arange(double start, double stop, double step, nb_dtype dt) {
   if (step == 0 || step != step || start != start || stop != stop) {
-    nbi_error(NB_ERR_ARG, "nb_arange: step must be a non-zero number (got start %g, stop %g, step %g)",
-              start, stop, step);
+    nbi_error(NB_ERR_ARG,
+              "nb_arange: step must be a non-zero number (got start %g, stop %g, step %g)", start,
+              stop, step);
     return NULL;
   }
   double count = ceil((stop - start) / step);
@@ -251,7 +270,8 @@ nb_tensor *nb_arange(double start, double stop, double step, nb_dtype dt) {
   nb_tensor *t = nbi_leaf_alloc("nb_arange", &s, dt);
   if (!t) return NULL;
   void *p = t->shard0.buf->data;
-  for (int64_t i = 0; i < s.dims[0]; i++) nbi_store_f64(p, dt, i, start + (double)i * step);
+  for (int64_t i = 0; i < s.dims[0]; i++)
+    nbi_store_f64(p, dt, i, start + (double)i * step);
   return t;
 }
 

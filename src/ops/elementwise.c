@@ -41,50 +41,94 @@
 /* attrs.i[0] of every op but CAST: the compute dtype. */
 static bool cast_view(const nb_tensor *n, const nbi_view *in, nbi_view *out);
 
-const nbi_op_def nbi_opdef_NEG = {"neg", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_ABS = {"abs", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_SIGN = {"sign", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_EXP = {"exp", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_EXPM1 = {"expm1", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_LOG = {"log", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_LOG1P = {"log1p", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_SQRT = {"sqrt", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_RSQRT = {"rsqrt", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_SQUARE = {"square", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_SIN = {"sin", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_COS = {"cos", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_TAN = {"tan", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_TANH = {"tanh", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_SIGMOID = {"sigmoid", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_RELU = {"relu", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_GELU = {"gelu", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_SILU = {"silu", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_SOFTPLUS = {"softplus", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_ERF = {"erf", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_FLOOR = {"floor", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_CEIL = {"ceil", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_ROUND = {"round", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_RECIPROCAL = {"reciprocal", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_LOGICAL_NOT = {"logical_not", 1, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_CAST = {"cast", 1, nbi_cpu_cast, cast_view};
-const nbi_op_def nbi_opdef_ADD = {"add", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_SUB = {"sub", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_MUL = {"mul", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_DIV = {"div", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_POW = {"pow", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_MAXIMUM = {"maximum", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_MINIMUM = {"minimum", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_ATAN2 = {"atan2", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_MOD = {"mod", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_EQ = {"eq", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_NE = {"ne", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_LT = {"lt", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_LE = {"le", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_GT = {"gt", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_GE = {"ge", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_LOGICAL_AND = {"logical_and", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_LOGICAL_OR = {"logical_or", 2, nbi_cpu_elementwise, NULL};
-const nbi_op_def nbi_opdef_WHERE = {"where", 3, nbi_cpu_elementwise, NULL};
+const nbi_op_def nbi_opdef_NEG = {
+    .name = "neg", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_ABS = {
+    .name = "abs", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_SIGN = {
+    .name = "sign", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_EXP = {
+    .name = "exp", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_EXPM1 = {
+    .name = "expm1", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_LOG = {
+    .name = "log", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_LOG1P = {
+    .name = "log1p", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_SQRT = {
+    .name = "sqrt", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_RSQRT = {
+    .name = "rsqrt", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_SQUARE = {
+    .name = "square", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_SIN = {
+    .name = "sin", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_COS = {
+    .name = "cos", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_TAN = {
+    .name = "tan", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_TANH = {
+    .name = "tanh", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_SIGMOID = {
+    .name = "sigmoid", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_RELU = {
+    .name = "relu", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_GELU = {
+    .name = "gelu", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_SILU = {
+    .name = "silu", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_SOFTPLUS = {
+    .name = "softplus", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_ERF = {
+    .name = "erf", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_FLOOR = {
+    .name = "floor", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_CEIL = {
+    .name = "ceil", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_ROUND = {
+    .name = "round", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_RECIPROCAL = {
+    .name = "reciprocal", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_LOGICAL_NOT = {
+    .name = "logical_not", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_CAST = {
+    .name = "cast", .arity = 1, .cpu = nbi_cpu_cast, .view = cast_view};
+const nbi_op_def nbi_opdef_ADD = {
+    .name = "add", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_SUB = {
+    .name = "sub", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_MUL = {
+    .name = "mul", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_DIV = {
+    .name = "div", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_POW = {
+    .name = "pow", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_MAXIMUM = {
+    .name = "maximum", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_MINIMUM = {
+    .name = "minimum", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_ATAN2 = {
+    .name = "atan2", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_MOD = {
+    .name = "mod", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_EQ = {
+    .name = "eq", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_NE = {
+    .name = "ne", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_LT = {
+    .name = "lt", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_LE = {
+    .name = "le", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_GT = {
+    .name = "gt", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_GE = {
+    .name = "ge", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_LOGICAL_AND = {
+    .name = "logical_and", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_LOGICAL_OR = {
+    .name = "logical_or", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
+const nbi_op_def nbi_opdef_WHERE = {
+    .name = "where", .arity = 3, .cpu = nbi_cpu_elementwise, .view = NULL};
 
 /* ---- dtype rules ------------------------------------------------------------------------ */
 /* Ops with no integer meaning: integer and bool inputs compute in f32. */

@@ -152,9 +152,14 @@ nb_tensor *nb_one_hot(nb_tensor *idx, int64_t n, nb_dtype dt) {
   return nbi_record(NBI_OP_ONE_HOT, dt, &s, &idx, 1, NULL);
 }
 
-const nbi_op_def nbi_opdef_TAKE = {"take", 2, nbi_cpu_take, NULL};
-const nbi_op_def nbi_opdef_TAKE_ALONG_AXIS = {"take_along_axis", 2, nbi_cpu_take_along_axis, NULL};
-const nbi_op_def nbi_opdef_SCATTER_ADD = {"scatter_add", 3, nbi_cpu_scatter_add, NULL};
-const nbi_op_def nbi_opdef_SCATTER_ADD_ALONG_AXIS = {"scatter_add_along_axis", 3,
-                                                     nbi_cpu_scatter_add_along_axis, NULL};
-const nbi_op_def nbi_opdef_ONE_HOT = {"one_hot", 1, nbi_cpu_one_hot, NULL};
+const nbi_op_def nbi_opdef_TAKE = {.name = "take", .arity = 2, .cpu = nbi_cpu_take, .view = NULL};
+const nbi_op_def nbi_opdef_TAKE_ALONG_AXIS = {
+    .name = "take_along_axis", .arity = 2, .cpu = nbi_cpu_take_along_axis, .view = NULL};
+const nbi_op_def nbi_opdef_SCATTER_ADD = {
+    .name = "scatter_add", .arity = 3, .cpu = nbi_cpu_scatter_add, .view = NULL};
+const nbi_op_def nbi_opdef_SCATTER_ADD_ALONG_AXIS = {.name = "scatter_add_along_axis",
+                                                     .arity = 3,
+                                                     .cpu = nbi_cpu_scatter_add_along_axis,
+                                                     .view = NULL};
+const nbi_op_def nbi_opdef_ONE_HOT = {
+    .name = "one_hot", .arity = 1, .cpu = nbi_cpu_one_hot, .view = NULL};

@@ -38,4 +38,5 @@ nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b) {
   return nbi_record(NBI_OP_MATMUL, dt, &out, (nb_tensor *[]){a, b}, 2, NULL);
 }
 
-const nbi_op_def nbi_opdef_MATMUL = {"matmul", 2, nbi_cpu_matmul, NULL};
+const nbi_op_def nbi_opdef_MATMUL = {
+    .name = "matmul", .arity = 2, .cpu = nbi_cpu_matmul, .view = NULL};

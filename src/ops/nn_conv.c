@@ -112,7 +112,8 @@ nb_tensor *nb_conv2d(nb_tensor *x, nb_tensor *weight, nb_tensor *bias, const nb_
   return nbi_record(NBI_OP_CONV2D, dt, &out, (nb_tensor *[]){x, weight, bias}, bias ? 3 : 2, &at);
 }
 
-const nbi_op_def nbi_opdef_CONV2D = {"conv2d", -1, nbi_cpu_conv2d, NULL};
+const nbi_op_def nbi_opdef_CONV2D = {
+    .name = "conv2d", .arity = -1, .cpu = nbi_cpu_conv2d, .view = NULL};
 
 /* Max pooling of x [N, C, H, W] by kh x kw windows, stride sh x sw (0 = the
  * kernel), padding ph x pw that counts as -inf (at most half the kernel, as
@@ -154,4 +155,5 @@ nb_tensor *nb_max_pool2d(nb_tensor *x, int kh, int kw, int sh, int sw, int ph, i
   return nbi_record(NBI_OP_MAX_POOL2D, nb_dtype_of(x), &out, (nb_tensor *[]){x}, 1, &at);
 }
 
-const nbi_op_def nbi_opdef_MAX_POOL2D = {"max_pool2d", 1, nbi_cpu_max_pool2d, NULL};
+const nbi_op_def nbi_opdef_MAX_POOL2D = {
+    .name = "max_pool2d", .arity = 1, .cpu = nbi_cpu_max_pool2d, .view = NULL};

@@ -12,8 +12,8 @@ static bool check_feature_param(const char *fn, const char *what, nb_tensor *x, 
   nb_shape xs = nb_shape_of(x), ps = nb_shape_of(p);
   if (ps.ndim != 1 || xs.ndim < 1 || ps.dims[0] != xs.dims[xs.ndim - 1]) {
     char a[160], b[160];
-    nbi_error(NB_ERR_SHAPE, "%s: %s of shape %s does not match the last dim of input %s", fn,
-              what, nb_shape_str(ps, a, sizeof a), nb_shape_str(xs, b, sizeof b));
+    nbi_error(NB_ERR_SHAPE, "%s: %s of shape %s does not match the last dim of input %s", fn, what,
+              nb_shape_str(ps, a, sizeof a), nb_shape_str(xs, b, sizeof b));
     return false;
   }
   return true;
@@ -71,16 +71,20 @@ nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *labels) {
     nb_shape want = ls;
     want.ndim--;
     if (!nbi_shape_eq(&want, &ys)) {
-      nbi_error(NB_ERR_SHAPE, "nb_cross_entropy: class labels %s must have the shape of logits %s "
-                "without its last dim", nb_shape_str(ys, a, sizeof a), nb_shape_str(ls, b, sizeof b));
+      nbi_error(NB_ERR_SHAPE,
+                "nb_cross_entropy: class labels %s must have the shape of logits %s "
+                "without its last dim",
+                nb_shape_str(ys, a, sizeof a), nb_shape_str(ls, b, sizeof b));
       return NULL;
     }
     nb_tensor *picked = nb_take_along_axis(logp, nb_unsqueeze(labels, -1), -1);
     return nb_neg(nb_mean(picked, NB_ALL, false));
   }
   if (!nb_dtype_is_float(ydt)) {
-    nbi_error(NB_ERR_DTYPE, "nb_cross_entropy: labels dtype %s is neither integer classes nor "
-              "float probabilities", nb_dtype_name(ydt));
+    nbi_error(NB_ERR_DTYPE,
+              "nb_cross_entropy: labels dtype %s is neither integer classes nor "
+              "float probabilities",
+              nb_dtype_name(ydt));
     return NULL;
   }
   if (!nbi_shape_eq(&ls, &ys)) {
@@ -138,15 +142,18 @@ nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *mas
       !check_rank_at_least("nb_attention", "v", v, 2))
     return NULL;
   nb_shape qs = nb_shape_of(q), ks = nb_shape_of(k), vs = nb_shape_of(v);
-  if (qs.dims[qs.ndim - 1] != ks.dims[ks.ndim - 1] || ks.dims[ks.ndim - 2] != vs.dims[vs.ndim - 2]) {
+  if (qs.dims[qs.ndim - 1] != ks.dims[ks.ndim - 1] ||
+      ks.dims[ks.ndim - 2] != vs.dims[vs.ndim - 2]) {
     char a[160], b[160], c[160];
-    nbi_error(NB_ERR_SHAPE, "nb_attention: q %s, k %s, v %s are not [..,Lq,d], [..,Lk,d], [..,Lk,dv]",
+    nbi_error(NB_ERR_SHAPE,
+              "nb_attention: q %s, k %s, v %s are not [..,Lq,d], [..,Lk,d], [..,Lk,dv]",
               nb_shape_str(qs, a, sizeof a), nb_shape_str(ks, b, sizeof b),
               nb_shape_str(vs, c, sizeof c));
     return NULL;
   }
   if (mask && nb_dtype_of(mask) != NB_BOOL) {
-    nbi_error(NB_ERR_DTYPE, "nb_attention: mask dtype %s is not bool", nb_dtype_name(nb_dtype_of(mask)));
+    nbi_error(NB_ERR_DTYPE, "nb_attention: mask dtype %s is not bool",
+              nb_dtype_name(nb_dtype_of(mask)));
     return NULL;
   }
   double scale = 1.0 / sqrt((double)qs.dims[qs.ndim - 1]);

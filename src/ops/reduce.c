@@ -173,16 +173,29 @@ nb_tensor *nb_cumsum(nb_tensor *t, int axis) {
   return record_along_axis("nb_cumsum", NBI_OP_CUMSUM, t, axis, sum_result);
 }
 
-const nbi_op_def nbi_opdef_REDUCE_SUM = {"reduce_sum", 1, nbi_cpu_reduce, NULL};
-const nbi_op_def nbi_opdef_REDUCE_PROD = {"reduce_prod", 1, nbi_cpu_reduce, NULL};
-const nbi_op_def nbi_opdef_REDUCE_MAX = {"reduce_max", 1, nbi_cpu_reduce, NULL};
-const nbi_op_def nbi_opdef_REDUCE_MIN = {"reduce_min", 1, nbi_cpu_reduce, NULL};
-const nbi_op_def nbi_opdef_REDUCE_ANY = {"reduce_any", 1, nbi_cpu_reduce, NULL};
-const nbi_op_def nbi_opdef_REDUCE_ALL = {"reduce_all", 1, nbi_cpu_reduce, NULL};
-const nbi_op_def nbi_opdef_REDUCE_VAR = {"reduce_var", 1, nbi_cpu_reduce, NULL};
-const nbi_op_def nbi_opdef_LOGSUMEXP = {"logsumexp", 1, nbi_cpu_reduce, NULL};
-const nbi_op_def nbi_opdef_ARGMAX = {"argmax", 1, nbi_cpu_reduce, NULL};
-const nbi_op_def nbi_opdef_ARGMIN = {"argmin", 1, nbi_cpu_reduce, NULL};
-const nbi_op_def nbi_opdef_SOFTMAX = {"softmax", 1, nbi_cpu_softmax, NULL};
-const nbi_op_def nbi_opdef_LOG_SOFTMAX = {"log_softmax", 1, nbi_cpu_softmax, NULL};
-const nbi_op_def nbi_opdef_CUMSUM = {"cumsum", 1, nbi_cpu_cumsum, NULL};
+const nbi_op_def nbi_opdef_REDUCE_SUM = {
+    .name = "reduce_sum", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+const nbi_op_def nbi_opdef_REDUCE_PROD = {
+    .name = "reduce_prod", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+const nbi_op_def nbi_opdef_REDUCE_MAX = {
+    .name = "reduce_max", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+const nbi_op_def nbi_opdef_REDUCE_MIN = {
+    .name = "reduce_min", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+const nbi_op_def nbi_opdef_REDUCE_ANY = {
+    .name = "reduce_any", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+const nbi_op_def nbi_opdef_REDUCE_ALL = {
+    .name = "reduce_all", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+const nbi_op_def nbi_opdef_REDUCE_VAR = {
+    .name = "reduce_var", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+const nbi_op_def nbi_opdef_LOGSUMEXP = {
+    .name = "logsumexp", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+const nbi_op_def nbi_opdef_ARGMAX = {
+    .name = "argmax", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+const nbi_op_def nbi_opdef_ARGMIN = {
+    .name = "argmin", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+const nbi_op_def nbi_opdef_SOFTMAX = {
+    .name = "softmax", .arity = 1, .cpu = nbi_cpu_softmax, .view = NULL};
+const nbi_op_def nbi_opdef_LOG_SOFTMAX = {
+    .name = "log_softmax", .arity = 1, .cpu = nbi_cpu_softmax, .view = NULL};
+const nbi_op_def nbi_opdef_CUMSUM = {
+    .name = "cumsum", .arity = 1, .cpu = nbi_cpu_cumsum, .view = NULL};

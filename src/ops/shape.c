@@ -162,7 +162,8 @@ nb_tensor *nb_flatten(nb_tensor *t, int start_axis, int end_axis) {
   return record_reshape(t, &s);
 }
 
-const nbi_op_def nbi_opdef_RESHAPE = {"reshape", 1, nbi_cpu_reshape, reshape_view};
+const nbi_op_def nbi_opdef_RESHAPE = {
+    .name = "reshape", .arity = 1, .cpu = nbi_cpu_reshape, .view = reshape_view};
 
 /* ---- permute ---------------------------------------------------------------------- */
 
@@ -216,7 +217,8 @@ nb_tensor *nb_transpose(nb_tensor *t) {
   return record_permute(t, p);
 }
 
-const nbi_op_def nbi_opdef_PERMUTE = {"permute", 1, nbi_cpu_view_copy, permute_view};
+const nbi_op_def nbi_opdef_PERMUTE = {
+    .name = "permute", .arity = 1, .cpu = nbi_cpu_view_copy, .view = permute_view};
 
 /* ---- broadcast_to ----------------------------------------------------------------- */
 
@@ -248,7 +250,8 @@ nb_tensor *nb_broadcast_to(nb_tensor *t, nb_shape s) {
   return record_broadcast(t, &s);
 }
 
-const nbi_op_def nbi_opdef_BROADCAST_TO = {"broadcast_to", 1, nbi_cpu_view_copy, broadcast_view};
+const nbi_op_def nbi_opdef_BROADCAST_TO = {
+    .name = "broadcast_to", .arity = 1, .cpu = nbi_cpu_view_copy, .view = broadcast_view};
 
 /* ---- slice ------------------------------------------------------------------------ */
 
@@ -363,7 +366,8 @@ nb_status nb_split(nb_tensor *t, const int64_t *sizes, int n, int axis, nb_tenso
   return NB_OK;
 }
 
-const nbi_op_def nbi_opdef_SLICE = {"slice", 1, nbi_cpu_view_copy, slice_view};
+const nbi_op_def nbi_opdef_SLICE = {
+    .name = "slice", .arity = 1, .cpu = nbi_cpu_view_copy, .view = slice_view};
 
 /* ---- flip ------------------------------------------------------------------------- */
 
@@ -389,7 +393,8 @@ nb_tensor *nb_flip(nb_tensor *t, nb_axes axes) {
   return nbi_record(NBI_OP_FLIP, t->dtype, &t->shape, &t, 1, &at);
 }
 
-const nbi_op_def nbi_opdef_FLIP = {"flip", 1, nbi_cpu_view_copy, flip_view};
+const nbi_op_def nbi_opdef_FLIP = {
+    .name = "flip", .arity = 1, .cpu = nbi_cpu_view_copy, .view = flip_view};
 
 /* ---- concat, stack ---------------------------------------------------------------- */
 
@@ -482,7 +487,8 @@ done:
   return r;
 }
 
-const nbi_op_def nbi_opdef_CONCAT = {"concat", -1, nbi_cpu_concat, NULL};
+const nbi_op_def nbi_opdef_CONCAT = {
+    .name = "concat", .arity = -1, .cpu = nbi_cpu_concat, .view = NULL};
 
 /* ---- pad -------------------------------------------------------------------------- */
 
@@ -509,7 +515,7 @@ nb_tensor *nb_pad(nb_tensor *t, const int64_t *pads, double value) {
   return nbi_record(NBI_OP_PAD, t->dtype, &s, &t, 1, &at);
 }
 
-const nbi_op_def nbi_opdef_PAD = {"pad", 1, nbi_cpu_pad, NULL};
+const nbi_op_def nbi_opdef_PAD = {.name = "pad", .arity = 1, .cpu = nbi_cpu_pad, .view = NULL};
 
 /* ---- repeat, tile ------------------------------------------------------------------ */
 
