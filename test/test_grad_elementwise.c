@@ -371,6 +371,53 @@ Test(grad_elementwise, pow_with_an_integer_exponent_zero_has_zero_derivative) {
   nb_fn_release(fn);
 }
 
+/* ---- third derivatives ------------------------------------------------------------------ */
+/* sum(f(in[0])) for f: exp*sin, x^2.5, tanh, sigmoid, 1/(1+exp(-x)) */
+static nb_status third_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out,
+                            int n_out) {
+  (void)n_in;
+  (void)n_out;
+  nb_tensor *x = in[0], *y = NULL;
+  switch (*(const int *)user) {
+  case 0: y = nb_mul(nb_exp(x), nb_sin(x)); break;
+  case 1: y = nb_pow_scalar(x, 2.5); break;
+  case 2: y = nb_tanh(x); break;
+  case 3: y = nb_sigmoid(x); break;
+  case 4: y = nb_rdiv_scalar(nb_add_scalar(nb_exp(nb_neg(x)), 1), 1); break; /* sigmoid */
+  }
+  out[0] = nb_sum(y, NB_ALL, false);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+/* d3/dx3 of case c at x */
+static double third_ref(int c, double x) {
+  double t = tanh(x), s = 1 / (1 + exp(-x));
+  switch (c) {
+  case 0: return 2 * exp(x) * (cos(x) - sin(x));
+  case 1: return 2.5 * 1.5 * 0.5 / sqrt(x);
+  case 2: return -2 * (1 - t * t) * (1 - 3 * t * t);
+  default: return s * (1 - s) * (1 - 6 * s + 6 * s * s);
+  }
+}
+
+Test(grad_elementwise, rules_differentiate_three_times) {
+  const double xv[3] = {0.7, 1.3, 0.4};
+  for (int c = 0; c < 5; c++)
+    for (int i = 0; i < 3; i++) {
+      nb_fn *f = nb_fn_create(third_body, &c, 1, 1);
+      nb_fn *h = nb_hessian(f, NB_ALL);
+      nb_fn *t = nb_jacfwd(h, NB_ALL);
+      cr_assert(t, "jacfwd(hessian): %s", nb_last_error());
+      nb_tensor *x = nb_scalar(xv[i], NB_F64), *out[1];
+      cr_assert_eq(nb_call(t, &x, out), NB_OK, "case %d: %s", c, nb_last_error());
+      double want = third_ref(c, xv[i]);
+      tc_assert_close(out[0], &want, NB_SCALAR_SHAPE);
+      nb_fn_release(t);
+      nb_fn_release(h);
+      nb_fn_release(f);
+    }
+}
+
 /* ---- integer inputs and NONDIFF ops --------------------------------------------------- */
 /* x * exp(k): k is an i32 input (exp computes in f32); it gets no derivative */
 static nb_status int_input_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out,

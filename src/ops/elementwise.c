@@ -32,6 +32,7 @@
  * - cast: float -> int truncates toward zero and saturates, NaN -> 0 (XLA);
  *   int -> int wraps; -> bool is != 0; narrowing float casts round once to
  *   nearest even (f64 -> f16 too). A cast to the same dtype aliases the input.
+ * - Derivatives: VJP/JVP rules at the end of the file (JAX's conventions).
  */
 #include "../backends/cpu/k_elementwise.h"
 
