@@ -190,6 +190,30 @@ Test(grad_reduce, prod_gradient_at_zeros_is_exact) {
   free(g);
 }
 
+/* Hessian and third derivative of prod at a point with a zero: d2/dxi dxj is
+ * the product of the third element (0 on the diagonal), d3/dx0 dx1 dx2 = 1. */
+Test(grad_reduce, prod_higher_derivatives_at_a_zero) {
+  const double x[] = {0, 3, 5};
+  const double hess[] = {0, 5, 3, /**/ 5, 0, 0, /**/ 3, 0, 0};
+  double third[27] = {0};
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 3; j++)
+      for (int k = 0; k < 3; k++)
+        if (i != j && j != k && i != k) third[(i * 3 + j) * 3 + k] = 1;
+  red_call c = {R_PROD, NB_ALL, false};
+  nb_fn *f = nb_fn_create(red_body, &c, 1, 1), *h = nb_hessian(f, NB_ALL);
+  nb_fn *t = nb_jacfwd(h, NB_ALL);
+  cr_assert(h && t, "%s", nb_last_error());
+  nb_tensor *xt = tc_tensor(x, NB_SHAPE(3), NB_F64), *out[1];
+  cr_assert_eq(nb_call(h, &xt, out), NB_OK, "%s", nb_last_error());
+  tc_assert_close_tol(out[0], hess, NB_SHAPE(3, 3), 0);
+  cr_assert_eq(nb_call(t, &xt, out), NB_OK, "%s", nb_last_error());
+  tc_assert_close_tol(out[0], third, NB_SHAPE(3, 3, 3), 0);
+  nb_fn_release(t);
+  nb_fn_release(h);
+  nb_fn_release(f);
+}
+
 Test(grad_reduce, max_splits_gradient_equally_among_ties) {
   const double x[] = {1, 3, 3}, want[] = {0, 0.5, 0.5};
   red_call c = {R_MAX, NB_ALL, false};

@@ -1,6 +1,7 @@
 /* src/ops/reduce.c — reductions: sum mean prod max min var std logsumexp any
  * all argmax argmin, and softmax, log_softmax, cumsum along one axis. Every op
- * is one primitive node with its own CPU kernel (src/backends/cpu/k_reduce.c).
+ * is one primitive node with its own CPU kernel (src/backends/cpu/k_reduce.c);
+ * their VJP/JVP rules close the file (argmax, argmin, any, all are NONDIFF).
  *
  * Semantics (NumPy / JAX):
  * - Axes: NB_ALL (n = -1) reduces every axis; negative axes count from the end;
