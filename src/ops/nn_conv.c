@@ -204,8 +204,8 @@ static nb_conv2d_params conv_params(const nbi_attrs *conv) {
 static nb_status mismatch(const char *fn, const char *what, const nb_tensor *a,
                           const nb_tensor *b) {
   char ba[160], bb[160];
-  return nbi_error(NB_ERR_SHAPE, "%s: %s (%s and %s)", fn, what, nb_shape_str(a->shape, ba, sizeof ba),
-                   nb_shape_str(b->shape, bb, sizeof bb));
+  return nbi_error(NB_ERR_SHAPE, "%s: %s (%s and %s)", fn, what,
+                   nb_shape_str(a->shape, ba, sizeof ba), nb_shape_str(b->shape, bb, sizeof bb));
 }
 
 nb_tensor *nbi_conv2d_bwd_data(nb_tensor *dy, nb_tensor *w, const nbi_attrs *conv, int64_t h,
@@ -239,8 +239,7 @@ nb_tensor *nbi_conv2d_bwd_filter(nb_tensor *x, nb_tensor *dy, const nbi_attrs *c
   int64_t groups = conv->i[NBI_CONV_GROUPS], oh, ow;
   conv_out_hw(conv, x->shape.dims[2], x->shape.dims[3], kh, kw, &oh, &ow);
   if (groups < 1 || kh < 1 || kw < 1 || x->shape.dims[1] % groups || dy->shape.dims[1] % groups ||
-      dy->shape.dims[0] != x->shape.dims[0] || dy->shape.dims[2] != oh ||
-      dy->shape.dims[3] != ow) {
+      dy->shape.dims[0] != x->shape.dims[0] || dy->shape.dims[2] != oh || dy->shape.dims[3] != ow) {
     mismatch(fn, "dy is not the output of a convolution of this input with this kernel size", x,
              dy);
     return NULL;
@@ -278,8 +277,9 @@ static bool pool_operands_ok(const char *fn, nb_tensor *x, nb_tensor *v, const n
     return false;
   nb_shape want = pooled ? pool_out_shape(pool, &x->shape) : x->shape;
   if (!nbi_shape_eq(&want, &v->shape)) {
-    mismatch(fn, pooled ? "dy must have the pooled shape of the input"
-                        : "g must have the shape of the input",
+    mismatch(fn,
+             pooled ? "dy must have the pooled shape of the input"
+                    : "g must have the shape of the input",
              x, v);
     return false;
   }
@@ -413,11 +413,8 @@ static nb_tensor *pool_select_jvp(nb_tensor *y, nb_tensor *const *tin) {
   return sum_terms(y, nbi_max_pool2d_select(y->in[0], tin[1], &y->attrs), true, NULL, false);
 }
 
-const nbi_op_def nbi_opdef_CONV2D = {.name = "conv2d",
-                                     .arity = -1,
-                                     .cpu = nbi_cpu_conv2d,
-                                     .vjp = conv2d_vjp,
-                                     .jvp = conv2d_jvp};
+const nbi_op_def nbi_opdef_CONV2D = {
+    .name = "conv2d", .arity = -1, .cpu = nbi_cpu_conv2d, .vjp = conv2d_vjp, .jvp = conv2d_jvp};
 const nbi_op_def nbi_opdef_CONV2D_BWD_DATA = {.name = "conv2d_bwd_data",
                                               .arity = 2,
                                               .cpu = nbi_cpu_conv2d_bwd_data,
@@ -428,11 +425,8 @@ const nbi_op_def nbi_opdef_CONV2D_BWD_FILTER = {.name = "conv2d_bwd_filter",
                                                 .cpu = nbi_cpu_conv2d_bwd_filter,
                                                 .vjp = bwd_filter_vjp,
                                                 .jvp = bwd_filter_jvp};
-const nbi_op_def nbi_opdef_MAX_POOL2D = {.name = "max_pool2d",
-                                         .arity = 1,
-                                         .cpu = nbi_cpu_max_pool2d,
-                                         .vjp = pool_vjp,
-                                         .jvp = pool_jvp};
+const nbi_op_def nbi_opdef_MAX_POOL2D = {
+    .name = "max_pool2d", .arity = 1, .cpu = nbi_cpu_max_pool2d, .vjp = pool_vjp, .jvp = pool_jvp};
 const nbi_op_def nbi_opdef_MAX_POOL2D_BWD = {.name = "max_pool2d_bwd",
                                              .arity = 2,
                                              .cpu = nbi_cpu_max_pool2d_bwd,

@@ -200,15 +200,13 @@ static nb_status conv_fwd_job(const conv_gemm_args *a, int64_t j, char *col, boo
 
 /* Data-gradient job: col = w[g]^T (ksz, og) @ in[n, g] (og, P), summed into
  * out[n, g] (C/G, H, W) by col2im (the GEMM writes it directly when in_place). */
-static nb_status conv_bwd_data_job(const conv_gemm_args *a, int64_t j, char *col,
-                                   bool par_cols) {
+static nb_status conv_bwd_data_job(const conv_gemm_args *a, int64_t j, char *col, bool par_cols) {
   const conv_geom *g = a->g;
   char *dst = a->out + (size_t)(j * g->c * g->h * g->w) * a->es;
   int64_t grp = j % a->groups;
-  nb_status st = nbi_cpu_gemm(a->dt, true, false, a->ksz, a->p, a->og, 1.0,
-                              a->w + (size_t)(grp * a->og * a->ksz) * a->es, a->ksz,
-                              a->in + (size_t)(j * a->og * a->p) * a->es, a->p, 0.0,
-                              a->in_place ? dst : col, a->p);
+  nb_status st = nbi_cpu_gemm(
+      a->dt, true, false, a->ksz, a->p, a->og, 1.0, a->w + (size_t)(grp * a->og * a->ksz) * a->es,
+      a->ksz, a->in + (size_t)(j * a->og * a->p) * a->es, a->p, 0.0, a->in_place ? dst : col, a->p);
   if (st == NB_OK && !a->in_place) col2im(col, dst, a->dt, g, par_cols);
   return st;
 }
@@ -358,8 +356,7 @@ nb_status nbi_cpu_conv2d_bwd_data(const nb_tensor *node, nbi_view *out, const nb
         .p = g.oh * g.ow,
         .in_place = conv_in_place(&g),
     };
-    st = a.ksz * a.og * a.p == 0 ? NB_OK
-                                  : conv_run_jobs(fn, &a, n_img * groups, conv_bwd_data_job);
+    st = a.ksz * a.og * a.p == 0 ? NB_OK : conv_run_jobs(fn, &a, n_img * groups, conv_bwd_data_job);
   }
   st = out_finish(out, dx, dt, st);
   nbi_cpu_scratch_free(own_dy);
@@ -369,7 +366,7 @@ nb_status nbi_cpu_conv2d_bwd_data(const nb_tensor *node, nbi_view *out, const nb
 
 /* Bytes of column matrix the filter gradient builds at once (at least one
  * image's worth). */
-#define NBI_CONV_FILTER_CHUNK ((size_t)64 << 20)
+#define NBI_CONV_FILTER_CHUNK ((size_t)16 << 20)
 
 /* in[0] x is (N, C, H, W), in[1] dy is (N, O, OH, OW); out is contiguous dw
  * (O, C/G, KH, KW), KH and KW from the attrs (NBI_CONV_KERNEL_HW): the gradient
@@ -554,8 +551,8 @@ DEFINE_POOL_SCATTER(double)
 
 /* y[o] = g[plane of o, idx[o]] (0 where idx is -1): the transpose of scatter. */
 #define DEFINE_POOL_GATHER(T)                                                                      \
-  static void pool_gather_##T(const int64_t *restrict idx, const T *restrict src,                  \
-                              T *restrict y, int64_t planes, const conv_geom *g) {                 \
+  static void pool_gather_##T(const int64_t *restrict idx, const T *restrict src, T *restrict y,   \
+                              int64_t planes, const conv_geom *g) {                                \
     int64_t hw = g->h * g->w, ohw = g->oh * g->ow, n = planes * ohw;                               \
     _Pragma("omp parallel for schedule(static) if (n >= NBI_PAR_MIN)") for (int64_t o = 0; o < n;  \
                                                                             o++) {                 \
