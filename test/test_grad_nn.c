@@ -633,7 +633,8 @@ Test(grad_nn, op_table_has_rules_or_nondiff) {
 typedef struct layer_fn {
   int which;
   nb_tensor *aux; /* labels / mask / indices, captured as a constant */
-  double p;
+  double p;       /* dropout */
+  bool training;  /* dropout */
 } layer_fn;
 
 enum {
@@ -666,7 +667,7 @@ static nb_status layer_body(void *user, nb_tensor *const *in, int n_in, nb_tenso
   case L_ATTENTION: out[0] = nb_attention(in[0], in[1], in[2], NULL); break;
   case L_ATTENTION_MASKED: out[0] = nb_attention(in[0], in[1], in[2], l->aux); break;
   case L_EMBEDDING: out[0] = nb_embedding(in[0], l->aux); break;
-  default: out[0] = nb_dropout(in[0], l->p, l->aux != NULL); break;
+  default: out[0] = nb_dropout(in[0], l->p, l->training); break;
   }
   return out[0] ? NB_OK : nb_last_status();
 }
@@ -742,11 +743,11 @@ Test(grad_nn, embedding_grads) {
 Test(grad_nn, dropout_grads) {
   uint64_t seed = 18;
   /* evaluation: the identity */
-  layer_fn l = {L_DROPOUT, NULL, 0.5};
+  layer_fn l = {L_DROPOUT, NULL, 0.5, false};
   nb_tensor *x = tc_rand_f64(NB_SHAPE(3, 4), 0.5, 1.5, &seed);
   tc_check_grad("dropout (eval)", layer_body, &l, 1, &x, TC_SECOND);
   /* training: the gradient is the mask of the same call, scaled by 1/(1-p) */
-  l.aux = x; /* non-NULL: training */
+  l.training = true;
   nb_shape s = NB_SHAPE(4, 16);
   nb_tensor *xt = tc_rand_f64(s, 0.5, 1.5, &seed), *u = tc_rand_f64(s, -1, 1, &seed);
   nb_fn *f = nb_fn_create(layer_body, &l, 1, 1), *v = nb_vjp_fn(f);

@@ -179,7 +179,7 @@ static void conv_out_hw(const nbi_attrs *conv, int64_t h, int64_t w, int64_t kh,
 }
 
 /* The geometry slots of a conv node's attrs (stride, padding, dilation,
- * groups), the rest zero, with `extra` in NBI_CONV_IN_HW / _KERNEL_HW. */
+ * groups), the rest zero, with (e0, e1) in NBI_CONV_IN_HW / _KERNEL_HW. */
 static nbi_attrs conv_attrs_with(const nbi_attrs *conv, int64_t e0, int64_t e1) {
   nbi_attrs at = {0};
   for (int i = NBI_CONV_STRIDE; i <= NBI_CONV_GROUPS; i++)
@@ -307,9 +307,9 @@ static nb_status put_grad(nb_tensor **slot, nb_tensor *g, const nb_tensor *x) {
   return *slot ? NB_OK : nb_last_status();
 }
 
-/* a + b for the two terms of a bilinear op's tangent, each NULL when its
- * tangent input is (ok[k] false when the term's op failed), cast to y's dtype.
- * NULL for zero, or on failure (error recorded). */
+/* a + b, the terms of a tangent, cast to y's dtype. a_ok / b_ok tell whether
+ * a term was computed (its tangent input is non-NULL): a NULL term that was is
+ * a failed op. NULL for zero, or on failure (error recorded). */
 static nb_tensor *sum_terms(nb_tensor *y, nb_tensor *a, bool a_ok, nb_tensor *b, bool b_ok) {
   if ((a_ok && !a) || (b_ok && !b)) return NULL;
   nb_tensor *t = nbi_add_maybe(a, b);
