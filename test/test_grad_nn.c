@@ -674,7 +674,7 @@ static nb_status layer_body(void *user, nb_tensor *const *in, int n_in, nb_tenso
 
 Test(grad_nn, layer_norm_grads) {
   uint64_t seed = 12;
-  layer_fn l = {L_LAYER_NORM, NULL, 0};
+  layer_fn l = {.which = L_LAYER_NORM};
   nb_tensor *xs[3] = {tc_rand_f64(NB_SHAPE(3, 4), -1, 1, &seed),
                       tc_rand_f64(NB_SHAPE(4), 0.5, 1.5, &seed),
                       tc_rand_f64(NB_SHAPE(4), -1, 1, &seed)};
@@ -686,7 +686,7 @@ Test(grad_nn, layer_norm_grads) {
 
 Test(grad_nn, rms_norm_grads) {
   uint64_t seed = 13;
-  layer_fn l = {L_RMS_NORM, NULL, 0};
+  layer_fn l = {.which = L_RMS_NORM};
   nb_tensor *xs[2] = {tc_rand_f64(NB_SHAPE(3, 4), -1, 1, &seed),
                       tc_rand_f64(NB_SHAPE(4), 0.5, 1.5, &seed)};
   tc_check_grad("rms_norm", layer_body, &l, 2, xs, TC_SECOND);
@@ -698,7 +698,7 @@ Test(grad_nn, rms_norm_grads) {
 Test(grad_nn, cross_entropy_grads) {
   uint64_t seed = 14;
   int64_t labels[3] = {2, 0, 3};
-  layer_fn l = {L_CE_CLASSES, nb_from_data(labels, NB_SHAPE(3), NB_I64), 0};
+  layer_fn l = {.which = L_CE_CLASSES, .aux = nb_from_data(labels, NB_SHAPE(3), NB_I64)};
   nb_tensor *logits = tc_rand_f64(NB_SHAPE(3, 4), -2, 2, &seed);
   tc_check_grad("cross_entropy (classes)", layer_body, &l, 1, &logits, TC_SECOND);
   l.which = L_CE_PROBS;
@@ -709,7 +709,7 @@ Test(grad_nn, cross_entropy_grads) {
 
 Test(grad_nn, mse_grads) {
   uint64_t seed = 15;
-  layer_fn l = {L_MSE, NULL, 0};
+  layer_fn l = {.which = L_MSE};
   nb_tensor *xs[2] = {tc_rand_f64(NB_SHAPE(2, 3), -1, 1, &seed),
                       tc_rand_f64(NB_SHAPE(2, 3), -1, 1, &seed)};
   tc_check_grad("mse", layer_body, &l, 2, xs, TC_SECOND);
@@ -717,7 +717,7 @@ Test(grad_nn, mse_grads) {
 
 Test(grad_nn, attention_grads) {
   uint64_t seed = 16;
-  layer_fn l = {L_ATTENTION, NULL, 0};
+  layer_fn l = {.which = L_ATTENTION};
   nb_tensor *xs[3] = {tc_rand_f64(NB_SHAPE(2, 3), -1, 1, &seed),
                       tc_rand_f64(NB_SHAPE(4, 3), -1, 1, &seed),
                       tc_rand_f64(NB_SHAPE(4, 2), -1, 1, &seed)};
@@ -735,7 +735,7 @@ Test(grad_nn, attention_grads) {
 Test(grad_nn, embedding_grads) {
   uint64_t seed = 17;
   int64_t idx[4] = {3, 0, 3, 1}; /* a repeated row accumulates */
-  layer_fn l = {L_EMBEDDING, nb_from_data(idx, NB_SHAPE(2, 2), NB_I64), 0};
+  layer_fn l = {.which = L_EMBEDDING, .aux = nb_from_data(idx, NB_SHAPE(2, 2), NB_I64)};
   nb_tensor *table = tc_rand_f64(NB_SHAPE(5, 3), -1, 1, &seed);
   tc_check_grad("embedding", layer_body, &l, 1, &table, TC_SECOND);
 }
@@ -743,7 +743,7 @@ Test(grad_nn, embedding_grads) {
 Test(grad_nn, dropout_grads) {
   uint64_t seed = 18;
   /* evaluation: the identity */
-  layer_fn l = {L_DROPOUT, NULL, 0.5, false};
+  layer_fn l = {.which = L_DROPOUT, .p = 0.5};
   nb_tensor *x = tc_rand_f64(NB_SHAPE(3, 4), 0.5, 1.5, &seed);
   tc_check_grad("dropout (eval)", layer_body, &l, 1, &x, TC_SECOND);
   /* training: the gradient is the mask of the same call, scaled by 1/(1-p) */
