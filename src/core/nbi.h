@@ -118,6 +118,7 @@ struct nb_tensor {
   uint64_t seq; /* creation order (process-wide, increasing): a node can only
                    depend on nodes with a smaller seq */
   int32_t mark; /* scratch for graph passes (realization); -1 when idle */
+  int32_t aux;  /* scratch for transform sweeps (src/transforms); -1 when idle */
   int n_in;
   nb_tensor **in; /* retained inputs while pending; in_inline when n_in <= 3 */
   nb_tensor *in_inline[3];
@@ -147,6 +148,11 @@ void nbi_scope_register(nb_tensor *t);
 /* Releases a tensor's graph inputs (after realization, when nothing needs them). */
 void nbi_tensor_drop_graph(nb_tensor *t);
 uint64_t nbi_live_tensors(void);
+/* The seq the next tensor will get: nodes made from now on have seq >= it. */
+uint64_t nbi_next_seq(void);
+/* Appends every tensor registered in the calling thread's scopes that is
+ * neither realized nor traced to *out (malloc'd array grown as needed). */
+nb_status nbi_scope_pending(nb_tensor ***out, int *n, int *cap);
 
 /* ---- op registry ------------------------------------------------------------------ */
 typedef enum nbi_op {

@@ -168,6 +168,7 @@ static nb_tensor *tensor_new(const nb_shape *shape, nb_dtype dt, int op) {
   t->dtype = dt;
   t->op = op;
   t->mark = -1;
+  t->aux = -1;
   t->in = t->in_inline;
   t->n_shards = 1;
   t->shards = &t->shard0;
@@ -176,6 +177,24 @@ static nb_tensor *tensor_new(const nb_shape *shape, nb_dtype dt, int op) {
 }
 
 uint64_t nbi_live_tensors(void) { return live_tensors; }
+uint64_t nbi_next_seq(void) { return next_seq; }
+
+nb_status nbi_scope_pending(nb_tensor ***out, int *n, int *cap) {
+  for (int f = 0; f < n_frames; f++)
+    for (size_t i = 0; i < frames[f].n; i++) {
+      nb_tensor *t = frames[f].items[i];
+      if (t->flags & (NBI_T_REALIZED | NBI_T_TRACED)) continue;
+      if (*n == *cap) {
+        int nc = *cap ? 2 * *cap : 64;
+        nb_tensor **na = realloc(*out, (size_t)nc * sizeof *na);
+        if (!na) return nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
+        *out = na;
+        *cap = nc;
+      }
+      (*out)[(*n)++] = t;
+    }
+  return NB_OK;
+}
 
 nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,
                       const nbi_attrs *attrs) {

@@ -1,0 +1,311 @@
+/* src/transforms/autodiff.c — the functional transforms: vjp, jvp, grad,
+ * value_and_grad, jacrev, jacfwd, hessian.
+ *
+ * Each returns an nb_fn whose body (1) traces the wrapped function on
+ * symbolic aliases of its inputs, (2) collects one sweep over that trace, (3)
+ * runs the sweep backward or forward once per seed (one seed for vjp/grad/jvp,
+ * one basis vector per output element for jacrev, per input element for
+ * jacfwd), and (4) returns the new graph's outputs. The outputs are ordinary
+ * lazy tensors: realized when read, or traced again by an enclosing transform.
+ */
+#include "transforms.h"
+
+#include <stdlib.h>
+
+enum kind { K_VJP, K_JVP, K_GRAD, K_VALUE_AND_GRAD, K_JACREV, K_JACFWD };
+
+typedef struct xform {
+  enum kind kind;
+  const char *name;
+  nb_fn *f;
+  int n_arg;
+  int arg[NB_MAX_DIMS]; /* argnums, normalized */
+} xform;
+
+static void xform_destroy(void *p) {
+  xform *x = p;
+  nb_fn_release(x->f);
+  free(x);
+}
+
+/* ---- helpers -------------------------------------------------------------------- */
+static nb_tensor *ones_like(const nb_tensor *t) {
+  nb_tensor *o = nb_scalar(1, t->dtype);
+  return t->shape.ndim ? nb_broadcast_to(o, t->shape) : o;
+}
+
+/* Basis vector: a dt tensor of shape s with a 1 at flat index i. */
+static nb_tensor *basis(const nb_shape *s, nb_dtype dt, int64_t i) {
+  nb_tensor *e = nb_zeros(*s, dt);
+  if (e) nbi_store_f64(e->shard0.buf->data, dt, i, 1.0);
+  return e;
+}
+
+/* Gives t the shape prefix + suffix (a Jacobian block). */
+static nb_tensor *jac_reshape(nb_tensor *t, const nb_shape *prefix, const nb_shape *suffix,
+                              const char *fn) {
+  nb_shape s = *prefix;
+  if (prefix->ndim + suffix->ndim > NB_MAX_DIMS) {
+    nbi_error(NB_ERR_SHAPE, "%s: a Jacobian of rank %d + %d exceeds the maximum rank %d", fn,
+              prefix->ndim, suffix->ndim, NB_MAX_DIMS);
+    return NULL;
+  }
+  for (int d = 0; d < suffix->ndim; d++)
+    s.dims[s.ndim++] = suffix->dims[d];
+  return nb_reshape(t, s);
+}
+
+static nb_status check_float_args(const xform *x, const nbi_trace *tr) {
+  for (int a = 0; a < x->n_arg; a++) {
+    nb_tensor *t = tr->x[x->arg[a]];
+    if (!nb_dtype_is_float(t->dtype))
+      return nbi_error(NB_ERR_DTYPE,
+                       "%s: input %d is %s; differentiated inputs must be floating-point", x->name,
+                       x->arg[a], nb_dtype_name(t->dtype));
+  }
+  return NB_OK;
+}
+
+/* A tangent/cotangent argument for value v: same shape, cast to v's dtype. */
+static nb_status seed_like(const char *fn, const char *what, int k, nb_tensor *seed,
+                           const nb_tensor *v, nb_tensor **out) {
+  if (!nbi_shape_eq(&seed->shape, &v->shape)) {
+    char a[160], b[160];
+    return nbi_error(NB_ERR_SHAPE, "%s: %s %d has shape %s but its value has shape %s", fn, what, k,
+                     nb_shape_str(seed->shape, a, sizeof a), nb_shape_str(v->shape, b, sizeof b));
+  }
+  *out = seed->dtype == v->dtype ? seed : nb_cast(seed, v->dtype);
+  return *out ? NB_OK : nb_last_status();
+}
+
+/* ---- the bodies ------------------------------------------------------------------ */
+static nb_status body_vjp(const xform *x, nbi_trace *tr, nb_tensor *const *in, nb_tensor **out) {
+  int n_in = tr->n_in, n_out = tr->n_out;
+  nbi_sweep s = {.fn = x->name, .seq0 = tr->seq0};
+  nb_tensor **g = calloc((size_t)(n_out + n_in) + 1, sizeof *g);
+  nb_status st = g ? NB_OK : nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
+  for (int k = 0; k < n_out && !st; k++)
+    st = seed_like(x->name, "cotangent", k, in[n_in + k], tr->y[k], &g[k]);
+  if (!st) st = nbi_sweep_collect(&s, tr->y, n_out, tr->x, n_in);
+  if (!st) st = nbi_sweep_reverse(&s, tr->y, g, n_out, g + n_out);
+  for (int k = 0; k < n_out && !st; k++)
+    out[k] = tr->y[k];
+  for (int k = 0; k < n_in && !st; k++)
+    out[n_out + k] = g[n_out + k] ? g[n_out + k] : nbi_zeros_like(tr->x[k]);
+  nbi_sweep_free(&s);
+  free(g);
+  return st;
+}
+
+static nb_status body_jvp(const xform *x, nbi_trace *tr, nb_tensor *const *in, nb_tensor **out) {
+  int n_in = tr->n_in, n_out = tr->n_out;
+  nbi_sweep s = {.fn = x->name, .seq0 = tr->seq0};
+  nb_tensor **t = calloc((size_t)(n_out + n_in) + 1, sizeof *t);
+  nb_status st = t ? NB_OK : nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
+  for (int k = 0; k < n_in && !st; k++) {
+    st = seed_like(x->name, "tangent", k, in[n_in + k], tr->x[k], &t[k]);
+    if (!nb_dtype_is_float(tr->x[k]->dtype)) t[k] = NULL; /* integers carry no tangent */
+  }
+  if (!st) st = nbi_sweep_collect(&s, tr->y, n_out, tr->x, n_in);
+  if (!st) st = nbi_sweep_forward(&s, t, tr->y, n_out, t + n_in);
+  for (int k = 0; k < n_out && !st; k++) {
+    out[k] = tr->y[k];
+    out[n_out + k] = t[n_in + k] ? t[n_in + k] : nbi_zeros_like(tr->y[k]);
+  }
+  nbi_sweep_free(&s);
+  free(t);
+  return st;
+}
+
+static nb_status body_grad(const xform *x, nbi_trace *tr, nb_tensor **out) {
+  nb_tensor *y = tr->y[0];
+  if (nbi_numel(&y->shape) != 1 || !nb_dtype_is_float(y->dtype)) {
+    char b[160];
+    return nbi_error(nbi_numel(&y->shape) != 1 ? NB_ERR_SHAPE : NB_ERR_DTYPE,
+                     "%s: output 0 is %s %s; gradients need a one-element floating-point output "
+                     "(use nb_jacrev or nb_vjp_fn otherwise)",
+                     x->name, nb_dtype_name(y->dtype), nb_shape_str(y->shape, b, sizeof b));
+  }
+  nb_status st = check_float_args(x, tr);
+  if (st) return st;
+  nb_tensor *xs[NB_MAX_DIMS], *g[NB_MAX_DIMS];
+  for (int a = 0; a < x->n_arg; a++)
+    xs[a] = tr->x[x->arg[a]];
+  nbi_sweep s = {.fn = x->name, .seq0 = tr->seq0};
+  nb_tensor *seed = ones_like(y);
+  st = seed ? nbi_sweep_collect(&s, &y, 1, xs, x->n_arg) : nb_last_status();
+  if (!st) st = nbi_sweep_reverse(&s, &y, &seed, 1, g);
+  nbi_sweep_free(&s);
+  if (st) return st;
+  int base = x->kind == K_VALUE_AND_GRAD ? tr->n_out : 0;
+  for (int k = 0; k < base; k++)
+    out[k] = tr->y[k];
+  for (int a = 0; a < x->n_arg; a++)
+    out[base + a] = g[a] ? g[a] : nbi_zeros_like(xs[a]);
+  return NB_OK;
+}
+
+/* Jacobians, output-major: out[o * n_arg + a] = d y[o] / d x[arg[a]]. */
+static nb_status body_jac(const xform *x, nbi_trace *tr, nb_tensor **out) {
+  nb_status st = check_float_args(x, tr);
+  if (st) return st;
+  int n_out = tr->n_out, na = x->n_arg;
+  for (int o = 0; o < n_out; o++)
+    if (!nb_dtype_is_float(tr->y[o]->dtype))
+      return nbi_error(NB_ERR_DTYPE, "%s: output %d is %s; Jacobians need floating-point outputs",
+                       x->name, o, nb_dtype_name(tr->y[o]->dtype));
+  nb_tensor *xs[NB_MAX_DIMS];
+  for (int a = 0; a < na; a++)
+    xs[a] = tr->x[x->arg[a]];
+  nbi_sweep s = {.fn = x->name, .seq0 = tr->seq0};
+  if ((st = nbi_sweep_collect(&s, tr->y, n_out, xs, na))) goto done;
+  if (x->kind == K_JACREV) {
+    nb_tensor **seeds = calloc((size_t)n_out, sizeof *seeds), *g[NB_MAX_DIMS];
+    if (!seeds) st = nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
+    for (int o = 0; o < n_out && !st; o++) {
+      nb_tensor *y = tr->y[o];
+      int64_t m = nbi_numel(&y->shape);
+      nb_tensor **rows = calloc((size_t)(na * (m ? m : 1)), sizeof *rows);
+      if (!rows) st = nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
+      for (int64_t i = 0; i < m && !st; i++) {
+        if (!(seeds[o] = basis(&y->shape, y->dtype, i))) st = nb_last_status();
+        if (!st) st = nbi_sweep_reverse(&s, tr->y, seeds, n_out, g);
+        for (int a = 0; a < na && !st; a++)
+          rows[a * m + i] = g[a] ? g[a] : nbi_zeros_like(xs[a]);
+        seeds[o] = NULL;
+      }
+      for (int a = 0; a < na && !st; a++) {
+        nb_tensor *j = m ? nb_stack(rows + a * m, (int)m, 0)
+                         : nb_zeros((nb_shape){.ndim = 1, .dims = {0}}, xs[a]->dtype);
+        j = j ? jac_reshape(j, &y->shape, &xs[a]->shape, x->name) : NULL;
+        if (!(out[o * na + a] = j)) st = nb_last_status();
+      }
+      free(rows);
+    }
+    free(seeds);
+  } else {
+    nb_tensor *t[NB_MAX_DIMS] = {0}, **ty = calloc((size_t)n_out, sizeof *ty);
+    if (!ty) st = nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
+    for (int a = 0; a < na && !st; a++) {
+      int64_t n = nbi_numel(&xs[a]->shape);
+      nb_tensor **cols = calloc((size_t)(n_out * (n ? n : 1)), sizeof *cols);
+      if (!cols) st = nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
+      for (int64_t j = 0; j < n && !st; j++) {
+        if (!(t[a] = basis(&xs[a]->shape, xs[a]->dtype, j))) st = nb_last_status();
+        if (!st) st = nbi_sweep_forward(&s, t, tr->y, n_out, ty);
+        for (int o = 0; o < n_out && !st; o++)
+          cols[o * n + j] = ty[o] ? ty[o] : nbi_zeros_like(tr->y[o]);
+        t[a] = NULL;
+      }
+      for (int o = 0; o < n_out && !st; o++) {
+        nb_tensor *y = tr->y[o];
+        nb_tensor *jm = n ? nb_stack(cols + o * n, (int)n, y->shape.ndim)
+                          : nb_zeros(y->shape, y->dtype); /* reshaped below to out + in */
+        if (jm && !n) jm = nb_reshape(jm, y->shape);
+        jm = jm ? jac_reshape(jm, &y->shape, &xs[a]->shape, x->name) : NULL;
+        if (!(out[o * na + a] = jm)) st = nb_last_status();
+      }
+      free(cols);
+    }
+    free(ty);
+  }
+done:
+  nbi_sweep_free(&s);
+  return st;
+}
+
+static nb_status xform_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out,
+                            int n_out) {
+  const xform *x = user;
+  nbi_trace tr;
+  nb_status st = nbi_trace_run(x->name, x->f, in, &tr);
+  if (!st) switch (x->kind) {
+    case K_VJP: st = body_vjp(x, &tr, in, out); break;
+    case K_JVP: st = body_jvp(x, &tr, in, out); break;
+    case K_GRAD:
+    case K_VALUE_AND_GRAD: st = body_grad(x, &tr, out); break;
+    case K_JACREV:
+    case K_JACFWD: st = body_jac(x, &tr, out); break;
+    }
+  (void)n_in;
+  for (int k = 0; k < n_out && !st; k++)
+    if (!(out[k] = nbi_trace_result(&tr, out[k]))) st = nb_last_status();
+  nbi_trace_free(&tr);
+  return st;
+}
+
+/* ---- constructors ---------------------------------------------------------------- */
+static nb_fn *make(const char *name, enum kind kind, nb_fn *f, nb_axes argnums, bool uses_args) {
+  if (!f) {
+    nbi_error(NB_ERR_NULL, "%s: f is NULL", name);
+    return NULL;
+  }
+  xform *x = calloc(1, sizeof *x);
+  if (!x) {
+    nbi_error(NB_ERR_OOM, "%s: out of memory", name);
+    return NULL;
+  }
+  *x = (xform){.kind = kind, .name = name, .f = f};
+  if (uses_args) {
+    if (argnums.n < 0) {
+      if (f->n_in > NB_MAX_DIMS) {
+        free(x);
+        nbi_error(NB_ERR_ARG, "%s: NB_ALL covers at most %d inputs (f has %d); list argnums", name,
+                  NB_MAX_DIMS, f->n_in);
+        return NULL;
+      }
+      for (int k = 0; k < f->n_in; k++)
+        x->arg[x->n_arg++] = k;
+    } else {
+      for (int a = 0; a < argnums.n && a < NB_MAX_DIMS; a++) {
+        int v = argnums.v[a] < 0 ? argnums.v[a] + f->n_in : argnums.v[a];
+        bool dup = false;
+        for (int b = 0; b < a; b++)
+          dup |= x->arg[b] == v;
+        if (v < 0 || v >= f->n_in || dup) {
+          free(x);
+          nbi_error(NB_ERR_ARG, "%s: argnums[%d] = %d is %s (f has %d inputs)", name, a,
+                    argnums.v[a], dup ? "repeated" : "out of range", f->n_in);
+          return NULL;
+        }
+        x->arg[x->n_arg++] = v;
+      }
+    }
+    if (x->n_arg == 0) {
+      free(x);
+      nbi_error(NB_ERR_ARG, "%s: argnums is empty", name);
+      return NULL;
+    }
+  }
+  int n_in = f->n_in, n_out;
+  switch (kind) {
+  case K_VJP: n_in = f->n_in + f->n_out, n_out = f->n_out + f->n_in; break;
+  case K_JVP: n_in = 2 * f->n_in, n_out = 2 * f->n_out; break;
+  case K_GRAD: n_out = x->n_arg; break;
+  case K_VALUE_AND_GRAD: n_out = f->n_out + x->n_arg; break;
+  default: n_out = f->n_out * x->n_arg; break;
+  }
+  nb_fn_retain(f);
+  return nbi_fn_make(name, xform_body, x, xform_destroy, n_in, n_out);
+}
+
+nb_fn *nb_vjp_fn(nb_fn *f) { return make("nb_vjp_fn", K_VJP, f, NB_ALL, false); }
+nb_fn *nb_jvp_fn(nb_fn *f) { return make("nb_jvp_fn", K_JVP, f, NB_ALL, false); }
+nb_fn *nb_grad(nb_fn *f, nb_axes argnums) { return make("nb_grad", K_GRAD, f, argnums, true); }
+nb_fn *nb_value_and_grad(nb_fn *f, nb_axes argnums) {
+  return make("nb_value_and_grad", K_VALUE_AND_GRAD, f, argnums, true);
+}
+nb_fn *nb_jacrev(nb_fn *f, nb_axes argnums) {
+  return make("nb_jacrev", K_JACREV, f, argnums, true);
+}
+nb_fn *nb_jacfwd(nb_fn *f, nb_axes argnums) {
+  return make("nb_jacfwd", K_JACFWD, f, argnums, true);
+}
+
+nb_fn *nb_hessian(nb_fn *f, nb_axes argnums) {
+  nb_fn *jr = make("nb_hessian", K_JACREV, f, argnums, true);
+  if (!jr) return NULL;
+  nb_fn *h = make("nb_hessian", K_JACFWD, jr, argnums, true);
+  nb_fn_release(jr);
+  return h;
+}

@@ -1,0 +1,102 @@
+/* src/transforms/fn.c — nb_fn handles, nb_call, and tracing. */
+#include "transforms.h"
+
+#include <stdlib.h>
+
+nb_fn *nbi_fn_make(const char *fn, nb_fn_body body, void *user, void (*destroy)(void *), int n_in,
+                   int n_out) {
+  nb_fn *f = calloc(1, sizeof *f);
+  if (!f) {
+    if (destroy) destroy(user);
+    nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+    return NULL;
+  }
+  *f = (nb_fn){
+      .refcount = 1, .n_in = n_in, .n_out = n_out, .body = body, .user = user, .destroy = destroy};
+  return f;
+}
+
+nb_fn *nb_fn_create(nb_fn_body body, void *user, int n_in, int n_out) {
+  if (!body) {
+    nbi_error(NB_ERR_NULL, "nb_fn_create: body is NULL");
+    return NULL;
+  }
+  if (n_in < 0 || n_out < 1) {
+    nbi_error(NB_ERR_ARG, "nb_fn_create: n_in is %d and n_out %d (need n_in >= 0, n_out >= 1)",
+              n_in, n_out);
+    return NULL;
+  }
+  return nbi_fn_make("nb_fn_create", body, user, NULL, n_in, n_out);
+}
+
+nb_fn *nb_fn_retain(nb_fn *f) {
+  if (f) f->refcount++;
+  return f;
+}
+
+void nb_fn_release(nb_fn *f) {
+  if (!f || --f->refcount > 0) return;
+  if (f->destroy) f->destroy(f->user);
+  free(f);
+}
+
+int nb_fn_n_in(const nb_fn *f) { return f ? f->n_in : -1; }
+int nb_fn_n_out(const nb_fn *f) { return f ? f->n_out : -1; }
+
+nb_status nb_call(nb_fn *f, nb_tensor *const *in, nb_tensor **out) {
+  if (!f) return nbi_error(NB_ERR_NULL, "nb_call: f is NULL");
+  if (!out) return nbi_error(NB_ERR_NULL, "nb_call: out is NULL");
+  for (int k = 0; k < f->n_out; k++)
+    out[k] = NULL;
+  if (f->n_in > 0 && !in) return nbi_error(NB_ERR_NULL, "nb_call: in is NULL");
+  for (int k = 0; k < f->n_in; k++)
+    if (!in[k]) return nbi_error(NB_ERR_NULL, "nb_call: input %d is NULL", k);
+  nb_tensor *local[8], **tmp = f->n_out <= 8 ? local : calloc((size_t)f->n_out, sizeof *tmp);
+  if (!tmp) return nbi_error(NB_ERR_OOM, "nb_call: out of memory");
+  for (int k = 0; k < f->n_out; k++)
+    tmp[k] = NULL;
+  nb_scope_begin();
+  nb_status st = f->body(f->user, in, f->n_in, tmp, f->n_out);
+  if (st == NB_OK)
+    for (int k = 0; k < f->n_out && !st; k++)
+      if (!tmp[k]) {
+        st = nb_last_status();
+        if (!st) st = nbi_error(NB_ERR_ARG, "nb_call: the function left output %d NULL", k);
+      }
+  if (st == NB_OK)
+    for (int k = 0; k < f->n_out; k++)
+      out[k] = nb_keep(tmp[k]);
+  nb_scope_end();
+  if (tmp != local) free(tmp);
+  if (st && !nb_last_status())
+    nbi_error(st, "nb_call: the function returned %s", nb_status_str(st));
+  return st;
+}
+
+/* ---- tracing ------------------------------------------------------------------- */
+nb_status nbi_trace_run(const char *fn, nb_fn *f, nb_tensor *const *in, nbi_trace *tr) {
+  *tr = (nbi_trace){.n_in = f->n_in, .n_out = f->n_out, .top = true};
+  tr->x = calloc((size_t)f->n_in + 1, sizeof *tr->x);
+  tr->y = calloc((size_t)f->n_out, sizeof *tr->y);
+  if (!tr->x || !tr->y) return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  tr->seq0 = nbi_next_seq();
+  for (int k = 0; k < f->n_in; k++) {
+    if (in[k]->flags & NBI_T_TRACED) tr->top = false;
+    if (!(tr->x[k] = nbi_identity(in[k]))) return nb_last_status();
+    tr->x[k]->flags |= NBI_T_TRACED;
+  }
+  return nb_call(f, tr->x, tr->y);
+}
+
+void nbi_trace_free(nbi_trace *tr) {
+  free(tr->x);
+  free(tr->y);
+  *tr = (nbi_trace){0};
+}
+
+nb_tensor *nbi_trace_result(const nbi_trace *tr, nb_tensor *t) {
+  if (!t || !tr->top) return t;
+  nb_tensor *r = nbi_identity(t);
+  if (r) r->flags &= ~(uint32_t)NBI_T_TRACED;
+  return r;
+}

@@ -1,0 +1,77 @@
+/* src/transforms/transforms.h — internal contract of the transforms layer.
+ *
+ * A sweep is the set of graph nodes between some outputs and the tensors being
+ * differentiated (the "sources"), in topological order, with for each node
+ * whether it depends on a source. It is collected once and then run any number
+ * of times: reverse (cotangents -> source cotangents, the VJP rules) or forward
+ * (source tangents -> output tangents, the JVP rules). jacrev/jacfwd run one
+ * collected sweep once per basis vector.
+ *
+ * Two ways to pick the nodes:
+ * - functional (transforms): sources are the traced input aliases; only nodes
+ *   made since the trace began (seq >= seq0) are visited, so a trace never walks
+ *   older history however long it is;
+ * - imperative (nb_backward): sources are requires-grad leaves; only nodes
+ *   with provenance (NBI_T_GRAD_PATH) are visited.
+ */
+#ifndef NABLA_TRANSFORMS_INTERNAL_H
+#define NABLA_TRANSFORMS_INTERNAL_H
+
+#include "../core/nbi.h"
+
+struct nb_fn {
+  int32_t refcount;
+  int n_in, n_out;
+  nb_fn_body body;
+  void *user;
+  void (*destroy)(void *user); /* frees user (transforms' own state), or NULL */
+};
+
+/* Makes an nb_fn whose user state is freed by destroy when the last reference
+ * goes (destroy is called on failure too). */
+nb_fn *nbi_fn_make(const char *fn, nb_fn_body body, void *user, void (*destroy)(void *), int n_in,
+                   int n_out);
+
+typedef struct nbi_sweep {
+  const char *fn; /* public name for error messages */
+  bool imperative;
+  uint64_t seq0;     /* functional: visit nodes with seq >= seq0 */
+  nb_tensor **nodes; /* topological order; sources included where reached */
+  uint8_t *kind;     /* [n]: depends on a source (1), is a source (2) */
+  int n, cap;
+  nb_tensor **sources; /* functional: the aliases; imperative: leaves found */
+  int n_sources, cap_sources;
+} nbi_sweep;
+
+/* Collects the nodes from ys back to the sources. Functional: sources are
+ * xs[0..n_x-1]. Imperative: xs is ignored; sources are the requires-grad
+ * tensors reached (in s->sources afterwards). Error if the imperative walk
+ * meets provenance an earlier backward freed. */
+nb_status nbi_sweep_collect(nbi_sweep *s, nb_tensor *const *ys, int n_y, nb_tensor *const *xs,
+                            int n_x);
+/* Reverse: gys[i] is the cotangent of ys[i] (NULL = zero). Writes gxs[j], the
+ * cotangent of sources[j], or NULL when no path carries one. */
+nb_status nbi_sweep_reverse(nbi_sweep *s, nb_tensor *const *ys, nb_tensor *const *gys, int n_y,
+                            nb_tensor **gxs);
+/* Forward: txs[j] is the tangent of sources[j] (NULL = zero). Writes tys[i],
+ * the tangent of ys[i], or NULL for zero. */
+nb_status nbi_sweep_forward(nbi_sweep *s, nb_tensor *const *txs, nb_tensor *const *ys, int n_y,
+                            nb_tensor **tys);
+void nbi_sweep_free(nbi_sweep *s);
+
+/* A trace of f: the body run on symbolic aliases of the inputs. */
+typedef struct nbi_trace {
+  uint64_t seq0;
+  bool top; /* no input was traced: outputs must be made readable */
+  int n_in, n_out;
+  nb_tensor **x; /* [n_in] traced aliases of the inputs */
+  nb_tensor **y; /* [n_out] outputs */
+} nbi_trace;
+
+nb_status nbi_trace_run(const char *fn, nb_fn *f, nb_tensor *const *in, nbi_trace *tr);
+void nbi_trace_free(nbi_trace *tr);
+/* What a transform returns for t: at top level a fresh readable (untraced)
+ * node with t's value, else t. */
+nb_tensor *nbi_trace_result(const nbi_trace *tr, nb_tensor *t);
+
+#endif
