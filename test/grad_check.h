@@ -27,7 +27,7 @@ enum {
 /* An f64 tensor of shape s with values uniform in [lo, hi). */
 static inline nb_tensor *tc_rand_f64(nb_shape s, double lo, double hi, uint64_t *seed) {
   int64_t n = tc_numel(s);
-  double *x = malloc((size_t)(n ? n : 1) * sizeof *x);
+  double *x = calloc((size_t)(n ? n : 1), sizeof *x);
   tc_fill(x, n, lo, hi, seed);
   nb_tensor *t = tc_tensor(x, s, NB_F64);
   free(x);

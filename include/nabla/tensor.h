@@ -165,6 +165,9 @@ typedef struct nb_stats {
   uint64_t collective_bytes;
   uint64_t live_bytes, peak_bytes; /* tensor buffers held, all devices */
   uint64_t live_tensors;           /* tensor handles alive */
+  uint64_t realizations;           /* graphs realized (nb_eval, reads, backward, assign) */
+  uint64_t plan_ns;                /* realizing: collecting, hashing, planning (ns) */
+  uint64_t exec_ns;                /* realizing: running kernels, freeing buffers (ns) */
 } nb_stats;
 nb_stats nb_get_stats(void);
 void nb_reset_stats(void); /* zeroes counters; peak = live */

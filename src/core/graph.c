@@ -15,6 +15,13 @@
 #include "nbi.h"
 
 #include <stdlib.h>
+#include <time.h>
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 /* ---- stats ------------------------------------------------------------------------- */
 static nb_stats stats;
@@ -289,6 +296,7 @@ static nb_status run_node(nb_tensor *t) {
 }
 
 nb_status nbi_realize(nb_tensor *const *ts, int n) {
+  uint64_t t0 = now_ns(), t1 = 0;
   graph g = {0};
   nb_status st = graph_collect(&g, ts, n);
   if (st) {
@@ -326,6 +334,9 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
       goto done;
     }
   }
+  stats.realizations++;
+  t1 = now_ns();
+  stats.plan_ns += t1 - t0;
   for (int i = 0; i < g.n && !st; i++) {
     st = run_node(g.nodes[i]);
     for (int f = p->free_start[i]; f < p->free_start[i + 1]; f++) {
@@ -364,5 +375,6 @@ done:
   free(uses);
   free(held);
   graph_unmark_free(&g);
+  if (t1) stats.exec_ns += now_ns() - t1;
   return st;
 }

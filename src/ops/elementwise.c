@@ -32,6 +32,7 @@
  * - cast: float -> int truncates toward zero and saturates, NaN -> 0 (XLA);
  *   int -> int wraps; -> bool is != 0; narrowing float casts round once to
  *   nearest even (f64 -> f16 too). A cast to the same dtype aliases the input.
+ * - Derivatives: VJP/JVP rules at the end of the file (JAX's conventions).
  */
 #include "../backends/cpu/k_elementwise.h"
 
@@ -40,95 +41,43 @@
 /* ---- records ------------------------------------------------------------------------ */
 /* attrs.i[0] of every op but CAST: the compute dtype. */
 static bool cast_view(const nb_tensor *n, const nbi_view *in, nbi_view *out);
+/* Autodiff rules of every differentiable op here (end of file). The rest are
+ * NONDIFF: sign floor ceil round (piecewise constant), predicates (bool). */
+static nb_status ew_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin);
+static nb_tensor *ew_jvp(nb_tensor *y, nb_tensor *const *tin);
 
-const nbi_op_def nbi_opdef_NEG = {
-    .name = "neg", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_ABS = {
-    .name = "abs", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_SIGN = {
-    .name = "sign", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_EXP = {
-    .name = "exp", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_EXPM1 = {
-    .name = "expm1", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_LOG = {
-    .name = "log", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_LOG1P = {
-    .name = "log1p", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_SQRT = {
-    .name = "sqrt", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_RSQRT = {
-    .name = "rsqrt", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_SQUARE = {
-    .name = "square", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_SIN = {
-    .name = "sin", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_COS = {
-    .name = "cos", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_TAN = {
-    .name = "tan", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_TANH = {
-    .name = "tanh", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_SIGMOID = {
-    .name = "sigmoid", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_RELU = {
-    .name = "relu", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_GELU = {
-    .name = "gelu", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_SILU = {
-    .name = "silu", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_SOFTPLUS = {
-    .name = "softplus", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_ERF = {
-    .name = "erf", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_FLOOR = {
-    .name = "floor", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_CEIL = {
-    .name = "ceil", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_ROUND = {
-    .name = "round", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_RECIPROCAL = {
-    .name = "reciprocal", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_LOGICAL_NOT = {
-    .name = "logical_not", .arity = 1, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_CAST = {
-    .name = "cast", .arity = 1, .cpu = nbi_cpu_cast, .view = cast_view};
-const nbi_op_def nbi_opdef_ADD = {
-    .name = "add", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_SUB = {
-    .name = "sub", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_MUL = {
-    .name = "mul", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_DIV = {
-    .name = "div", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_POW = {
-    .name = "pow", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_MAXIMUM = {
-    .name = "maximum", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_MINIMUM = {
-    .name = "minimum", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_ATAN2 = {
-    .name = "atan2", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_MOD = {
-    .name = "mod", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_EQ = {
-    .name = "eq", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_NE = {
-    .name = "ne", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_LT = {
-    .name = "lt", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_LE = {
-    .name = "le", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_GT = {
-    .name = "gt", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_GE = {
-    .name = "ge", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_LOGICAL_AND = {
-    .name = "logical_and", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_LOGICAL_OR = {
-    .name = "logical_or", .arity = 2, .cpu = nbi_cpu_elementwise, .view = NULL};
-const nbi_op_def nbi_opdef_WHERE = {
-    .name = "where", .arity = 3, .cpu = nbi_cpu_elementwise, .view = NULL};
+/* clang-format off */
+#define EW_DIFF_RECORDS(X)                                                                         \
+  X(NEG, "neg", 1) X(ABS, "abs", 1) X(EXP, "exp", 1) X(EXPM1, "expm1", 1) X(LOG, "log", 1)         \
+  X(LOG1P, "log1p", 1) X(SQRT, "sqrt", 1) X(RSQRT, "rsqrt", 1) X(SQUARE, "square", 1)              \
+  X(SIN, "sin", 1) X(COS, "cos", 1) X(TAN, "tan", 1) X(TANH, "tanh", 1) X(SIGMOID, "sigmoid", 1)   \
+  X(RELU, "relu", 1) X(GELU, "gelu", 1) X(SILU, "silu", 1) X(SOFTPLUS, "softplus", 1)              \
+  X(ERF, "erf", 1) X(RECIPROCAL, "reciprocal", 1) X(ADD, "add", 2) X(SUB, "sub", 2)                \
+  X(MUL, "mul", 2) X(DIV, "div", 2) X(POW, "pow", 2) X(MAXIMUM, "maximum", 2)                      \
+  X(MINIMUM, "minimum", 2) X(ATAN2, "atan2", 2) X(MOD, "mod", 2) X(WHERE, "where", 3)
+#define EW_NONDIFF_RECORDS(X)                                                                      \
+  X(SIGN, "sign", 1) X(FLOOR, "floor", 1) X(CEIL, "ceil", 1) X(ROUND, "round", 1)                  \
+  X(LOGICAL_NOT, "logical_not", 1) X(EQ, "eq", 2) X(NE, "ne", 2) X(LT, "lt", 2) X(LE, "le", 2)     \
+  X(GT, "gt", 2) X(GE, "ge", 2) X(LOGICAL_AND, "logical_and", 2) X(LOGICAL_OR, "logical_or", 2)
+/* clang-format on */
+
+#define DEF_DIFF_RECORD(ID, nm, ar)                                                                \
+  const nbi_op_def nbi_opdef_##ID = {                                                              \
+      .name = nm, .arity = ar, .cpu = nbi_cpu_elementwise, .vjp = ew_vjp, .jvp = ew_jvp};
+#define DEF_NONDIFF_RECORD(ID, nm, ar)                                                             \
+  const nbi_op_def nbi_opdef_##ID = {                                                              \
+      .name = nm, .arity = ar, .cpu = nbi_cpu_elementwise, .flags = NBI_OPF_NONDIFF};
+EW_DIFF_RECORDS(DEF_DIFF_RECORD)
+EW_NONDIFF_RECORDS(DEF_NONDIFF_RECORD)
+#undef DEF_DIFF_RECORD
+#undef DEF_NONDIFF_RECORD
+
+const nbi_op_def nbi_opdef_CAST = {.name = "cast",
+                                   .arity = 1,
+                                   .cpu = nbi_cpu_cast,
+                                   .view = cast_view,
+                                   .vjp = ew_vjp,
+                                   .jvp = ew_jvp};
 
 /* ---- dtype rules ------------------------------------------------------------------------ */
 /* Ops with no integer meaning: integer and bool inputs compute in f32. */
@@ -293,4 +242,124 @@ static bool cast_view(const nb_tensor *n, const nbi_view *in, nbi_view *out) {
   out->data = in->data;
   memcpy(out->strides, in->strides, sizeof out->strides);
   return true;
+}
+
+/* ---- autodiff rules ----------------------------------------------------------------------- */
+/* Every elementwise derivative is diagonal: y's derivative along input k is
+ * g * dy/dx_k elementwise, the same product for a cotangent (VJP) and for a
+ * tangent (JVP). partial() forms it; the rules only fit shapes and dtypes.
+ * Conventions are JAX's: relu'(0) = 0, abs'(x) = sign(x) (0 at 0), maximum and
+ * minimum split a tie 0.5 / 0.5, mod's d/db = -floor(a/b), pow's d/db uses
+ * log(a) with a == 0 replaced by 1 (so a == 0 gives 0, not NaN * 0). */
+
+/* Input k of y converted to y's dtype: derivatives evaluate in the dtype the op
+ * computed in (an f16 operand of an f32 add, an i32 operand of an f64 atan2). */
+static nb_tensor *in_as(nb_tensor *y, int k) {
+  nb_tensor *x = y->in[k];
+  return x->dtype == y->dtype ? x : nb_cast(x, y->dtype);
+}
+
+/* 1/sqrt(2 pi) and 2/sqrt(pi). */
+#define EW_INV_SQRT_2PI 0.39894228040143267794
+#define EW_TWO_INV_SQRT_PI 1.12837916709551257390
+
+static nb_tensor *zero_of(const nb_tensor *y) { return nb_scalar(0, y->dtype); }
+
+/* g * dy/d(in k), g in y's dtype and of y's shape or input k's (it broadcasts).
+ * Unary ops read x = in[0]; binary ones x = in[0] and b = in[1]. */
+static nb_tensor *partial(nb_tensor *y, nb_tensor *g, int k) {
+  int op = y->op;
+  if (op == NBI_OP_NEG) return nb_neg(g);
+  if (op == NBI_OP_CAST || op == NBI_OP_ADD || (op == NBI_OP_SUB && k == 0) ||
+      (op == NBI_OP_MOD && k == 0))
+    return g;
+  if (op == NBI_OP_SUB) return nb_neg(g);
+  if (op == NBI_OP_WHERE) /* the cotangent goes to the chosen branch */
+    return k == 1 ? nb_where(y->in[0], g, zero_of(y)) : nb_where(y->in[0], zero_of(y), g);
+  nb_tensor *x = in_as(y, 0), *b = y->n_in == 2 ? in_as(y, 1) : NULL;
+  switch (op) {
+  case NBI_OP_ABS: return nb_mul(g, nb_sign(x));
+  case NBI_OP_EXP: return nb_mul(g, y);
+  case NBI_OP_EXPM1: return nb_mul(g, nb_add_scalar(y, 1));
+  case NBI_OP_LOG: return nb_div(g, x);
+  case NBI_OP_LOG1P: return nb_div(g, nb_add_scalar(x, 1));
+  case NBI_OP_SQRT: return nb_div(g, nb_mul_scalar(y, 2));
+  case NBI_OP_RSQRT: return nb_mul(g, nb_mul_scalar(nb_div(y, x), -0.5)); /* -y / 2x */
+  case NBI_OP_SQUARE: return nb_mul(g, nb_mul_scalar(x, 2));
+  case NBI_OP_SIN: return nb_mul(g, nb_cos(x));
+  case NBI_OP_COS: return nb_neg(nb_mul(g, nb_sin(x)));
+  case NBI_OP_TAN: return nb_mul(g, nb_add_scalar(nb_square(y), 1));
+  case NBI_OP_TANH: return nb_mul(g, nb_rsub_scalar(nb_square(y), 1));
+  case NBI_OP_SIGMOID: return nb_mul(g, nb_mul(y, nb_rsub_scalar(y, 1)));
+  case NBI_OP_RELU: return nb_where(nb_gt_scalar(x, 0), g, zero_of(y));
+  case NBI_OP_GELU: { /* Phi(x) + x phi(x) */
+    nb_tensor *cdf = nb_mul_scalar(nb_add_scalar(nb_erf(nb_mul_scalar(x, M_SQRT1_2)), 1), 0.5);
+    nb_tensor *pdf = nb_mul_scalar(nb_exp(nb_mul_scalar(nb_square(x), -0.5)), EW_INV_SQRT_2PI);
+    return nb_mul(g, nb_add(cdf, nb_mul(x, pdf)));
+  }
+  case NBI_OP_SILU: { /* s (1 + x (1 - s)), s = sigmoid(x) */
+    nb_tensor *s = nb_sigmoid(x);
+    return nb_mul(g, nb_mul(s, nb_add_scalar(nb_mul(x, nb_rsub_scalar(s, 1)), 1)));
+  }
+  case NBI_OP_SOFTPLUS: return nb_mul(g, nb_sigmoid(x));
+  case NBI_OP_ERF:
+    return nb_mul(g, nb_mul_scalar(nb_exp(nb_neg(nb_square(x))), EW_TWO_INV_SQRT_PI));
+  case NBI_OP_RECIPROCAL: return nb_neg(nb_mul(g, nb_square(y)));
+  case NBI_OP_MUL: return nb_mul(g, k == 0 ? b : x);
+  case NBI_OP_DIV: return k == 0 ? nb_div(g, b) : nb_neg(nb_mul(g, nb_div(y, b)));
+  case NBI_OP_POW:
+    if (k == 0) { /* b x^(b-1); an integer b == 0 gives 0 even at x == 0 (JAX) */
+      nb_tensor *d = nb_mul(b, nb_pow(x, nb_sub_scalar(b, 1)));
+      if (!nb_dtype_is_float(y->in[1]->dtype))
+        d = nb_where(nb_eq_scalar(y->in[1], 0), zero_of(y), d);
+      return nb_mul(g, d);
+    } else { /* log(x) y, with log(0) read as 0 */
+      nb_tensor *safe = nb_where(nb_eq_scalar(x, 0), nb_scalar(1, y->dtype), x);
+      return nb_mul(g, nb_mul(nb_log(safe), y));
+    }
+  case NBI_OP_MAXIMUM:
+  case NBI_OP_MINIMUM: { /* 1 where this operand is the result, halved on a tie */
+    nb_tensor *won = nb_eq(k == 0 ? x : b, y), *other = nb_eq(k == 0 ? b : x, y);
+    nb_tensor *share = nb_div(nb_where(won, nb_scalar(1, y->dtype), zero_of(y)),
+                              nb_where(other, nb_scalar(2, y->dtype), nb_scalar(1, y->dtype)));
+    return nb_mul(g, share);
+  }
+  case NBI_OP_ATAN2: { /* d/dx = b / (x^2 + b^2), d/db = -x / (x^2 + b^2) */
+    nb_tensor *r2 = nb_add(nb_square(x), nb_square(b));
+    return k == 0 ? nb_mul(g, nb_div(b, r2)) : nb_neg(nb_mul(g, nb_div(x, r2)));
+  }
+  case NBI_OP_MOD: return nb_neg(nb_mul(g, nb_floor(nb_div(x, b)))); /* d/db */
+  default:
+    nbi_error(NB_ERR_INTERNAL, "autodiff: no elementwise rule for op %s", nbi_op_table[op]->name);
+    return NULL;
+  }
+}
+
+/* Inputs with a derivative: all but where's cond. */
+static int first_diff_input(const nb_tensor *y) { return y->op == NBI_OP_WHERE ? 1 : 0; }
+
+static nb_status ew_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!nb_dtype_is_float(y->dtype)) return NB_OK; /* a cast to an integer: no flow */
+  for (int k = first_diff_input(y); k < y->n_in; k++) {
+    if (!need[k]) continue;
+    gin[k] = nbi_grad_fit(partial(y, gy, k), y->in[k]);
+    if (!gin[k]) return nb_last_status();
+  }
+  return NB_OK;
+}
+
+static nb_tensor *ew_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  if (!nb_dtype_is_float(y->dtype)) return NULL;
+  nb_tensor *t = NULL;
+  for (int k = first_diff_input(y); k < y->n_in; k++) {
+    if (!tin[k]) continue;
+    nb_tensor *g = tin[k]->dtype == y->dtype ? tin[k] : nb_cast(tin[k], y->dtype);
+    nb_tensor *d = partial(y, g, k);
+    if (!d) return NULL;
+    t = nbi_add_maybe(t, d);
+    if (!t) return NULL;
+  }
+  /* a tangent of a broadcast operand alone (add, where) has that operand's shape */
+  if (t && !nbi_shape_eq(&t->shape, &y->shape)) t = nb_broadcast_to(t, y->shape);
+  return t;
 }

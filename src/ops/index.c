@@ -2,7 +2,12 @@
  * their transposes scatter_add and scatter_add_along_axis (internal, for
  * autodiff; see index.h), and one_hot. Shapes, dtypes and axes are checked here
  * when the op is called; index values are checked by the kernels when the
- * graph is realized (NB_ERR_INDEX from nb_eval / nb_to_host). */
+ * graph is realized (NB_ERR_INDEX from nb_eval / nb_to_host).
+ *
+ * Autodiff: each op is linear in its float inputs and the gathers and scatters
+ * are each other's transposes, so the rules pair them up (take <-> scatter_add,
+ * take_along_axis <-> scatter_add_along_axis) with the node's own indices and
+ * axis. Indices get no cotangent; one_hot is not differentiable. */
 #include "index.h"
 
 #include "../backends/cpu/k_index.h"
@@ -152,14 +157,88 @@ nb_tensor *nb_one_hot(nb_tensor *idx, int64_t n, nb_dtype dt) {
   return nbi_record(NBI_OP_ONE_HOT, dt, &s, &idx, 1, NULL);
 }
 
-const nbi_op_def nbi_opdef_TAKE = {.name = "take", .arity = 2, .cpu = nbi_cpu_take, .view = NULL};
-const nbi_op_def nbi_opdef_TAKE_ALONG_AXIS = {
-    .name = "take_along_axis", .arity = 2, .cpu = nbi_cpu_take_along_axis, .view = NULL};
-const nbi_op_def nbi_opdef_SCATTER_ADD = {
-    .name = "scatter_add", .arity = 3, .cpu = nbi_cpu_scatter_add, .view = NULL};
+/* ---- autodiff rules ---------------------------------------------------------------- */
+
+/* The status a VJP rule returns after computing r (NULL: an op failed). */
+static nb_status rule_status(const nb_tensor *r) { return r ? NB_OK : nb_last_status(); }
+
+/* y = take(t, idx, axis): gt = scatter_add(0, idx, gy, axis), so repeated
+ * indices accumulate; ty = take(tt, idx, axis). */
+static nb_status take_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0]) return NB_OK;
+  gin[0] = nb_scatter_add(nbi_zeros_like(y->in[0]), y->in[1], gy, (int)y->attrs.i[0]);
+  return rule_status(gin[0]);
+}
+
+static nb_tensor *take_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  return nb_take(tin[0], y->in[1], (int)y->attrs.i[0]);
+}
+
+/* y = take_along_axis(t, idx, axis), y's dims broadcast from t's and idx's
+ * outside axis: gt = scatter_add_along_axis(0, idx, gy, axis), which also sums
+ * the broadcast copies back into t's size-1 dims; ty = take_along_axis(tt). */
+static nb_status take_along_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0]) return NB_OK;
+  gin[0] = nbi_scatter_add_along_axis(nbi_zeros_like(y->in[0]), y->in[1], gy, (int)y->attrs.i[0]);
+  return rule_status(gin[0]);
+}
+
+static nb_tensor *take_along_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  return nb_take_along_axis(tin[0], y->in[1], (int)y->attrs.i[0]);
+}
+
+/* y = scatter_add(t, idx, u, axis) = t + S u with S linear: gt = gy,
+ * gu = S^T gy = take(gy, idx, axis); ty = scatter_add(tt, idx, tu, axis)
+ * (tt alone when tu is zero, zeros for a missing tt). */
+static nb_status scatter_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (need[0]) gin[0] = gy;
+  if (need[2] && !(gin[2] = nb_take(gy, y->in[1], (int)y->attrs.i[0]))) return nb_last_status();
+  return NB_OK;
+}
+
+static nb_tensor *scatter_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  if (!tin[2]) return tin[0];
+  nb_tensor *tt = tin[0] ? tin[0] : nbi_zeros_like(y->in[0]);
+  return nb_scatter_add(tt, y->in[1], tin[2], (int)y->attrs.i[0]);
+}
+
+/* The same for scatter_add_along_axis with take_along_axis as S^T. */
+static nb_status scatter_along_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (need[0]) gin[0] = gy;
+  if (need[2] && !(gin[2] = nb_take_along_axis(gy, y->in[1], (int)y->attrs.i[0])))
+    return nb_last_status();
+  return NB_OK;
+}
+
+static nb_tensor *scatter_along_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  if (!tin[2]) return tin[0];
+  nb_tensor *tt = tin[0] ? tin[0] : nbi_zeros_like(y->in[0]);
+  return nbi_scatter_add_along_axis(tt, y->in[1], tin[2], (int)y->attrs.i[0]);
+}
+
+const nbi_op_def nbi_opdef_TAKE = {.name = "take",
+                                   .arity = 2,
+                                   .cpu = nbi_cpu_take,
+                                   .view = NULL,
+                                   .vjp = take_vjp,
+                                   .jvp = take_jvp};
+const nbi_op_def nbi_opdef_TAKE_ALONG_AXIS = {.name = "take_along_axis",
+                                              .arity = 2,
+                                              .cpu = nbi_cpu_take_along_axis,
+                                              .view = NULL,
+                                              .vjp = take_along_vjp,
+                                              .jvp = take_along_jvp};
+const nbi_op_def nbi_opdef_SCATTER_ADD = {.name = "scatter_add",
+                                          .arity = 3,
+                                          .cpu = nbi_cpu_scatter_add,
+                                          .view = NULL,
+                                          .vjp = scatter_vjp,
+                                          .jvp = scatter_jvp};
 const nbi_op_def nbi_opdef_SCATTER_ADD_ALONG_AXIS = {.name = "scatter_add_along_axis",
                                                      .arity = 3,
                                                      .cpu = nbi_cpu_scatter_add_along_axis,
-                                                     .view = NULL};
+                                                     .view = NULL,
+                                                     .vjp = scatter_along_vjp,
+                                                     .jvp = scatter_along_jvp};
 const nbi_op_def nbi_opdef_ONE_HOT = {
-    .name = "one_hot", .arity = 1, .cpu = nbi_cpu_one_hot, .view = NULL};
+    .name = "one_hot", .arity = 1, .cpu = nbi_cpu_one_hot, .view = NULL, .flags = NBI_OPF_NONDIFF};

@@ -38,5 +38,61 @@ nb_tensor *nb_matmul(nb_tensor *a, nb_tensor *b) {
   return nbi_record(NBI_OP_MATMUL, dt, &out, (nb_tensor *[]){a, b}, 2, NULL);
 }
 
-const nbi_op_def nbi_opdef_MATMUL = {
-    .name = "matmul", .arity = 2, .cpu = nbi_cpu_matmul, .view = NULL};
+/* ---- autodiff rules ---------------------------------------------------------------- */
+
+/* x as a matrix operand: itself when it has rank >= 2, else the 1-D [K] as
+ * [1, K] (left operand) or [K, 1] (right operand), as NumPy promotes it. */
+static nb_tensor *as_matrix(nb_tensor *x, bool left) {
+  if (x->shape.ndim >= 2) return x;
+  int64_t k = x->shape.dims[0];
+  return nb_reshape(x, left ? (nb_shape){.ndim = 2, .dims = {1, k}}
+                            : (nb_shape){.ndim = 2, .dims = {k, 1}});
+}
+
+/* y = a @ b, seen with matrix operands A [..., M, K], B [..., K, N] (as_matrix)
+ * and G = gy as [batch..., M, N] (the dims a 1-D operand dropped put back):
+ *   gA = G @ B^T [batch..., M, K],  gB = A^T @ G [batch..., K, N],
+ * each summed over the batch dims its operand broadcast and cast to its dtype
+ * (nbi_grad_fit). A 1-D a has gA [batch..., 1, K], which sums straight to [K];
+ * a 1-D b has gB [batch..., K, 1], whose last dim goes before summing. */
+static nb_status matmul_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  nb_tensor *a = y->in[0], *b = y->in[1];
+  nb_shape gs = y->shape;
+  if (b->shape.ndim == 1) gs.dims[gs.ndim++] = 1;
+  if (a->shape.ndim == 1) { /* [..., N] -> [..., 1, N] */
+    gs.dims[gs.ndim] = gs.dims[gs.ndim - 1];
+    gs.dims[gs.ndim - 1] = 1;
+    gs.ndim++;
+  }
+  nb_tensor *g = nb_reshape(gy, gs);
+  if (need[0]) {
+    gin[0] = nbi_grad_fit(nb_matmul(g, nb_transpose(as_matrix(b, false))), a);
+    if (!gin[0]) return nb_last_status();
+  }
+  if (need[1]) {
+    nb_tensor *gb = nb_matmul(nb_transpose(as_matrix(a, true)), g);
+    if (gb && b->shape.ndim == 1) {
+      nb_shape s = gb->shape;
+      s.ndim--;
+      gb = nb_reshape(gb, s);
+    }
+    gin[1] = nbi_grad_fit(gb, b);
+    if (!gin[1]) return nb_last_status();
+  }
+  return NB_OK;
+}
+
+/* ty = ta @ b + a @ tb (missing tangents are zero). */
+static nb_tensor *matmul_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  nb_tensor *l = tin[0] ? nb_matmul(tin[0], y->in[1]) : NULL;
+  nb_tensor *r = tin[1] ? nb_matmul(y->in[0], tin[1]) : NULL;
+  if ((tin[0] && !l) || (tin[1] && !r)) return NULL;
+  return nbi_add_maybe(l, r);
+}
+
+const nbi_op_def nbi_opdef_MATMUL = {.name = "matmul",
+                                     .arity = 2,
+                                     .cpu = nbi_cpu_matmul,
+                                     .view = NULL,
+                                     .vjp = matmul_vjp,
+                                     .jvp = matmul_jvp};

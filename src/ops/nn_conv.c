@@ -1,4 +1,19 @@
-/* src/ops/nn_conv.c — NN primitives: 2-D convolution and max pooling (NCHW). */
+/* src/ops/nn_conv.c — NN primitives: 2-D convolution and max pooling (NCHW),
+ * and the internal ops their derivatives are made of (nn.h).
+ *
+ * Derivative rules. conv2d is bilinear in (x, w):
+ *   dx = bwd_data(dy, w), dw = bwd_filter(x, dy), dbias = sum of dy over N,H,W;
+ *   tangent = conv2d(tx, w) + conv2d(x, tw) + tbias.
+ * bwd_data and bwd_filter are bilinear too, and each is a transpose of conv2d
+ * in one argument, so their rules use the same three ops again:
+ *   bwd_data(dy, w):   d/ddy <- conv2d(g, w),   d/dw  <- bwd_filter(g, dy);
+ *   bwd_filter(x, dy): d/dx  <- bwd_data(dy, g), d/ddy <- conv2d(x, g).
+ * max_pool2d is linear in x between ties, routed through each window's argmax:
+ *   dx = pool_bwd(x, dy) (scatter), tangent = pool_select(x, tx) (gather);
+ * pool_bwd and pool_select are linear in their second argument and transposes
+ * of each other; their x only picks the routes (zero derivative). */
+#include "nn.h"
+
 #include "../backends/cpu/k_nn.h"
 
 /* Records an error naming fn unless t is a float tensor; `what` names the
@@ -112,9 +127,6 @@ nb_tensor *nb_conv2d(nb_tensor *x, nb_tensor *weight, nb_tensor *bias, const nb_
   return nbi_record(NBI_OP_CONV2D, dt, &out, (nb_tensor *[]){x, weight, bias}, bias ? 3 : 2, &at);
 }
 
-const nbi_op_def nbi_opdef_CONV2D = {
-    .name = "conv2d", .arity = -1, .cpu = nbi_cpu_conv2d, .view = NULL};
-
 /* Max pooling of x [N, C, H, W] by kh x kw windows, stride sh x sw (0 = the
  * kernel), padding ph x pw that counts as -inf (at most half the kernel, as
  * PyTorch) -> [N, C, OH, OW], OH = (H + 2ph - kh) / sh + 1. MAX_POOL2D attrs
@@ -155,5 +167,273 @@ nb_tensor *nb_max_pool2d(nb_tensor *x, int kh, int kw, int sh, int sw, int ph, i
   return nbi_record(NBI_OP_MAX_POOL2D, nb_dtype_of(x), &out, (nb_tensor *[]){x}, 1, &at);
 }
 
+/* ---- derivative ops ------------------------------------------------------------------ */
+
+/* Output extent of a CONV2D-family geometry (conv attrs) for an input h x w
+ * and kernel kh x kw; -1 where the kernel does not fit. */
+static void conv_out_hw(const nbi_attrs *conv, int64_t h, int64_t w, int64_t kh, int64_t kw,
+                        int64_t *oh, int64_t *ow) {
+  const int64_t *a = conv->i;
+  *oh = window_out(h, kh, a[NBI_CONV_STRIDE], a[NBI_CONV_PAD], a[NBI_CONV_DILATION]);
+  *ow = window_out(w, kw, a[NBI_CONV_STRIDE + 1], a[NBI_CONV_PAD + 1], a[NBI_CONV_DILATION + 1]);
+}
+
+/* The geometry slots of a conv node's attrs (stride, padding, dilation,
+ * groups), the rest zero, with (e0, e1) in NBI_CONV_IN_HW / _KERNEL_HW. */
+static nbi_attrs conv_attrs_with(const nbi_attrs *conv, int64_t e0, int64_t e1) {
+  nbi_attrs at = {0};
+  for (int i = NBI_CONV_STRIDE; i <= NBI_CONV_GROUPS; i++)
+    at.i[i] = conv->i[i];
+  at.i[NBI_CONV_IN_HW] = e0;
+  at.i[NBI_CONV_IN_HW + 1] = e1;
+  return at;
+}
+
+/* The public parameters that give a conv2d node's geometry. */
+static nb_conv2d_params conv_params(const nbi_attrs *conv) {
+  const int64_t *a = conv->i;
+  return (nb_conv2d_params){
+      .stride = {(int)a[NBI_CONV_STRIDE], (int)a[NBI_CONV_STRIDE + 1]},
+      .padding = {(int)a[NBI_CONV_PAD], (int)a[NBI_CONV_PAD + 1]},
+      .dilation = {(int)a[NBI_CONV_DILATION], (int)a[NBI_CONV_DILATION + 1]},
+      .groups = (int)a[NBI_CONV_GROUPS],
+  };
+}
+
+/* Records a shape error naming fn: the two operands do not fit together. */
+static nb_status mismatch(const char *fn, const char *what, const nb_tensor *a,
+                          const nb_tensor *b) {
+  char ba[160], bb[160];
+  return nbi_error(NB_ERR_SHAPE, "%s: %s (%s and %s)", fn, what,
+                   nb_shape_str(a->shape, ba, sizeof ba), nb_shape_str(b->shape, bb, sizeof bb));
+}
+
+nb_tensor *nbi_conv2d_bwd_data(nb_tensor *dy, nb_tensor *w, const nbi_attrs *conv, int64_t h,
+                               int64_t width) {
+  const char *fn = "conv2d_bwd_data";
+  if (nbi_any_null(fn, (nb_tensor *[]){dy, w}, 2)) return NULL;
+  if (require_float(fn, "dy", dy) || require_float(fn, "weight", w) ||
+      require_4d(fn, "dy", "[N,O,OH,OW]", dy) || require_4d(fn, "weight", "[O,C/groups,KH,KW]", w))
+    return NULL;
+  int64_t groups = conv->i[NBI_CONV_GROUPS], oh, ow;
+  conv_out_hw(conv, h, width, w->shape.dims[2], w->shape.dims[3], &oh, &ow);
+  if (groups < 1 || w->shape.dims[0] % groups || dy->shape.dims[1] != w->shape.dims[0] ||
+      dy->shape.dims[2] != oh || dy->shape.dims[3] != ow) {
+    mismatch(fn, "dy is not the output of a convolution with this weight and input size", dy, w);
+    return NULL;
+  }
+  nbi_attrs at = conv_attrs_with(conv, h, width);
+  nb_shape out = {.ndim = 4, .dims = {dy->shape.dims[0], w->shape.dims[1] * groups, h, width}};
+  if (nbi_check_shape(fn, &out)) return NULL;
+  return nbi_record(NBI_OP_CONV2D_BWD_DATA, nb_promote_types(dy->dtype, w->dtype), &out,
+                    (nb_tensor *[]){dy, w}, 2, &at);
+}
+
+nb_tensor *nbi_conv2d_bwd_filter(nb_tensor *x, nb_tensor *dy, const nbi_attrs *conv, int64_t kh,
+                                 int64_t kw) {
+  const char *fn = "conv2d_bwd_filter";
+  if (nbi_any_null(fn, (nb_tensor *[]){x, dy}, 2)) return NULL;
+  if (require_float(fn, "input", x) || require_float(fn, "dy", dy) ||
+      require_4d(fn, "input", "[N,C,H,W]", x) || require_4d(fn, "dy", "[N,O,OH,OW]", dy))
+    return NULL;
+  int64_t groups = conv->i[NBI_CONV_GROUPS], oh, ow;
+  conv_out_hw(conv, x->shape.dims[2], x->shape.dims[3], kh, kw, &oh, &ow);
+  if (groups < 1 || kh < 1 || kw < 1 || x->shape.dims[1] % groups || dy->shape.dims[1] % groups ||
+      dy->shape.dims[0] != x->shape.dims[0] || dy->shape.dims[2] != oh || dy->shape.dims[3] != ow) {
+    mismatch(fn, "dy is not the output of a convolution of this input with this kernel size", x,
+             dy);
+    return NULL;
+  }
+  nbi_attrs at = conv_attrs_with(conv, kh, kw);
+  nb_shape out = {.ndim = 4, .dims = {dy->shape.dims[1], x->shape.dims[1] / groups, kh, kw}};
+  return nbi_record(NBI_OP_CONV2D_BWD_FILTER, nb_promote_types(x->dtype, dy->dtype), &out,
+                    (nb_tensor *[]){x, dy}, 2, &at);
+}
+
+/* The pooled shape of x for a MAX_POOL2D node's attrs. */
+static nb_shape pool_out_shape(const nbi_attrs *pool, const nb_shape *xs) {
+  nb_shape out = *xs;
+  for (int i = 0; i < 2; i++)
+    out.dims[2 + i] = window_out(xs->dims[2 + i], pool->i[NBI_POOL_KERNEL + i],
+                                 pool->i[NBI_POOL_STRIDE + i], pool->i[NBI_POOL_PAD + i], 1);
+  return out;
+}
+
+/* The geometry slots of a pool node's attrs, the rest zero. */
+static nbi_attrs pool_attrs(const nbi_attrs *pool) {
+  nbi_attrs at = {0};
+  for (int i = NBI_POOL_KERNEL; i < NBI_POOL_PAD + 2; i++)
+    at.i[i] = pool->i[i];
+  return at;
+}
+
+/* Checks the operands of the pool derivative ops: x and v float and 4-D, v of
+ * the pooled shape (pooled) or of x's shape. */
+static bool pool_operands_ok(const char *fn, nb_tensor *x, nb_tensor *v, const nbi_attrs *pool,
+                             bool pooled) {
+  if (nbi_any_null(fn, (nb_tensor *[]){x, v}, 2)) return false;
+  if (require_float(fn, "input", x) || require_float(fn, pooled ? "dy" : "g", v) ||
+      require_4d(fn, "input", "[N,C,H,W]", x))
+    return false;
+  nb_shape want = pooled ? pool_out_shape(pool, &x->shape) : x->shape;
+  if (!nbi_shape_eq(&want, &v->shape)) {
+    mismatch(fn,
+             pooled ? "dy must have the pooled shape of the input"
+                    : "g must have the shape of the input",
+             x, v);
+    return false;
+  }
+  return true;
+}
+
+nb_tensor *nbi_max_pool2d_bwd(nb_tensor *x, nb_tensor *dy, const nbi_attrs *pool) {
+  if (!pool_operands_ok("max_pool2d_bwd", x, dy, pool, true)) return NULL;
+  nbi_attrs at = pool_attrs(pool);
+  return nbi_record(NBI_OP_MAX_POOL2D_BWD, dy->dtype, &x->shape, (nb_tensor *[]){x, dy}, 2, &at);
+}
+
+nb_tensor *nbi_max_pool2d_select(nb_tensor *x, nb_tensor *g, const nbi_attrs *pool) {
+  if (!pool_operands_ok("max_pool2d_select", x, g, pool, false)) return NULL;
+  nbi_attrs at = pool_attrs(pool);
+  nb_shape out = pool_out_shape(pool, &x->shape);
+  return nbi_record(NBI_OP_MAX_POOL2D_SELECT, g->dtype, &out, (nb_tensor *[]){x, g}, 2, &at);
+}
+
+/* ---- rules ------------------------------------------------------------------------------ */
+
+/* Fits cotangent g to input x into *slot; the status of a failed op otherwise. */
+static nb_status put_grad(nb_tensor **slot, nb_tensor *g, const nb_tensor *x) {
+  *slot = g ? nbi_grad_fit(g, x) : NULL;
+  return *slot ? NB_OK : nb_last_status();
+}
+
+/* a + b, the terms of a tangent, cast to y's dtype. a_ok / b_ok tell whether
+ * a term was computed (its tangent input is non-NULL): a NULL term that was is
+ * a failed op. NULL for zero, or on failure (error recorded). */
+static nb_tensor *sum_terms(nb_tensor *y, nb_tensor *a, bool a_ok, nb_tensor *b, bool b_ok) {
+  if ((a_ok && !a) || (b_ok && !b)) return NULL;
+  nb_tensor *t = nbi_add_maybe(a, b);
+  if (t && t->dtype != y->dtype) t = nb_cast(t, y->dtype);
+  return t;
+}
+
+/* y = conv2d(x, w[, bias]). */
+static nb_status conv2d_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  nb_tensor *x = y->in[0], *w = y->in[1];
+  nb_status st = NB_OK;
+  if (need[0])
+    st = put_grad(&gin[0],
+                  nbi_conv2d_bwd_data(gy, w, &y->attrs, x->shape.dims[2], x->shape.dims[3]), x);
+  if (!st && need[1])
+    st = put_grad(&gin[1],
+                  nbi_conv2d_bwd_filter(x, gy, &y->attrs, w->shape.dims[2], w->shape.dims[3]), w);
+  if (!st && y->n_in == 3 && need[2])
+    st = put_grad(&gin[2], nb_sum(gy, NB_AXES(0, 2, 3), false), y->in[2]);
+  return st;
+}
+
+static nb_tensor *conv2d_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  nb_conv2d_params p = conv_params(&y->attrs);
+  nb_tensor *a = tin[0] ? nb_conv2d(tin[0], y->in[1], NULL, &p) : NULL;
+  nb_tensor *b = tin[1] ? nb_conv2d(y->in[0], tin[1], NULL, &p) : NULL;
+  nb_tensor *t = sum_terms(y, a, tin[0], b, tin[1]);
+  if (y->n_in < 3 || !tin[2] || ((tin[0] || tin[1]) && !t)) return t;
+  nb_tensor *tb = nb_reshape(tin[2], NB_SHAPE(1, y->shape.dims[1], 1, 1));
+  t = t ? nb_add(t, tb) : nb_broadcast_to(tb, y->shape);
+  return t && t->dtype != y->dtype ? nb_cast(t, y->dtype) : t;
+}
+
+/* y = bwd_data(dy, w): dx of an input of the attrs' size. */
+static nb_status bwd_data_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  nb_tensor *dy = y->in[0], *w = y->in[1];
+  nb_conv2d_params p = conv_params(&y->attrs);
+  nb_status st = NB_OK;
+  if (need[0]) st = put_grad(&gin[0], nb_conv2d(gy, w, NULL, &p), dy);
+  if (!st && need[1])
+    st = put_grad(&gin[1],
+                  nbi_conv2d_bwd_filter(gy, dy, &y->attrs, w->shape.dims[2], w->shape.dims[3]), w);
+  return st;
+}
+
+static nb_tensor *bwd_data_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  int64_t h = y->shape.dims[2], w = y->shape.dims[3];
+  nb_tensor *a = tin[0] ? nbi_conv2d_bwd_data(tin[0], y->in[1], &y->attrs, h, w) : NULL;
+  nb_tensor *b = tin[1] ? nbi_conv2d_bwd_data(y->in[0], tin[1], &y->attrs, h, w) : NULL;
+  return sum_terms(y, a, tin[0], b, tin[1]);
+}
+
+/* y = bwd_filter(x, dy): dw of a kernel of the attrs' size. */
+static nb_status bwd_filter_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  nb_tensor *x = y->in[0], *dy = y->in[1];
+  nb_conv2d_params p = conv_params(&y->attrs);
+  nb_status st = NB_OK;
+  if (need[0])
+    st = put_grad(&gin[0],
+                  nbi_conv2d_bwd_data(dy, gy, &y->attrs, x->shape.dims[2], x->shape.dims[3]), x);
+  if (!st && need[1]) st = put_grad(&gin[1], nb_conv2d(x, gy, NULL, &p), dy);
+  return st;
+}
+
+static nb_tensor *bwd_filter_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  int64_t kh = y->shape.dims[2], kw = y->shape.dims[3];
+  nb_tensor *a = tin[0] ? nbi_conv2d_bwd_filter(tin[0], y->in[1], &y->attrs, kh, kw) : NULL;
+  nb_tensor *b = tin[1] ? nbi_conv2d_bwd_filter(y->in[0], tin[1], &y->attrs, kh, kw) : NULL;
+  return sum_terms(y, a, tin[0], b, tin[1]);
+}
+
+/* y = max_pool2d(x). */
+static nb_status pool_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0]) return NB_OK;
+  return put_grad(&gin[0], nbi_max_pool2d_bwd(y->in[0], gy, &y->attrs), y->in[0]);
+}
+
+static nb_tensor *pool_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  return sum_terms(y, nbi_max_pool2d_select(y->in[0], tin[0], &y->attrs), true, NULL, false);
+}
+
+/* y = pool_bwd(x, dy) and y = pool_select(x, g): linear in in[1], each the
+ * other's transpose; x only picks the routes, so it gets no derivative. */
+static nb_status pool_bwd_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[1]) return NB_OK;
+  return put_grad(&gin[1], nbi_max_pool2d_select(y->in[0], gy, &y->attrs), y->in[1]);
+}
+
+static nb_tensor *pool_bwd_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  if (!tin[1]) return NULL;
+  return sum_terms(y, nbi_max_pool2d_bwd(y->in[0], tin[1], &y->attrs), true, NULL, false);
+}
+
+static nb_status pool_select_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[1]) return NB_OK;
+  return put_grad(&gin[1], nbi_max_pool2d_bwd(y->in[0], gy, &y->attrs), y->in[1]);
+}
+
+static nb_tensor *pool_select_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  if (!tin[1]) return NULL;
+  return sum_terms(y, nbi_max_pool2d_select(y->in[0], tin[1], &y->attrs), true, NULL, false);
+}
+
+const nbi_op_def nbi_opdef_CONV2D = {
+    .name = "conv2d", .arity = -1, .cpu = nbi_cpu_conv2d, .vjp = conv2d_vjp, .jvp = conv2d_jvp};
+const nbi_op_def nbi_opdef_CONV2D_BWD_DATA = {.name = "conv2d_bwd_data",
+                                              .arity = 2,
+                                              .cpu = nbi_cpu_conv2d_bwd_data,
+                                              .vjp = bwd_data_vjp,
+                                              .jvp = bwd_data_jvp};
+const nbi_op_def nbi_opdef_CONV2D_BWD_FILTER = {.name = "conv2d_bwd_filter",
+                                                .arity = 2,
+                                                .cpu = nbi_cpu_conv2d_bwd_filter,
+                                                .vjp = bwd_filter_vjp,
+                                                .jvp = bwd_filter_jvp};
 const nbi_op_def nbi_opdef_MAX_POOL2D = {
-    .name = "max_pool2d", .arity = 1, .cpu = nbi_cpu_max_pool2d, .view = NULL};
+    .name = "max_pool2d", .arity = 1, .cpu = nbi_cpu_max_pool2d, .vjp = pool_vjp, .jvp = pool_jvp};
+const nbi_op_def nbi_opdef_MAX_POOL2D_BWD = {.name = "max_pool2d_bwd",
+                                             .arity = 2,
+                                             .cpu = nbi_cpu_max_pool2d_bwd,
+                                             .vjp = pool_bwd_vjp,
+                                             .jvp = pool_bwd_jvp};
+const nbi_op_def nbi_opdef_MAX_POOL2D_SELECT = {.name = "max_pool2d_select",
+                                                .arity = 2,
+                                                .cpu = nbi_cpu_max_pool2d_select,
+                                                .vjp = pool_select_vjp,
+                                                .jvp = pool_select_jvp};

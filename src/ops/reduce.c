@@ -1,6 +1,7 @@
 /* src/ops/reduce.c — reductions: sum mean prod max min var std logsumexp any
  * all argmax argmin, and softmax, log_softmax, cumsum along one axis. Every op
- * is one primitive node with its own CPU kernel (src/backends/cpu/k_reduce.c).
+ * is one primitive node with its own CPU kernel (src/backends/cpu/k_reduce.c);
+ * their VJP/JVP rules close the file (argmax, argmin, any, all are NONDIFF).
  *
  * Semantics (NumPy / JAX):
  * - Axes: NB_ALL (n = -1) reduces every axis; negative axes count from the end;
@@ -173,29 +174,289 @@ nb_tensor *nb_cumsum(nb_tensor *t, int axis) {
   return record_along_axis("nb_cumsum", NBI_OP_CUMSUM, t, axis, sum_result);
 }
 
+/* ---- autodiff rules ------------------------------------------------------------
+ * Written with public ops (nbi.h), so they differentiate again. For a reduction
+ * y = r(x) over the axes of mask i[0], y has x's shape without those axes, or
+ * with them as size 1 when keepdims was given (then y has x's rank). Integer and
+ * bool inputs have no cotangent (need[0] is false) and a zero tangent. For float
+ * inputs y has x's dtype, so gy and the rules' results do too.
+ *
+ * prod: the derivative of y by x[i] is the product of the other reduced
+ * elements, computed as an exclusive prefix product times an exclusive suffix
+ * product (as JAX does), never as y / x[i]: exact where x holds zeros, and to
+ * every order, since the scan is made of mul, pad, slice and flip.
+ * max/min: the cotangent is split equally among the elements equal to the
+ * result (JAX); the indicator of those is a constant (eq has no derivative).
+ */
+
+static nb_axes axes_of_mask(uint32_t mask, int ndim) {
+  nb_axes a = {0};
+  for (int d = 0; d < ndim; d++)
+    if ((mask >> d) & 1u) a.v[a.n++] = d;
+  return a;
+}
+
+/* A tangent (or other tensor) of x's shape reduced as y was: summed over y's
+ * axes, with y's keepdims. t itself when no axis is reduced. */
+static nb_tensor *sum_like(nb_tensor *t, const nb_tensor *y) {
+  uint32_t mask = (uint32_t)y->attrs.i[0];
+  if (!t || !mask) return t;
+  return nb_sum(t, axes_of_mask(mask, y->in[0]->shape.ndim), y->shape.ndim == y->in[0]->shape.ndim);
+}
+
+/* g of y's shape, reshaped to x's rank with the reduced axes as size 1 (the
+ * keepdims shape), so it broadcasts against x. */
+static nb_tensor *with_kept_dims(nb_tensor *g, const nb_tensor *y) {
+  const nb_tensor *x = y->in[0];
+  if (!g || g->shape.ndim == x->shape.ndim) return g;
+  nb_shape s = x->shape;
+  for (int d = 0; d < s.ndim; d++)
+    if ((y->attrs.i[0] >> d) & 1) s.dims[d] = 1;
+  return nb_reshape(g, s);
+}
+
+/* g of y's shape broadcast back to x's shape. */
+static nb_tensor *unreduce(nb_tensor *g, const nb_tensor *y) {
+  nb_tensor *k = with_kept_dims(g, y);
+  if (!k || nbi_shape_eq(&k->shape, &y->in[0]->shape)) return k;
+  return nb_broadcast_to(k, y->in[0]->shape);
+}
+
+/* The status of a VJP rule that stored gin[0] (NULL: an op failed). */
+static nb_status vjp_status(nb_tensor *const *gin) { return gin[0] ? NB_OK : nb_last_status(); }
+
+/* The tangent input of a unary rule, or NULL when the tangent is zero (no
+ * tangent, or an integer / bool input). */
+static nb_tensor *float_tangent(const nb_tensor *y, nb_tensor *const *tin) {
+  return nb_dtype_is_float(y->in[0]->dtype) ? tin[0] : NULL;
+}
+
+/* sum: y = sum(x) / f[0]. gx = broadcast(gy) / f[0]; ty = sum(tx) / f[0]. */
+static nb_status sum_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0]) return NB_OK;
+  nb_tensor *g = unreduce(gy, y);
+  gin[0] = nbi_grad_fit(y->attrs.f[0] == 1 ? g : nb_div_scalar(g, y->attrs.f[0]), y->in[0]);
+  return vjp_status(gin);
+}
+
+static nb_tensor *sum_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  nb_tensor *t = float_tangent(y, tin);
+  if (!t) return NULL;
+  t = sum_like(t, y);
+  return y->attrs.f[0] == 1 ? t : nb_div_scalar(t, y->attrs.f[0]);
+}
+
+/* e[:, j] = prod of z[:, i] for i < j (1 for j = 0). z: (M, n), n >= 2.
+ * Hillis-Steele scan: log2(n) steps of e[:, j] *= e[:, j - k] (1 for j < k). */
+static nb_tensor *exclusive_cumprod_rows(nb_tensor *z) {
+  if (!z) return NULL;
+  int64_t n = z->shape.dims[1];
+  int64_t starts[2] = {0, 0}, stops[2] = {NB_END, n - 1}, pads[4] = {0, 0, 1, 0};
+  nb_tensor *e = nb_pad(nb_slice(z, starts, stops, NULL), pads, 1);
+  for (int64_t k = 1; k < n - 1; k *= 2) {
+    stops[1] = n - k;
+    pads[2] = k;
+    e = nb_mul(e, nb_pad(nb_slice(e, starts, stops, NULL), pads, 1));
+  }
+  return e;
+}
+
+/* o (x's shape): o[i] = product of x over the reduced positions that share
+ * i's kept coordinates, except i itself. The reduced axes move last and
+ * flatten into one row of n elements per output element: (M, n). */
+static nb_tensor *prod_of_others(nb_tensor *x, uint32_t mask) {
+  int nd = x->shape.ndim;
+  nb_axes perm = {.n = 0}, inv = {.n = nd};
+  nb_shape ps = {.ndim = nd};
+  int64_t m = 1, n = 1;
+  for (int pass = 0; pass < 2; pass++)
+    for (int d = 0; d < nd; d++) {
+      bool reduced = (mask >> d) & 1u;
+      if (reduced != (pass == 1)) continue;
+      inv.v[d] = perm.n;
+      ps.dims[perm.n] = x->shape.dims[d];
+      perm.v[perm.n++] = d;
+      *(reduced ? &n : &m) *= x->shape.dims[d];
+    }
+  if (n < 2) {
+    nb_tensor *one = nb_scalar(1, x->dtype);
+    return nd ? nb_broadcast_to(one, x->shape) : one;
+  }
+  bool moved = false;
+  for (int d = 0; d < nd; d++)
+    moved |= perm.v[d] != d;
+  nb_tensor *z = nb_reshape(moved ? nb_permute(x, perm) : x, NB_SHAPE(m, n));
+  if (!z) return NULL;
+  nb_tensor *right = nb_flip(exclusive_cumprod_rows(nb_flip(z, NB_AXES(1))), NB_AXES(1));
+  nb_tensor *o = nb_reshape(nb_mul(exclusive_cumprod_rows(z), right), ps);
+  return moved ? nb_permute(o, inv) : o;
+}
+
+/* prod: gx = broadcast(gy) * others; ty = sum(tx * others). */
+static nb_status prod_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0]) return NB_OK;
+  nb_tensor *o = prod_of_others(y->in[0], (uint32_t)y->attrs.i[0]);
+  gin[0] = nbi_grad_fit(nb_mul(with_kept_dims(gy, y), o), y->in[0]);
+  return vjp_status(gin);
+}
+
+static nb_tensor *prod_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  nb_tensor *t = float_tangent(y, tin);
+  if (!t) return NULL;
+  return sum_like(nb_mul(t, prod_of_others(y->in[0], (uint32_t)y->attrs.i[0])), y);
+}
+
+/* w (x's shape) = [x == y] / (number of such elements in x's reduced group):
+ * how max/min share their derivative among ties. */
+static nb_tensor *extreme_weights(nb_tensor *y) {
+  nb_tensor *x = y->in[0];
+  nb_tensor *ind = nb_cast(nb_eq(x, with_kept_dims(y, y)), x->dtype);
+  return nb_div(ind, nb_sum(ind, axes_of_mask((uint32_t)y->attrs.i[0], x->shape.ndim), true));
+}
+
+/* max, min: gx = broadcast(gy) * w; ty = sum(tx * w). */
+static nb_status extreme_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0]) return NB_OK;
+  gin[0] = nbi_grad_fit(nb_mul(with_kept_dims(gy, y), extreme_weights(y)), y->in[0]);
+  return vjp_status(gin);
+}
+
+static nb_tensor *extreme_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  nb_tensor *t = float_tangent(y, tin);
+  if (!t) return NULL;
+  return sum_like(nb_mul(t, extreme_weights(y)), y);
+}
+
+/* var: y = mean((x - mu)^2) over groups of n elements, dy/dx = 2 (x - mu) / n.
+ * std: y = sqrt(var), dy/dx = (x - mu) / (n y). The derivative of mu drops out
+ * at first order, but the rules keep mu a function of x, so their own
+ * derivatives (the Hessian 2/n (I - 1 1^T / n) of var) come out right. */
+
+/* x - mean(x) over y's axes (x's shape), and the group size n. */
+static nb_tensor *deviations(const nb_tensor *y, double *n) {
+  nb_tensor *x = y->in[0];
+  uint32_t mask = (uint32_t)y->attrs.i[0];
+  *n = 1;
+  for (int d = 0; d < x->shape.ndim; d++)
+    if ((mask >> d) & 1u) *n *= (double)x->shape.dims[d];
+  return nb_sub(x, nb_mean(x, axes_of_mask(mask, x->shape.ndim), true));
+}
+
+/* var/std: gx = dev * broadcast(gy * 2 / n) (var) or dev * broadcast(gy / (n y))
+ * (std); ty = sum(tx * dev) * 2 / n (var) or sum(tx * dev) / (n y) (std). */
+static nb_status var_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0]) return NB_OK;
+  double n;
+  nb_tensor *dev = deviations(y, &n);
+  nb_tensor *s = y->attrs.i[1] ? nb_div_scalar(nb_div(gy, y), n) : nb_mul_scalar(gy, 2 / n);
+  gin[0] = nbi_grad_fit(nb_mul(dev, with_kept_dims(s, y)), y->in[0]);
+  return vjp_status(gin);
+}
+
+static nb_tensor *var_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  nb_tensor *t = float_tangent(y, tin);
+  if (!t) return NULL;
+  double n;
+  nb_tensor *s = sum_like(nb_mul(t, deviations(y, &n)), y);
+  return y->attrs.i[1] ? nb_div(nb_div_scalar(s, n), y) : nb_mul_scalar(s, 2 / n);
+}
+
+/* logsumexp: dy/dx = p = exp(x - y). gx = broadcast(gy) * p; ty = sum(tx * p). */
+static nb_tensor *lse_weights(nb_tensor *y) {
+  return nb_exp(nb_sub(y->in[0], with_kept_dims(y, y)));
+}
+
+static nb_status lse_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0]) return NB_OK;
+  gin[0] = nbi_grad_fit(nb_mul(with_kept_dims(gy, y), lse_weights(y)), y->in[0]);
+  return vjp_status(gin);
+}
+
+static nb_tensor *lse_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  nb_tensor *t = float_tangent(y, tin);
+  if (!t) return NULL;
+  return sum_like(nb_mul(t, lse_weights(y)), y);
+}
+
+/* softmax along axis i[0]: J = diag(y) - y y^T per row, symmetric, so both
+ * directions are v -> y * (v - sum(v * y, axis)). */
+static nb_tensor *softmax_apply(nb_tensor *y, nb_tensor *v) {
+  nb_tensor *s = nb_sum(nb_mul(v, y), NB_AXES((int)y->attrs.i[0]), true);
+  return nb_mul(y, nb_sub(v, s));
+}
+
+static nb_status softmax_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0]) return NB_OK;
+  gin[0] = nbi_grad_fit(softmax_apply(y, gy), y->in[0]);
+  return vjp_status(gin);
+}
+
+static nb_tensor *softmax_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  nb_tensor *t = float_tangent(y, tin);
+  return t ? softmax_apply(y, t) : NULL;
+}
+
+/* log_softmax along axis i[0]: y = x - logsumexp(x), J = I - 1 p^T per row with
+ * p = exp(y). gx = gy - p * sum(gy, axis); ty = tx - sum(tx * p, axis). */
+static nb_status log_softmax_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0]) return NB_OK;
+  nb_tensor *s = nb_sum(gy, NB_AXES((int)y->attrs.i[0]), true);
+  gin[0] = nbi_grad_fit(nb_sub(gy, nb_mul(nb_exp(y), s)), y->in[0]);
+  return vjp_status(gin);
+}
+
+static nb_tensor *log_softmax_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  nb_tensor *t = float_tangent(y, tin);
+  if (!t) return NULL;
+  return nb_sub(t, nb_sum(nb_mul(t, nb_exp(y)), NB_AXES((int)y->attrs.i[0]), true));
+}
+
+/* cumsum along axis i[0]: linear; its transpose is the reverse cumsum
+ * gx = flip(cumsum(flip(gy))); ty = cumsum(tx). */
+static nb_status cumsum_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0]) return NB_OK;
+  int a = (int)y->attrs.i[0];
+  gin[0] = nbi_grad_fit(nb_flip(nb_cumsum(nb_flip(gy, NB_AXES(a)), a), NB_AXES(a)), y->in[0]);
+  return vjp_status(gin);
+}
+
+static nb_tensor *cumsum_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  nb_tensor *t = float_tangent(y, tin);
+  return t ? nb_cumsum(t, (int)y->attrs.i[0]) : NULL;
+}
+
 const nbi_op_def nbi_opdef_REDUCE_SUM = {
-    .name = "reduce_sum", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+    .name = "reduce_sum", .arity = 1, .cpu = nbi_cpu_reduce, .vjp = sum_vjp, .jvp = sum_jvp};
 const nbi_op_def nbi_opdef_REDUCE_PROD = {
-    .name = "reduce_prod", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
-const nbi_op_def nbi_opdef_REDUCE_MAX = {
-    .name = "reduce_max", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
-const nbi_op_def nbi_opdef_REDUCE_MIN = {
-    .name = "reduce_min", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+    .name = "reduce_prod", .arity = 1, .cpu = nbi_cpu_reduce, .vjp = prod_vjp, .jvp = prod_jvp};
+const nbi_op_def nbi_opdef_REDUCE_MAX = {.name = "reduce_max",
+                                         .arity = 1,
+                                         .cpu = nbi_cpu_reduce,
+                                         .vjp = extreme_vjp,
+                                         .jvp = extreme_jvp};
+const nbi_op_def nbi_opdef_REDUCE_MIN = {.name = "reduce_min",
+                                         .arity = 1,
+                                         .cpu = nbi_cpu_reduce,
+                                         .vjp = extreme_vjp,
+                                         .jvp = extreme_jvp};
 const nbi_op_def nbi_opdef_REDUCE_ANY = {
-    .name = "reduce_any", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+    .name = "reduce_any", .arity = 1, .cpu = nbi_cpu_reduce, .flags = NBI_OPF_NONDIFF};
 const nbi_op_def nbi_opdef_REDUCE_ALL = {
-    .name = "reduce_all", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+    .name = "reduce_all", .arity = 1, .cpu = nbi_cpu_reduce, .flags = NBI_OPF_NONDIFF};
 const nbi_op_def nbi_opdef_REDUCE_VAR = {
-    .name = "reduce_var", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+    .name = "reduce_var", .arity = 1, .cpu = nbi_cpu_reduce, .vjp = var_vjp, .jvp = var_jvp};
 const nbi_op_def nbi_opdef_LOGSUMEXP = {
-    .name = "logsumexp", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+    .name = "logsumexp", .arity = 1, .cpu = nbi_cpu_reduce, .vjp = lse_vjp, .jvp = lse_jvp};
 const nbi_op_def nbi_opdef_ARGMAX = {
-    .name = "argmax", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+    .name = "argmax", .arity = 1, .cpu = nbi_cpu_reduce, .flags = NBI_OPF_NONDIFF};
 const nbi_op_def nbi_opdef_ARGMIN = {
-    .name = "argmin", .arity = 1, .cpu = nbi_cpu_reduce, .view = NULL};
+    .name = "argmin", .arity = 1, .cpu = nbi_cpu_reduce, .flags = NBI_OPF_NONDIFF};
 const nbi_op_def nbi_opdef_SOFTMAX = {
-    .name = "softmax", .arity = 1, .cpu = nbi_cpu_softmax, .view = NULL};
-const nbi_op_def nbi_opdef_LOG_SOFTMAX = {
-    .name = "log_softmax", .arity = 1, .cpu = nbi_cpu_softmax, .view = NULL};
+    .name = "softmax", .arity = 1, .cpu = nbi_cpu_softmax, .vjp = softmax_vjp, .jvp = softmax_jvp};
+const nbi_op_def nbi_opdef_LOG_SOFTMAX = {.name = "log_softmax",
+                                          .arity = 1,
+                                          .cpu = nbi_cpu_softmax,
+                                          .vjp = log_softmax_vjp,
+                                          .jvp = log_softmax_jvp};
 const nbi_op_def nbi_opdef_CUMSUM = {
-    .name = "cumsum", .arity = 1, .cpu = nbi_cpu_cumsum, .view = NULL};
+    .name = "cumsum", .arity = 1, .cpu = nbi_cpu_cumsum, .vjp = cumsum_vjp, .jvp = cumsum_jvp};

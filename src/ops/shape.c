@@ -5,12 +5,20 @@
  * it (reshape only when the strides allow, as NumPy's attempt_nocopy_reshape;
  * otherwise its kernel copies). concat and pad have kernels. Everything else
  * (transpose, squeeze, unsqueeze, flatten, stack, split, repeat, tile) is
- * composed of these at record time, so it differentiates through them. */
+ * composed of these at record time, so it differentiates through them.
+ *
+ * Autodiff: every primitive here is linear, so each VJP is the transpose map
+ * and each JVP applies the op itself to the tangent. The rules use only these
+ * shape ops (and sum for broadcast_to), so they differentiate again. */
 #include "../backends/cpu/k_shape.h"
 
 #include <stdlib.h>
 
 #define SHAPE_STR_CAP 160
+
+/* The status a VJP rule returns after computing r: NB_OK, or the recorded
+ * error when an op on the way failed (r is NULL). */
+static nb_status rule_status(const nb_tensor *r) { return r ? NB_OK : nb_last_status(); }
 
 /* ---- reshape ---------------------------------------------------------------------- */
 
@@ -162,8 +170,23 @@ nb_tensor *nb_flatten(nb_tensor *t, int start_axis, int end_axis) {
   return record_reshape(t, &s);
 }
 
-const nbi_op_def nbi_opdef_RESHAPE = {
-    .name = "reshape", .arity = 1, .cpu = nbi_cpu_reshape, .view = reshape_view};
+/* y = reshape(x): gx = reshape(gy, x.shape); ty = reshape(tx, y.shape). */
+static nb_status reshape_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0]) return NB_OK;
+  gin[0] = nb_reshape(gy, y->in[0]->shape);
+  return rule_status(gin[0]);
+}
+
+static nb_tensor *reshape_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  return nb_reshape(tin[0], y->shape);
+}
+
+const nbi_op_def nbi_opdef_RESHAPE = {.name = "reshape",
+                                      .arity = 1,
+                                      .cpu = nbi_cpu_reshape,
+                                      .view = reshape_view,
+                                      .vjp = reshape_vjp,
+                                      .jvp = reshape_jvp};
 
 /* ---- permute ---------------------------------------------------------------------- */
 
@@ -217,8 +240,30 @@ nb_tensor *nb_transpose(nb_tensor *t) {
   return record_permute(t, p);
 }
 
-const nbi_op_def nbi_opdef_PERMUTE = {
-    .name = "permute", .arity = 1, .cpu = nbi_cpu_view_copy, .view = permute_view};
+/* y = permute(x, p) with y axis d = x axis p[d]: gx = permute(gy, p^-1), where
+ * p^-1[p[d]] = d; ty = permute(tx, p). */
+static nb_status permute_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0]) return NB_OK;
+  nb_axes inv = {.n = y->shape.ndim};
+  for (int d = 0; d < inv.n; d++)
+    inv.v[y->attrs.i[d]] = d;
+  gin[0] = nb_permute(gy, inv);
+  return rule_status(gin[0]);
+}
+
+static nb_tensor *permute_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  nb_axes p = {.n = y->shape.ndim};
+  for (int d = 0; d < p.n; d++)
+    p.v[d] = (int)y->attrs.i[d];
+  return nb_permute(tin[0], p);
+}
+
+const nbi_op_def nbi_opdef_PERMUTE = {.name = "permute",
+                                      .arity = 1,
+                                      .cpu = nbi_cpu_view_copy,
+                                      .view = permute_view,
+                                      .vjp = permute_vjp,
+                                      .jvp = permute_jvp};
 
 /* ---- broadcast_to ----------------------------------------------------------------- */
 
@@ -250,8 +295,24 @@ nb_tensor *nb_broadcast_to(nb_tensor *t, nb_shape s) {
   return record_broadcast(t, &s);
 }
 
-const nbi_op_def nbi_opdef_BROADCAST_TO = {
-    .name = "broadcast_to", .arity = 1, .cpu = nbi_cpu_view_copy, .view = broadcast_view};
+/* y = broadcast_to(x, s): gx = gy summed over the added and stretched dims;
+ * ty = broadcast_to(tx, s). */
+static nb_status broadcast_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0]) return NB_OK;
+  gin[0] = nbi_sum_to(gy, &y->in[0]->shape);
+  return rule_status(gin[0]);
+}
+
+static nb_tensor *broadcast_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  return nb_broadcast_to(tin[0], y->shape);
+}
+
+const nbi_op_def nbi_opdef_BROADCAST_TO = {.name = "broadcast_to",
+                                           .arity = 1,
+                                           .cpu = nbi_cpu_view_copy,
+                                           .view = broadcast_view,
+                                           .vjp = broadcast_vjp,
+                                           .jvp = broadcast_jvp};
 
 /* ---- slice ------------------------------------------------------------------------ */
 
@@ -366,8 +427,68 @@ nb_status nb_split(nb_tensor *t, const int64_t *sizes, int n, int axis, nb_tenso
   return NB_OK;
 }
 
-const nbi_op_def nbi_opdef_SLICE = {
-    .name = "slice", .arity = 1, .cpu = nbi_cpu_view_copy, .view = slice_view};
+/* g with k-1 zeros inserted between neighbours along axis d: extent c becomes
+ * (c-1)*k + 1 (c >= 1, k >= 2). g is seen as [pre, c, post], padded to
+ * [pre, c, k, post] (zeros after each element), merged to [pre, c*k, post] and
+ * cut after the last element; built from reshape, pad and slice (any rank). */
+static nb_tensor *dilate_axis(nb_tensor *g, int d, int64_t k) {
+  if (!g) return NULL;
+  nb_shape s = g->shape;
+  int64_t c = s.dims[d], pre = 1, post = 1;
+  for (int e = 0; e < d; e++)
+    pre *= s.dims[e];
+  for (int e = d + 1; e < s.ndim; e++)
+    post *= s.dims[e];
+  int64_t pads[8] = {0, 0, 0, 0, 0, k - 1, 0, 0};
+  int64_t starts[3] = {0, 0, 0}, stops[3] = {NB_END, (c - 1) * k + 1, NB_END};
+  nb_tensor *x = nb_reshape(g, (nb_shape){.ndim = 4, .dims = {pre, c, 1, post}});
+  x = nb_pad(x, pads, 0.0);
+  x = nb_reshape(x, (nb_shape){.ndim = 3, .dims = {pre, c * k, post}});
+  x = nb_slice(x, starts, stops, NULL);
+  s.dims[d] = (c - 1) * k + 1;
+  return nb_reshape(x, s);
+}
+
+/* y = x[start_d :: step_d] (count_d elements per axis): gx is gy placed back
+ * into zeros of x's shape. Per axis, a negative step is undone by a flip, a
+ * step k > 1 by dilate_axis; the block then covers [lo, lo + span) of the axis,
+ * and one pad adds the zeros around it. An empty y gives a zero gx (NULL). */
+static nb_status slice_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0] || nbi_numel(&y->shape) == 0) return NB_OK;
+  const nb_shape *xs = &y->in[0]->shape;
+  int nd = xs->ndim;
+  int64_t pads[2 * NB_MAX_DIMS] = {0};
+  bool any_pad = false;
+  nb_tensor *g = gy;
+  for (int d = 0; d < nd; d++) {
+    int64_t c = y->shape.dims[d], lo = y->attrs.i[d], k = y->attrs.i[NB_MAX_DIMS + d];
+    if (c > 1 && k < 0) {
+      g = nb_flip(g, (nb_axes){.n = 1, .v = {d}});
+      k = -k;
+      lo -= (c - 1) * k;
+    }
+    if (c > 1 && k > 1) g = dilate_axis(g, d, k);
+    int64_t span = c > 1 ? (c - 1) * k + 1 : 1;
+    pads[2 * d] = lo;
+    pads[2 * d + 1] = xs->dims[d] - lo - span;
+    any_pad = any_pad || pads[2 * d] || pads[2 * d + 1];
+    if (!g) break;
+  }
+  gin[0] = any_pad ? nb_pad(g, pads, 0.0) : g;
+  return rule_status(gin[0]);
+}
+
+/* ty = the same slice of tx (tx has x's shape, so y's attrs apply as they are). */
+static nb_tensor *slice_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  return record_slice(tin[0], y->attrs.i, y->attrs.i + NB_MAX_DIMS, y->shape.dims);
+}
+
+const nbi_op_def nbi_opdef_SLICE = {.name = "slice",
+                                    .arity = 1,
+                                    .cpu = nbi_cpu_view_copy,
+                                    .view = slice_view,
+                                    .vjp = slice_vjp,
+                                    .jvp = slice_jvp};
 
 /* ---- flip ------------------------------------------------------------------------- */
 
@@ -393,8 +514,31 @@ nb_tensor *nb_flip(nb_tensor *t, nb_axes axes) {
   return nbi_record(NBI_OP_FLIP, t->dtype, &t->shape, &t, 1, &at);
 }
 
-const nbi_op_def nbi_opdef_FLIP = {
-    .name = "flip", .arity = 1, .cpu = nbi_cpu_view_copy, .view = flip_view};
+/* The axes of a flip node's bitmask. */
+static nb_axes flip_axes(const nb_tensor *y) {
+  nb_axes ax = {0};
+  for (int d = 0; d < y->shape.ndim; d++)
+    if (y->attrs.i[0] >> d & 1) ax.v[ax.n++] = d;
+  return ax;
+}
+
+/* A flip is its own transpose: gx = flip(gy), ty = flip(tx), same axes. */
+static nb_status flip_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0]) return NB_OK;
+  gin[0] = nb_flip(gy, flip_axes(y));
+  return rule_status(gin[0]);
+}
+
+static nb_tensor *flip_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  return nb_flip(tin[0], flip_axes(y));
+}
+
+const nbi_op_def nbi_opdef_FLIP = {.name = "flip",
+                                   .arity = 1,
+                                   .cpu = nbi_cpu_view_copy,
+                                   .view = flip_view,
+                                   .vjp = flip_vjp,
+                                   .jvp = flip_jvp};
 
 /* ---- concat, stack ---------------------------------------------------------------- */
 
@@ -487,8 +631,51 @@ done:
   return r;
 }
 
-const nbi_op_def nbi_opdef_CONCAT = {
-    .name = "concat", .arity = -1, .cpu = nbi_cpu_concat, .view = NULL};
+/* y = concat(x_0 .. x_{n-1}) along attrs.i[0], in the promoted dtype: gx_k is
+ * gy's block [off_k, off_k + len_k) along the axis, cast back to x_k's dtype.
+ * ty = concat of the tangents (zeros for the missing ones) in y's dtype. */
+static nb_status concat_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  int a = (int)y->attrs.i[0], nd = y->shape.ndim;
+  int64_t starts[NB_MAX_DIMS] = {0}, stops[NB_MAX_DIMS];
+  for (int d = 0; d < nd; d++)
+    stops[d] = NB_END;
+  int64_t off = 0;
+  for (int k = 0; k < y->n_in; k++) {
+    nb_tensor *x = y->in[k];
+    int64_t len = x->shape.dims[a];
+    if (need[k]) {
+      starts[a] = off;
+      stops[a] = off + len;
+      gin[k] = nbi_grad_fit(nb_slice(gy, starts, stops, NULL), x);
+      if (!gin[k]) return nb_last_status();
+    }
+    off += len;
+  }
+  return NB_OK;
+}
+
+static nb_tensor *concat_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  nb_tensor **parts = malloc((size_t)y->n_in * sizeof *parts);
+  if (!parts) {
+    nbi_error(NB_ERR_OOM, "nb_concat: out of memory for its tangent");
+    return NULL;
+  }
+  nb_tensor *r = NULL;
+  for (int k = 0; k < y->n_in; k++)
+    if (!(parts[k] = tin[k] ? tin[k] : nbi_zeros_like(y->in[k]))) goto done;
+  r = nb_concat(parts, y->n_in, (int)y->attrs.i[0]);
+  if (r && r->dtype != y->dtype) r = nb_cast(r, y->dtype);
+done:
+  free(parts);
+  return r;
+}
+
+const nbi_op_def nbi_opdef_CONCAT = {.name = "concat",
+                                     .arity = -1,
+                                     .cpu = nbi_cpu_concat,
+                                     .view = NULL,
+                                     .vjp = concat_vjp,
+                                     .jvp = concat_jvp};
 
 /* ---- pad -------------------------------------------------------------------------- */
 
@@ -515,7 +702,27 @@ nb_tensor *nb_pad(nb_tensor *t, const int64_t *pads, double value) {
   return nbi_record(NBI_OP_PAD, t->dtype, &s, &t, 1, &at);
 }
 
-const nbi_op_def nbi_opdef_PAD = {.name = "pad", .arity = 1, .cpu = nbi_cpu_pad, .view = NULL};
+/* y = pad(x, pads, value) with attrs.i[2d], i[2d+1] = before/after along d:
+ * gx = gy[before_d : before_d + x.dims[d]]; ty = pad(tx, pads, 0) (the fill
+ * value is a constant). */
+static nb_status pad_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (!need[0]) return NB_OK;
+  const nb_shape *xs = &y->in[0]->shape;
+  int64_t starts[NB_MAX_DIMS], stops[NB_MAX_DIMS];
+  for (int d = 0; d < xs->ndim; d++) {
+    starts[d] = y->attrs.i[2 * d];
+    stops[d] = starts[d] + xs->dims[d];
+  }
+  gin[0] = nb_slice(gy, starts, stops, NULL);
+  return rule_status(gin[0]);
+}
+
+static nb_tensor *pad_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  return nb_pad(tin[0], y->attrs.i, 0.0);
+}
+
+const nbi_op_def nbi_opdef_PAD = {
+    .name = "pad", .arity = 1, .cpu = nbi_cpu_pad, .view = NULL, .vjp = pad_vjp, .jvp = pad_jvp};
 
 /* ---- repeat, tile ------------------------------------------------------------------ */
 

@@ -64,11 +64,12 @@ static void free_provenance(nbi_sweep *s) {
     t->flags |= NBI_T_GRAD_FREED;
     if (t->flags & NBI_T_REALIZED) nbi_tensor_drop_graph(t);
   }
-  for (int i = 0; i < s->n; i++) {
-    s->nodes[i]->aux = -1;
-    nb_release(s->nodes[i]);
-  }
-  s->n = 0;
+  /* the sweep forgets its nodes before they may be freed (sources included:
+   * a leaf only the graph held dies here) */
+  int n = s->n;
+  for (int i = 0; i < n; i++) s->nodes[i]->aux = -1;
+  s->n = s->n_sources = 0;
+  for (int i = 0; i < n; i++) nb_release(s->nodes[i]);
 }
 
 nb_status nb_backward(nb_tensor *loss) {
@@ -154,6 +155,12 @@ nb_status nb_assign(nb_tensor *dst, nb_tensor *src) {
   /* Realize everything pending first: nothing computed before the assign may
    * see dst's new value. val is in the innermost scope, so it is included. */
   if (!st) st = nbi_scope_pending(&pending, &n, &cap);
+  if (!st && n == cap) { /* val itself, in case no scope holds it */
+    nb_tensor **grown = realloc(pending, (size_t)(cap + 1) * sizeof *grown);
+    if (grown) pending = grown;
+    else st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  }
+  if (!st) pending[n++] = val;
   if (!st) st = nbi_realize(pending, n);
   free(pending);
   if (!st && val->shard0.buf) {
