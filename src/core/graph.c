@@ -93,15 +93,21 @@ typedef struct hasher {
   uint64_t a, b;
 } hasher;
 
-static void hash_bytes(hasher *h, const void *p, size_t n) {
-  const unsigned char *c = p;
+/* Mixes 64-bit words (two independent multiply-xorshift lanes): a word at a
+ * time, since a plan lookup hashes every node's attributes on each realization. */
+static void hash_words(hasher *h, const void *p, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    h->a = (h->a ^ c[i]) * 0x100000001b3ull; /* FNV-1a */
-    h->b = (h->b + c[i] + 1) * 0x9e3779b97f4a7c15ull;
+    uint64_t w;
+    memcpy(&w, (const char *)p + 8 * i, 8); /* any 8-byte field: ints, doubles */
+    h->a = (h->a ^ w) * 0x100000001b3ull;
+    h->a ^= h->a >> 32;
+    h->b = (h->b + w + 1) * 0x9e3779b97f4a7c15ull;
     h->b ^= h->b >> 29;
   }
 }
-static void hash_i64(hasher *h, int64_t v) { hash_bytes(h, &v, sizeof v); }
+static void hash_i64(hasher *h, int64_t v) { hash_words(h, &v, 1); }
+
+_Static_assert(sizeof(nbi_attrs) % sizeof(uint64_t) == 0, "attrs hash as whole words");
 
 /* ---- collection ------------------------------------------------------------------------ */
 typedef struct graph {
@@ -203,10 +209,10 @@ static void graph_hash(const graph *g, const int *uses, const bool *held, hasher
   hash_i64(h, g->n);
   for (int i = 0; i < g->n; i++) {
     const nb_tensor *t = g->nodes[i];
-    int64_t head[4] = {t->op, t->dtype, t->n_in, held[i]};
-    hash_bytes(h, head, sizeof head);
-    hash_bytes(h, &t->shape, sizeof t->shape);
-    hash_bytes(h, &t->attrs, sizeof t->attrs);
+    int64_t head[5] = {t->op, t->dtype, t->n_in, held[i], t->shape.ndim};
+    hash_words(h, head, 5);
+    hash_words(h, t->shape.dims, (size_t)t->shape.ndim);
+    hash_words(h, &t->attrs, sizeof t->attrs / sizeof(uint64_t));
     for (int k = 0; k < t->n_in; k++)
       hash_i64(h, t->in[k]->mark);
     hash_i64(h, uses[i]);
@@ -214,9 +220,9 @@ static void graph_hash(const graph *g, const int *uses, const bool *held, hasher
   for (int i = 0; i < g->n_leaves; i++) {
     const nb_tensor *l = g->leaves[i];
     int64_t head[2] = {l->dtype, l->shape.ndim};
-    hash_bytes(h, head, sizeof head);
-    hash_bytes(h, l->shape.dims, sizeof(int64_t) * (size_t)l->shape.ndim);
-    hash_bytes(h, l->shard0.strides, sizeof(int64_t) * (size_t)l->shape.ndim);
+    hash_words(h, head, 2);
+    hash_words(h, l->shape.dims, (size_t)l->shape.ndim);
+    hash_words(h, l->shard0.strides, (size_t)l->shape.ndim);
   }
 }
 
