@@ -125,6 +125,14 @@ static inline void tc_assert_close(nb_tensor *t, const double *ref, nb_shape s) 
 
 /* ---- random shapes and values, index arithmetic ---------------------------- */
 
+/* n uniform values in [-1, 1) rounded to dt (malloc'd). */
+static inline double *tc_rand_floats(int64_t n, nb_dtype dt, uint64_t *seed) {
+  double *x = malloc((size_t)(n + 1) * sizeof *x);
+  tc_fill(x, n, -1, 1, seed);
+  tc_round_to(x, n, dt);
+  return x;
+}
+
 /* Uniform integer in [lo, hi]. */
 static inline int64_t tc_randint(uint64_t *seed, int64_t lo, int64_t hi) {
   int64_t v = lo + (int64_t)floor(tc_uniform(seed, 0, (double)(hi - lo + 1)));

@@ -75,6 +75,19 @@ static inline void tc_perturbed(nb_tensor *const *xs, int n_in, double *const *h
   }
 }
 
+/* Reads ts[0..n-1] (each like[k]'s shape and dtype, asserted) one after
+ * another into dst. */
+static inline void tc_read_concat(const char *what, nb_tensor *const *ts, nb_tensor *const *like,
+                                  int n, double *dst) {
+  for (int k = 0; k < n; k++) {
+    tc_assert_like(what, ts[k], like[k]);
+    double *t = tc_read(ts[k]);
+    memcpy(dst, t, (size_t)nb_numel(ts[k]) * sizeof *t);
+    dst += nb_numel(ts[k]);
+    free(t);
+  }
+}
+
 typedef struct tc_inner_product {
   nb_fn *f;
   nb_tensor *u; /* s(x) = sum(f(x) * u) */
@@ -136,48 +149,42 @@ static inline void tc_check_grad(const char *what, nb_fn_body body, void *user, 
   nb_fn *vjp = nb_vjp_fn(f);
   cr_assert(vjp, "%s: nb_vjp_fn: %s", what, nb_last_error());
   nb_tensor *vin[9], *vout[9];
-  for (int k = 0; k < n_in; k++) vin[k] = xs[k];
+  for (int k = 0; k < n_in; k++)
+    vin[k] = xs[k];
   vin[n_in] = u;
   cr_assert_eq(nb_call(vjp, vin, vout), NB_OK, "%s: vjp: %s", what, nb_last_error());
   double *jtu_fd = calloc((size_t)total + 1, sizeof *jtu_fd), *jtu = calloc((size_t)total + 1, 8);
   for (int64_t c = 0; c < total; c++)
-    for (int64_t i = 0; i < m; i++) jtu_fd[c] += J[i * total + c] * uh[i];
-  col = 0;
-  for (int k = 0; k < n_in; k++) {
-    tc_assert_like(what, vout[1 + k], xs[k]);
-    double *g = tc_read(vout[1 + k]);
-    memcpy(jtu + col, g, (size_t)nk[k] * sizeof *g);
-    free(g);
-    col += nk[k];
-  }
+    for (int64_t i = 0; i < m; i++)
+      jtu_fd[c] += J[i * total + c] * uh[i];
+  tc_read_concat(what, vout + 1, xs, n_in, jtu);
   tc_assert_vec_close(what, "vjp vs finite differences", jtu, jtu_fd, total, TC_FD_TOL);
 
   /* 2. forward mode */
   nb_tensor *v[8];
   double *vh = calloc((size_t)total + 1, sizeof *vh);
-  col = 0;
-  for (int k = 0; k < n_in; k++) {
+  for (int k = 0; k < n_in; k++)
     v[k] = tc_rand_f64(nb_shape_of(xs[k]), -1, 1, &seed);
-    double *t = tc_read(v[k]);
-    memcpy(vh + col, t, (size_t)nk[k] * sizeof *t);
-    free(t);
-    col += nk[k];
-  }
+  tc_read_concat(what, v, xs, n_in, vh);
   nb_fn *jvp = nb_jvp_fn(f);
   cr_assert(jvp, "%s: nb_jvp_fn: %s", what, nb_last_error());
   nb_tensor *jin[16], *jout[2];
-  for (int k = 0; k < n_in; k++) jin[k] = xs[k], jin[n_in + k] = v[k];
+  for (int k = 0; k < n_in; k++)
+    jin[k] = xs[k], jin[n_in + k] = v[k];
   cr_assert_eq(nb_call(jvp, jin, jout), NB_OK, "%s: jvp: %s", what, nb_last_error());
   cr_assert(nbi_shape_eq(&jout[1]->shape, &ys), "%s: tangent shape", what);
   double *jv = tc_read(jout[1]), *jv_fd = calloc((size_t)m + 1, sizeof *jv_fd);
   for (int64_t i = 0; i < m; i++)
-    for (int64_t c = 0; c < total; c++) jv_fd[i] += J[i * total + c] * vh[c];
+    for (int64_t c = 0; c < total; c++)
+      jv_fd[i] += J[i * total + c] * vh[c];
   tc_assert_vec_close(what, "jvp vs finite differences", jv, jv_fd, m, TC_FD_TOL);
 
   /* 3. dot-product identity */
   double lhs = 0, rhs = 0, mag = 1;
-  for (int64_t i = 0; i < m; i++) lhs += jv[i] * uh[i], mag += fabs(jv[i] * uh[i]);
-  for (int64_t c = 0; c < total; c++) rhs += vh[c] * jtu[c];
+  for (int64_t i = 0; i < m; i++)
+    lhs += jv[i] * uh[i], mag += fabs(jv[i] * uh[i]);
+  for (int64_t c = 0; c < total; c++)
+    rhs += vh[c] * jtu[c];
   cr_assert(fabs(lhs - rhs) <= 1e-10 * mag, "%s: <Jv,u> = %.15g but <v,J^T u> = %.15g", what, lhs,
             rhs);
 
@@ -191,9 +198,11 @@ static inline void tc_check_grad(const char *what, nb_fn_body body, void *user, 
     nb_tensor *xp[8], *xm[8], *gp[8], *gm[8];
     for (int k = 0; k < n_in; k++) {
       double *vk = tc_read(v[k]), *xk = malloc((size_t)(nk[k] + 1) * sizeof *xk);
-      for (int64_t j = 0; j < nk[k]; j++) xk[j] = host[k][j] + TC_FD_STEP * vk[j];
+      for (int64_t j = 0; j < nk[k]; j++)
+        xk[j] = host[k][j] + TC_FD_STEP * vk[j];
       xp[k] = tc_tensor(xk, nb_shape_of(xs[k]), NB_F64);
-      for (int64_t j = 0; j < nk[k]; j++) xk[j] = host[k][j] - TC_FD_STEP * vk[j];
+      for (int64_t j = 0; j < nk[k]; j++)
+        xk[j] = host[k][j] - TC_FD_STEP * vk[j];
       xm[k] = tc_tensor(xk, nb_shape_of(xs[k]), NB_F64);
       free(vk);
       free(xk);
@@ -203,7 +212,8 @@ static inline void tc_check_grad(const char *what, nb_fn_body body, void *user, 
     col = 0;
     for (int k = 0; k < n_in; k++) {
       double *a = tc_read(gp[k]), *b = tc_read(gm[k]);
-      for (int64_t j = 0; j < nk[k]; j++) hv_fd[col + j] = (a[j] - b[j]) / (2 * TC_FD_STEP);
+      for (int64_t j = 0; j < nk[k]; j++)
+        hv_fd[col + j] = (a[j] - b[j]) / (2 * TC_FD_STEP);
       free(a);
       free(b);
       col += nk[k];
@@ -214,27 +224,14 @@ static inline void tc_check_grad(const char *what, nb_fn_body body, void *user, 
     cr_assert_eq(nb_call(fwd, jin, fo), NB_OK, "%s: jvp(grad): %s", what, nb_last_error());
     /* reverse over reverse: grad of <v, grad s(x)> */
     double *hv = calloc((size_t)total + 1, sizeof *hv);
-    col = 0;
-    for (int k = 0; k < n_in; k++) {
-      tc_assert_like(what, fo[n_in + k], xs[k]);
-      double *t = tc_read(fo[n_in + k]);
-      memcpy(hv + col, t, (size_t)nk[k] * sizeof *t);
-      free(t);
-      col += nk[k];
-    }
+    tc_read_concat(what, fo + n_in, xs, n_in, hv);
     tc_assert_vec_close(what, "jvp(grad) vs finite differences", hv, hv_fd, total, TC_FD_TOL);
     nb_fn *rr = nb_vjp_fn(gs);
     nb_tensor *rin[16], *ro[16];
-    for (int k = 0; k < n_in; k++) rin[k] = xs[k], rin[n_in + k] = v[k];
+    for (int k = 0; k < n_in; k++)
+      rin[k] = xs[k], rin[n_in + k] = v[k];
     cr_assert_eq(nb_call(rr, rin, ro), NB_OK, "%s: vjp(grad): %s", what, nb_last_error());
-    col = 0;
-    for (int k = 0; k < n_in; k++) {
-      tc_assert_like(what, ro[n_in + k], xs[k]);
-      double *t = tc_read(ro[n_in + k]);
-      memcpy(hv + col, t, (size_t)nk[k] * sizeof *t);
-      free(t);
-      col += nk[k];
-    }
+    tc_read_concat(what, ro + n_in, xs, n_in, hv);
     tc_assert_vec_close(what, "vjp(grad) vs finite differences", hv, hv_fd, total, TC_FD_TOL);
     free(hv);
     free(hv_fd);
@@ -243,7 +240,8 @@ static inline void tc_check_grad(const char *what, nb_fn_body body, void *user, 
     nb_fn_release(gs);
     nb_fn_release(s);
   }
-  for (int k = 0; k < n_in; k++) free(host[k]);
+  for (int k = 0; k < n_in; k++)
+    free(host[k]);
   free(J);
   free(uh);
   free(jtu_fd);

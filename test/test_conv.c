@@ -44,21 +44,13 @@ static double *ref_conv2d(const double *x, const double *wt, const double *bias,
   return y;
 }
 
-/* n uniform values in [-1, 1) rounded to dt (malloc'd). */
-static double *rand_floats(int64_t n, nb_dtype dt, uint64_t *seed) {
-  double *x = malloc((size_t)(n + 1) * sizeof *x);
-  tc_fill(x, n, -1, 1, seed);
-  tc_round_to(x, n, dt);
-  return x;
-}
-
 /* nb_conv2d of case k in dtype dt against the reference. */
 static void check_conv(const conv_case *k, nb_dtype dt) {
   uint64_t seed = 7 + (uint64_t)(k->c * 31 + k->kh);
   nb_shape xs = NB_SHAPE(k->n, k->c, k->h, k->w),
            ws = NB_SHAPE(k->o, k->c / k->groups, k->kh, k->kw);
-  double *x = rand_floats(tc_numel(xs), dt, &seed), *w = rand_floats(tc_numel(ws), dt, &seed);
-  double *b = rand_floats(k->o, dt, &seed);
+  double *x = tc_rand_floats(tc_numel(xs), dt, &seed), *w = tc_rand_floats(tc_numel(ws), dt, &seed);
+  double *b = tc_rand_floats(k->o, dt, &seed);
   nb_conv2d_params p = {{k->sh, k->sw}, {k->ph, k->pw}, {k->dh, k->dw}, k->groups};
   nb_tensor *y = nb_conv2d(tc_tensor(x, xs, dt), tc_tensor(w, ws, dt),
                            k->bias ? tc_tensor(b, NB_SHAPE(k->o), dt) : NULL, &p);
@@ -94,8 +86,8 @@ Test(conv, conv2d_matches_reference_for_every_float_dtype) {
 Test(conv, conv2d_zero_params_mean_defaults) {
   conv_case k = {2, 3, 5, 4, 2, 2, 3, 1, 1, 0, 0, 1, 1, 1, true};
   uint64_t seed = 3;
-  double *x = rand_floats(120, NB_F64, &seed), *w = rand_floats(36, NB_F64, &seed);
-  double *b = rand_floats(2, NB_F64, &seed);
+  double *x = tc_rand_floats(120, NB_F64, &seed), *w = tc_rand_floats(36, NB_F64, &seed);
+  double *b = tc_rand_floats(2, NB_F64, &seed);
   nb_tensor *tx = tc_tensor(x, NB_SHAPE(2, 3, 5, 4), NB_F64);
   nb_tensor *tw = tc_tensor(w, NB_SHAPE(2, 3, 2, 3), NB_F64);
   nb_tensor *tb = tc_tensor(b, NB_SHAPE(2), NB_F64);
@@ -178,7 +170,7 @@ static double *ref_max_pool(const double *x, nb_shape xs, int kh, int kw, int sh
 /* nb_max_pool2d of random x [xs] in dt against the reference (exact). */
 static void check_pool(nb_shape xs, nb_dtype dt, int kh, int kw, int sh, int sw, int ph, int pw) {
   uint64_t seed = 11 + (uint64_t)kh;
-  double *x = rand_floats(tc_numel(xs), dt, &seed);
+  double *x = tc_rand_floats(tc_numel(xs), dt, &seed);
   nb_tensor *y = nb_max_pool2d(tc_tensor(x, xs, dt), kh, kw, sh, sw, ph, pw);
   cr_assert(y, "nb_max_pool2d failed: %s", nb_last_error());
   cr_assert_eq(nb_dtype_of(y), dt);
@@ -234,7 +226,7 @@ Test(conv, kernels_read_strided_views) {
   /* x [2,3,5,4] stored as [2,3,4,5] (H and W swapped); w [4,3,2,2] with its
    * kernel columns flipped (negative stride). */
   uint64_t seed = 5;
-  double *xs = rand_floats(120, NB_F32, &seed), *ws = rand_floats(48, NB_F32, &seed);
+  double *xs = tc_rand_floats(120, NB_F32, &seed), *ws = tc_rand_floats(48, NB_F32, &seed);
   float xm[120], wm[48];
   for (int i = 0; i < 120; i++)
     xm[i] = (float)xs[i];

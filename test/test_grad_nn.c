@@ -141,14 +141,6 @@ static double *ref_pool_select(const double *x, const double *g, const pool_case
   return y;
 }
 
-/* n uniform values in [-1, 1) rounded to dt (malloc'd). */
-static double *rand_vals(int64_t n, nb_dtype dt, uint64_t *seed) {
-  double *x = malloc((size_t)(n + 1) * sizeof *x);
-  tc_fill(x, n, -1, 1, seed);
-  tc_round_to(x, n, dt);
-  return x;
-}
-
 /* Tolerance for a sum of `terms` products of values in [-1, 1] in dtype dt. */
 static double sum_tol(nb_dtype dt, int64_t terms) {
   return tc_tol(dt) * (dt == NB_F16 || dt == NB_BF16 ? 2.0 : (double)(terms > 1 ? terms : 1));
@@ -162,8 +154,8 @@ static void check_conv_bwd(const conv_case *k, nb_dtype dt) {
   int64_t oh = case_oh(k), ow = case_ow(k);
   nb_shape xs = NB_SHAPE(k->n, k->c, k->h, k->w),
            ws = NB_SHAPE(k->o, k->c / k->groups, k->kh, k->kw), ys = NB_SHAPE(k->n, k->o, oh, ow);
-  double *x = rand_vals(tc_numel(xs), dt, &seed), *w = rand_vals(tc_numel(ws), dt, &seed),
-         *dy = rand_vals(tc_numel(ys), dt, &seed);
+  double *x = tc_rand_floats(tc_numel(xs), dt, &seed), *w = tc_rand_floats(tc_numel(ws), dt, &seed),
+         *dy = tc_rand_floats(tc_numel(ys), dt, &seed);
   nbi_attrs at = case_attrs(k);
   nb_tensor *dx = nbi_conv2d_bwd_data(tc_tensor(dy, ys, dt), tc_tensor(w, ws, dt), &at, k->h, k->w);
   nb_tensor *dw =
@@ -288,7 +280,8 @@ Test(grad_nn, conv_bwd_ops_reject_inconsistent_operands) {
 static void check_pool_ops_on(const pool_case *k, const double *x, nb_dtype dt, uint64_t seed) {
   int64_t oh = pool_oh(k), ow = pool_ow(k);
   nb_shape xs = NB_SHAPE(k->n, k->c, k->h, k->w), ys = NB_SHAPE(k->n, k->c, oh, ow);
-  double *dy = rand_vals(tc_numel(ys), dt, &seed), *g = rand_vals(tc_numel(xs), dt, &seed);
+  double *dy = tc_rand_floats(tc_numel(ys), dt, &seed),
+         *g = tc_rand_floats(tc_numel(xs), dt, &seed);
   nbi_attrs at = pool_case_attrs(k);
   nb_tensor *tx = tc_tensor(x, xs, dt);
   nb_tensor *dx = nbi_max_pool2d_bwd(tx, tc_tensor(dy, ys, dt), &at);
@@ -306,7 +299,7 @@ static void check_pool_ops_on(const pool_case *k, const double *x, nb_dtype dt, 
 static void check_pool_ops(const pool_case *k, nb_dtype dt, bool ties) {
   uint64_t seed = 31 + (uint64_t)(k->kh * 5 + k->sh);
   int64_t n = k->n * k->c * k->h * k->w;
-  double *x = rand_vals(n, dt, &seed);
+  double *x = tc_rand_floats(n, dt, &seed);
   if (ties) /* few distinct values: many windows hold their maximum twice */
     for (int64_t i = 0; i < n; i++)
       x[i] = floor(x[i] * 2);
