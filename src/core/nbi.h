@@ -227,6 +227,8 @@ nb_tensor *nbi_sum_to(nb_tensor *g, const nb_shape *s);
 nb_tensor *nbi_grad_fit(nb_tensor *g, const nb_tensor *x);
 /* Zeros of x's shape and dtype as a broadcast 0-d constant (no big buffer). */
 nb_tensor *nbi_zeros_like(const nb_tensor *x);
+/* Ones of x's shape and dtype, the same way (the seed of a gradient). */
+nb_tensor *nbi_ones_like(const nb_tensor *x);
 /* a + b where either may be NULL (zero); NULL only if both are. */
 nb_tensor *nbi_add_maybe(nb_tensor *a, nb_tensor *b);
 

@@ -24,6 +24,11 @@ nb_tensor *nbi_zeros_like(const nb_tensor *x) {
   return x->shape.ndim ? nb_broadcast_to(z, x->shape) : z;
 }
 
+nb_tensor *nbi_ones_like(const nb_tensor *x) {
+  nb_tensor *o = nb_scalar(1, x->dtype);
+  return x->shape.ndim ? nb_broadcast_to(o, x->shape) : o;
+}
+
 nb_tensor *nbi_add_maybe(nb_tensor *a, nb_tensor *b) {
   if (!a) return b;
   if (!b) return a;

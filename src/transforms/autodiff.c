@@ -29,11 +29,6 @@ static void xform_destroy(void *p) {
 }
 
 /* ---- helpers -------------------------------------------------------------------- */
-static nb_tensor *ones_like(const nb_tensor *t) {
-  nb_tensor *o = nb_scalar(1, t->dtype);
-  return t->shape.ndim ? nb_broadcast_to(o, t->shape) : o;
-}
-
 /* Basis vector: a dt tensor of shape s with a 1 at flat index i. */
 static nb_tensor *basis(const nb_shape *s, nb_dtype dt, int64_t i) {
   nb_tensor *e = nb_zeros(*s, dt);
@@ -132,7 +127,7 @@ static nb_status body_grad(const xform *x, nbi_trace *tr, nb_tensor **out) {
   for (int a = 0; a < x->n_arg; a++)
     xs[a] = tr->x[x->arg[a]];
   nbi_sweep s = {.fn = x->name, .seq0 = tr->seq0};
-  nb_tensor *seed = ones_like(y);
+  nb_tensor *seed = nbi_ones_like(y);
   st = seed ? nbi_sweep_collect(&s, &y, 1, xs, x->n_arg) : nb_last_status();
   if (!st) st = nbi_sweep_reverse(&s, &y, &seed, 1, g);
   nbi_sweep_free(&s);

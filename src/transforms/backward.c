@@ -103,10 +103,8 @@ nb_status nb_backward(nb_tensor *loss) {
     eval = calloc((size_t)s.n_sources + 1, sizeof *eval);
     if (!g || !eval) st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
   }
-  nb_tensor *seed = NULL;
   if (!st) {
-    seed = nb_scalar(1, loss->dtype);
-    if (seed && loss->shape.ndim) seed = nb_reshape(seed, loss->shape);
+    nb_tensor *seed = nbi_ones_like(loss);
     st = seed ? nbi_sweep_reverse(&s, &loss, &seed, 1, g) : nb_last_status();
   }
   nbi_no_grad = saved;

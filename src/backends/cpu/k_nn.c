@@ -251,9 +251,11 @@ static nb_status conv_run_jobs(const char *fn, const conv_gemm_args *a, int64_t 
   return st;
 }
 
-/* The geometry of a CONV2D-family node from its attrs; c, h, w, kh, kw, oh, ow
- * are the caller's. */
-static conv_geom conv_attrs_geom(const nb_tensor *node) {
+/* The geometry of a CONV2D-family node: stride/padding/dilation from its attrs,
+ * sizes from the dims of x (N, C, H, W), w (O, C/G, KH, KW) and y (N, O, OH,
+ * OW), whichever of in/out each one is for the op at hand. */
+static conv_geom conv_geom_of(const nb_tensor *node, const int64_t *x, const int64_t *w,
+                              const int64_t *y) {
   const int64_t *at = node->attrs.i;
   return (conv_geom){
       .sh = at[NBI_CONV_STRIDE],
@@ -262,7 +264,34 @@ static conv_geom conv_attrs_geom(const nb_tensor *node) {
       .pw = at[NBI_CONV_PAD + 1],
       .dh = at[NBI_CONV_DILATION],
       .dw = at[NBI_CONV_DILATION + 1],
+      .c = x[1] / at[NBI_CONV_GROUPS],
+      .h = x[2],
+      .w = x[3],
+      .kh = w[2],
+      .kw = w[3],
+      .oh = y[2],
+      .ow = y[3],
   };
+}
+
+/* Inputs staged as contiguous arrays of a compute dtype: p[k] reads in[k];
+ * own[k] is scratch to free (NULL when in[k] was usable as is). */
+typedef struct staged {
+  const char *p[3];
+  void *own[3];
+} staged;
+
+/* Stages in[0..n-1] as dts[k]; false (error recorded) if one cannot be. */
+static bool stage(const char *fn, const nbi_view *in, int n, const nb_dtype *dts, staged *s) {
+  *s = (staged){0};
+  for (int k = 0; k < n; k++)
+    if (!(s->p[k] = nbi_cpu_contig(fn, &in[k], dts[k], &s->own[k]))) return false;
+  return true;
+}
+
+static void unstage(staged *s) {
+  for (int k = 0; k < 3; k++)
+    nbi_cpu_scratch_free(s->own[k]);
 }
 
 static bool conv_in_place(const conv_geom *g) {
@@ -275,25 +304,16 @@ static bool conv_in_place(const conv_geom *g) {
  * dtypes in; the node's attrs hold stride, padding, dilation, groups. */
 nb_status nbi_cpu_conv2d(const nb_tensor *node, nbi_view *out, const nbi_view *in) {
   int64_t n_img = out->dims[0], o = out->dims[1], groups = node->attrs.i[NBI_CONV_GROUPS];
-  conv_geom g = conv_attrs_geom(node);
-  g.c = in[0].dims[1] / groups;
-  g.h = in[0].dims[2];
-  g.w = in[0].dims[3];
-  g.kh = in[1].dims[2];
-  g.kw = in[1].dims[3];
-  g.oh = out->dims[2];
-  g.ow = out->dims[3];
+  conv_geom g = conv_geom_of(node, in[0].dims, in[1].dims, out->dims);
   int64_t p = g.oh * g.ow;
   if (n_img * o * p == 0) return NB_OK;
   nb_dtype dt = out->dtype == NB_F64 ? NB_F64 : NB_F32;
-  void *own_x = NULL, *own_w = NULL, *own_b = NULL;
-  const char *x = nbi_cpu_contig("nb_conv2d", &in[0], dt, &own_x);
-  const char *w = x ? nbi_cpu_contig("nb_conv2d", &in[1], dt, &own_w) : NULL;
-  const char *bias = NULL;
-  if (w && node->n_in == 3) bias = nbi_cpu_contig("nb_conv2d", &in[2], dt, &own_b);
-  char *y = out_buffer("nb_conv2d", out, dt, n_img * o * p);
+  staged in_c;
+  bool ok = stage("nb_conv2d", in, node->n_in, (nb_dtype[]){dt, dt, dt}, &in_c);
+  const char *x = in_c.p[0], *w = in_c.p[1], *bias = in_c.p[2];
+  char *y = ok ? out_buffer("nb_conv2d", out, dt, n_img * o * p) : NULL;
   nb_status st = NB_ERR_OOM;
-  if (x && w && (bias || node->n_in < 3) && y) {
+  if (y) {
     conv_init_output(y, dt, bias, n_img, o, p);
     conv_gemm_args a = {
         .dt = dt,
@@ -311,9 +331,7 @@ nb_status nbi_cpu_conv2d(const nb_tensor *node, nbi_view *out, const nbi_view *i
     st = a.ksz == 0 ? NB_OK : conv_run_jobs("nb_conv2d", &a, n_img * groups, conv_fwd_job);
   }
   st = out_finish(out, y, dt, st);
-  nbi_cpu_scratch_free(own_x);
-  nbi_cpu_scratch_free(own_w);
-  nbi_cpu_scratch_free(own_b);
+  unstage(&in_c);
   return st;
 }
 
@@ -325,23 +343,16 @@ nb_status nbi_cpu_conv2d(const nb_tensor *node, nbi_view *out, const nbi_view *i
 nb_status nbi_cpu_conv2d_bwd_data(const nb_tensor *node, nbi_view *out, const nbi_view *in) {
   const char *fn = "conv2d_bwd_data";
   int64_t n_img = out->dims[0], c = out->dims[1], groups = node->attrs.i[NBI_CONV_GROUPS];
-  conv_geom g = conv_attrs_geom(node);
-  g.c = c / groups;
-  g.h = out->dims[2];
-  g.w = out->dims[3];
-  g.kh = in[1].dims[2];
-  g.kw = in[1].dims[3];
-  g.oh = in[0].dims[2];
-  g.ow = in[0].dims[3];
+  conv_geom g = conv_geom_of(node, out->dims, in[1].dims, in[0].dims);
   int64_t numel = n_img * c * g.h * g.w, o = in[0].dims[1];
   if (numel == 0) return NB_OK;
   nb_dtype dt = out->dtype == NB_F64 ? NB_F64 : NB_F32;
-  void *own_dy = NULL, *own_w = NULL;
-  const char *dy = nbi_cpu_contig(fn, &in[0], dt, &own_dy);
-  const char *w = dy ? nbi_cpu_contig(fn, &in[1], dt, &own_w) : NULL;
-  char *dx = out_buffer(fn, out, dt, numel);
+  staged in_c;
+  bool ok = stage(fn, in, 2, (nb_dtype[]){dt, dt}, &in_c);
+  const char *dy = in_c.p[0], *w = in_c.p[1];
+  char *dx = ok ? out_buffer(fn, out, dt, numel) : NULL;
   nb_status st = NB_ERR_OOM;
-  if (dy && w && dx) {
+  if (dx) {
     memset(dx, 0, (size_t)numel * nb_dtype_size(dt));
     conv_gemm_args a = {
         .dt = dt,
@@ -359,8 +370,7 @@ nb_status nbi_cpu_conv2d_bwd_data(const nb_tensor *node, nbi_view *out, const nb
     st = a.ksz * a.og * a.p == 0 ? NB_OK : conv_run_jobs(fn, &a, n_img * groups, conv_bwd_data_job);
   }
   st = out_finish(out, dx, dt, st);
-  nbi_cpu_scratch_free(own_dy);
-  nbi_cpu_scratch_free(own_w);
+  unstage(&in_c);
   return st;
 }
 
@@ -375,14 +385,7 @@ nb_status nbi_cpu_conv2d_bwd_data(const nb_tensor *node, nbi_view *out, const nb
 nb_status nbi_cpu_conv2d_bwd_filter(const nb_tensor *node, nbi_view *out, const nbi_view *in) {
   const char *fn = "conv2d_bwd_filter";
   int64_t n_img = in[0].dims[0], o = out->dims[0], groups = node->attrs.i[NBI_CONV_GROUPS];
-  conv_geom g = conv_attrs_geom(node);
-  g.c = in[0].dims[1] / groups;
-  g.h = in[0].dims[2];
-  g.w = in[0].dims[3];
-  g.kh = out->dims[2];
-  g.kw = out->dims[3];
-  g.oh = in[1].dims[2];
-  g.ow = in[1].dims[3];
+  conv_geom g = conv_geom_of(node, in[0].dims, out->dims, in[1].dims);
   int64_t og = o / groups, ksz = g.c * g.kh * g.kw, p = g.oh * g.ow, numel = o * ksz;
   if (numel == 0) return NB_OK;
   nb_dtype dt = out->dtype == NB_F64 ? NB_F64 : NB_F32;
@@ -395,10 +398,10 @@ nb_status nbi_cpu_conv2d_bwd_filter(const nb_tensor *node, nbi_view *out, const 
   size_t img_bytes = (size_t)(ksz * p) * es;
   int64_t nb = (int64_t)(NBI_CONV_FILTER_CHUNK / img_bytes);
   nb = nb < 1 ? 1 : nb > n_img ? n_img : nb;
-  void *own_x = NULL, *own_dy = NULL;
-  const char *x = nbi_cpu_contig(fn, &in[0], dt, &own_x);
-  const char *dy = x ? nbi_cpu_contig(fn, &in[1], dt, &own_dy) : NULL;
-  char *col = dy ? nbi_cpu_scratch(fn, (size_t)nb * img_bytes) : NULL;
+  staged in_c;
+  bool ok = stage(fn, in, 2, (nb_dtype[]){dt, dt}, &in_c);
+  const char *x = in_c.p[0], *dy = in_c.p[1];
+  char *col = ok ? nbi_cpu_scratch(fn, (size_t)nb * img_bytes) : NULL;
   char *dyc = col && nb > 1 ? nbi_cpu_scratch(fn, (size_t)(nb * og * p) * es) : NULL;
   nb_status st = col && (dyc || nb == 1) ? NB_OK : NB_ERR_OOM;
   for (int64_t grp = 0; grp < groups && st == NB_OK; grp++)
@@ -422,8 +425,7 @@ nb_status nbi_cpu_conv2d_bwd_filter(const nb_tensor *node, nbi_view *out, const 
     }
   nbi_cpu_scratch_free(dyc);
   nbi_cpu_scratch_free(col);
-  nbi_cpu_scratch_free(own_x);
-  nbi_cpu_scratch_free(own_dy);
+  unstage(&in_c);
   return out_finish(out, dw, dt, st);
 }
 
@@ -483,10 +485,11 @@ nb_status nbi_cpu_max_pool2d(const nb_tensor *node, nbi_view *out, const nbi_vie
   int64_t planes = out->dims[0] * out->dims[1];
   if (planes * g.oh * g.ow == 0) return NB_OK;
   nb_dtype dt = out->dtype == NB_F64 ? NB_F64 : NB_F32;
-  void *own_x = NULL;
-  const char *x = nbi_cpu_contig("nb_max_pool2d", &in[0], dt, &own_x);
-  char *y = out_buffer("nb_max_pool2d", out, dt, planes * g.oh * g.ow);
-  nb_status st = x && y ? NB_OK : NB_ERR_OOM;
+  staged in_c;
+  bool ok = stage("nb_max_pool2d", in, 1, &dt, &in_c);
+  const char *x = in_c.p[0];
+  char *y = ok ? out_buffer("nb_max_pool2d", out, dt, planes * g.oh * g.ow) : NULL;
+  nb_status st = y ? NB_OK : NB_ERR_OOM;
   if (st == NB_OK) {
     if (dt == NB_F64)
       max_pool_double((const double *)x, (double *)y, planes, &g);
@@ -494,7 +497,7 @@ nb_status nbi_cpu_max_pool2d(const nb_tensor *node, nbi_view *out, const nbi_vie
       max_pool_float((const float *)x, (float *)y, planes, &g);
   }
   st = out_finish(out, y, dt, st);
-  nbi_cpu_scratch_free(own_x);
+  unstage(&in_c);
   return st;
 }
 
@@ -576,10 +579,10 @@ static nb_status pool_route(const char *fn, const nb_tensor *node, nbi_view *out
   if (numel == 0) return NB_OK;
   nb_dtype xdt = in[0].dtype == NB_F64 ? NB_F64 : NB_F32;
   nb_dtype dt = out->dtype == NB_F64 ? NB_F64 : NB_F32;
-  void *own_x = NULL, *own_v = NULL;
-  const char *x = nbi_cpu_contig(fn, &in[0], xdt, &own_x);
-  const char *v = x ? nbi_cpu_contig(fn, &in[1], dt, &own_v) : NULL;
-  int64_t *idx = v ? nbi_cpu_scratch(fn, (size_t)(planes * g.oh * g.ow) * sizeof *idx) : NULL;
+  staged in_c;
+  bool ok = stage(fn, in, 2, (nb_dtype[]){xdt, dt}, &in_c);
+  const char *x = in_c.p[0], *v = in_c.p[1];
+  int64_t *idx = ok ? nbi_cpu_scratch(fn, (size_t)(planes * g.oh * g.ow) * sizeof *idx) : NULL;
   char *res = idx ? out_buffer(fn, out, dt, numel) : NULL;
   nb_status st = res ? NB_OK : NB_ERR_OOM;
   if (st == NB_OK) {
@@ -598,8 +601,7 @@ static nb_status pool_route(const char *fn, const nb_tensor *node, nbi_view *out
   }
   st = out_finish(out, res, dt, st);
   nbi_cpu_scratch_free(idx);
-  nbi_cpu_scratch_free(own_x);
-  nbi_cpu_scratch_free(own_v);
+  unstage(&in_c);
   return st;
 }
 
