@@ -168,6 +168,8 @@ typedef struct nb_stats {
   uint64_t realizations;           /* graphs realized (nb_eval, reads, backward, assign) */
   uint64_t plan_ns;                /* realizing: collecting, hashing, planning (ns) */
   uint64_t exec_ns;                /* realizing: running kernels, freeing buffers (ns) */
+  uint64_t jit_cache_hits;         /* nb_jit calls that reused a traced program */
+  uint64_t jit_cache_misses;       /* nb_jit calls that traced (first call per signature) */
 } nb_stats;
 nb_stats nb_get_stats(void);
 void nb_reset_stats(void); /* zeroes counters; peak = live */

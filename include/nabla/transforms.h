@@ -81,6 +81,72 @@ nb_fn *nb_jacfwd(nb_fn *f, nb_axes argnums);
  * blocks d2 out / d in[a] d in[b], each of shape out.shape + in[a] + in[b]. */
 nb_fn *nb_hessian(nb_fn *f, nb_axes argnums);
 
+/* ---- vmap, jit, checkpoint ------------------------------------------------------------ */
+/* in_axes value of an input that is not mapped (the same for every example). */
+#define NB_NOT_MAPPED (-(1 << 30))
+
+/* Vectorizing map (JAX semantics). in_axes[k] (n_in entries; NULL = all 0) is
+ * the axis of input k that is mapped over, negative counting from the end, or
+ * NB_NOT_MAPPED; at least one input must be mapped, and every mapped input
+ * must have the same size B along its axis. f sees one example: mapped inputs
+ * without their axis. out_axes[j] (n_out entries; NULL = all 0) is where
+ * output j's batch axis goes (negative counts from the end of the result);
+ * outputs that do not depend on a mapped input are broadcast along it.
+ * Each op is batched by its own rule (a vmapped matmul is one batched
+ * matmul); nested vmaps stack batch axes. */
+nb_fn *nb_vmap(nb_fn *f, const int *in_axes, const int *out_axes);
+
+/* The same function, traced once per input signature (shapes and dtypes)
+ * into a program that later calls replay without calling f's body: a call
+ * costs microseconds, whatever the body does in C. At top level the outputs
+ * come back realized (one planned graph per call, the plan cached); under
+ * another transform the program is recorded into the enclosing trace, so
+ * jit composes with every transform. The last 16 signatures are kept (least
+ * recently used out); nb_stats counts jit_cache_hits / jit_cache_misses.
+ * As in JAX, the body must be pure: tensors it captures from outside are read
+ * when a call runs (nb_assign on them is seen), C-side effects happen only
+ * while tracing, and nb_rand inside the body is drawn once, at the trace. */
+nb_fn *nb_jit(nb_fn *f);
+
+/* The same function, but its internals are not kept for the backward pass:
+ * a derivative recomputes them from f's inputs (gradient checkpointing,
+ * jax.checkpoint). Forward values and derivatives are unchanged; peak memory
+ * during a backward drops to the checkpointed segments' inputs plus one
+ * segment's internals at a time. */
+nb_fn *nb_checkpoint(nb_fn *f);
+
+/* ---- control flow -----------------------------------------------------------------------
+ * Bodies are nb_fn, traced once per call into programs; traceable (usable
+ * inside every transform), vmappable and differentiable. Tensors a body
+ * captures from outside are passed as hidden operands, so derivatives flow
+ * to them too. A predicate is a one-element bool tensor. */
+
+/* out = pred ? then_fn(ops) : else_fn(ops). Both branches take n_ops inputs and
+ * must give outputs of equal shapes and dtypes (nb_fn_n_out of each). Under
+ * vmap with a batched pred both branches run and each element selects. */
+nb_status nb_cond(nb_tensor *pred, nb_fn *then_fn, nb_fn *else_fn, nb_tensor *const *ops,
+                  int n_ops, nb_tensor **out);
+/* carry = init; while (cond_fn(carry)) carry = body_fn(carry); out = carry.
+ * cond_fn: n -> 1 (a one-element bool), body_fn: n -> n of the same types.
+ * Forward-mode differentiable; reverse mode needs a static trip count
+ * (nb_fori_loop, nb_scan). Under vmap with a batched predicate the loop runs
+ * until every example is done, finished examples keeping their carry. */
+nb_status nb_while_loop(nb_fn *cond_fn, nb_fn *body_fn, nb_tensor *const *init, int n,
+                        nb_tensor **out);
+/* Scans body over axis 0 of the xs (n_xs >= 1, equal lengths T):
+ * body: (carry[n_carry], x slices[n_xs]) -> (carry[n_carry], y[body n_out - n_carry]);
+ * carry_out gets the final carry, ys[j] the y[j] stacked on a new axis 0 (in
+ * step order of the xs: with reverse the scan runs from T-1 down to 0 and
+ * ys[t] is still step t's output, as jax.lax.scan(reverse=True)).
+ * Differentiable in both modes. */
+nb_status nb_scan(nb_fn *body, nb_tensor *const *init, int n_carry, nb_tensor *const *xs,
+                  int n_xs, bool reverse, nb_tensor **carry_out, nb_tensor **ys);
+/* for (i = lower; i < upper; i++) carry = body(i, carry): body takes a 0-d
+ * i64 index then the n carries, and gives n carries. A static trip count, so
+ * it is differentiable in both modes (it is a scan over arange). */
+nb_status nb_fori_loop(int64_t lower, int64_t upper, nb_fn *body, nb_tensor *const *init, int n,
+                       nb_tensor **out);
+
 /* ---- imperative autodiff (PyTorch semantics) -------------------------------------
  * A tensor marked with nb_set_requires_grad is a leaf: ops on it (and on their
  * results) keep their provenance; nb_backward(loss) runs the VJP rules over that

@@ -42,6 +42,12 @@ void nbi_stats_alloc(size_t nbytes) {
 }
 void nbi_stats_free(size_t nbytes) { stats.live_bytes -= nbytes; }
 void nbi_stats_kernel(void) { stats.kernels_run++; }
+void nbi_stats_jit(bool hit) {
+  if (hit)
+    stats.jit_cache_hits++;
+  else
+    stats.jit_cache_misses++;
+}
 
 /* ---- plan cache --------------------------------------------------------------------- */
 typedef struct plan {
@@ -50,6 +56,7 @@ typedef struct plan {
   int *free_start; /* [n_steps + 1]: frees of step i are free_idx[free_start[i] ..] */
   int *free_idx;   /* topological indices of intermediates dead after the step */
   uint64_t last_used;
+  int pinned; /* realizations running it (nested ones may not evict it) */
 } plan;
 
 #define PLAN_CACHE_SIZE 64
@@ -82,8 +89,10 @@ static plan *plan_cache_slot(void) { /* empty slot, else least recently used */
   plan *victim = &plan_cache[0];
   for (int i = 0; i < PLAN_CACHE_SIZE; i++) {
     if (!plan_cache[i].free_start) return &plan_cache[i];
-    if (plan_cache[i].last_used < victim->last_used) victim = &plan_cache[i];
+    if (plan_cache[i].pinned) continue;
+    if (victim->pinned || plan_cache[i].last_used < victim->last_used) victim = &plan_cache[i];
   }
+  if (victim->pinned) return NULL; /* every slot runs: more nesting than slots */
   plan_clear(victim);
   return victim;
 }
@@ -231,6 +240,11 @@ static plan *plan_build(const graph *g, const bool *held, uint64_t h1, uint64_t 
   int *last = malloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
   int *count = calloc((size_t)g->n + 1, sizeof(int));
   plan *p = plan_cache_slot();
+  if (!p) {
+    free(last);
+    free(count);
+    return NULL;
+  }
   if (!last || !count) goto oom;
   for (int i = 0; i < g->n; i++)
     last[i] = -1;
@@ -301,8 +315,13 @@ static nb_status run_node(nb_tensor *t) {
   return NB_OK;
 }
 
+/* Depth of realizations running on this thread: a kernel may realize a nested
+ * graph (control flow, checkpoint); only the outermost adds to the timers. */
+static _Thread_local int depth;
+
 nb_status nbi_realize(nb_tensor *const *ts, int n) {
   uint64_t t0 = now_ns(), t1 = 0;
+  plan *p = NULL;
   graph g = {0};
   nb_status st = graph_collect(&g, ts, n);
   if (st) {
@@ -330,7 +349,7 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
 
   hasher h = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull};
   graph_hash(&g, uses, held, &h);
-  plan *p = plan_cache_lookup(h.a, h.b, g.n);
+  p = plan_cache_lookup(h.a, h.b, g.n);
   if (p) {
     stats.plan_cache_hits++;
   } else {
@@ -341,8 +360,10 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
     }
   }
   stats.realizations++;
+  p->pinned++;
   t1 = now_ns();
-  stats.plan_ns += t1 - t0;
+  if (!depth) stats.plan_ns += t1 - t0;
+  depth++;
   for (int i = 0; i < g.n && !st; i++) {
     st = run_node(g.nodes[i]);
     for (int f = p->free_start[i]; f < p->free_start[i + 1]; f++) {
@@ -351,6 +372,8 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
       dead->shard0.buf = NULL;
     }
   }
+  depth--;
+  p->pinned--;
   if (st) { /* leave every node pending; drop partial results */
     for (int i = 0; i < g.n; i++) {
       nb_tensor *t = g.nodes[i];
@@ -381,6 +404,6 @@ done:
   free(uses);
   free(held);
   graph_unmark_free(&g);
-  if (t1) stats.exec_ns += now_ns() - t1;
+  if (t1 && !depth) stats.exec_ns += now_ns() - t1;
   return st;
 }

@@ -98,6 +98,21 @@ typedef struct nbi_attrs {
   double f[NBI_MAX_FATTR];
 } nbi_attrs;
 
+/* ---- payloads ------------------------------------------------------------------
+ * An object a node carries beyond its attrs: the body programs of control flow,
+ * a custom op's definition. Reference counted; a node retains its payload and
+ * releases it when freed. Every concrete payload embeds this header first.
+ * Plans hash attrs, not payloads: a node that has one stores its structural
+ * hash (h1, h2) in attrs.i[0..1], so two nodes whose payloads hash equal must
+ * compute the same function (programs hash their whole structure). */
+typedef struct nbi_payload {
+  int32_t refcount;
+  void (*destroy)(struct nbi_payload *p); /* frees the concrete payload */
+  uint64_t h1, h2;                        /* structural hash */
+} nbi_payload;
+nbi_payload *nbi_payload_retain(nbi_payload *p); /* NULL is ignored */
+void nbi_payload_release(nbi_payload *p);        /* NULL is ignored */
+
 /* ---- tensors ------------------------------------------------------------------ */
 enum {
   NBI_T_REALIZED = 1u << 0, /* shards hold the data */
@@ -130,6 +145,7 @@ struct nb_tensor {
   nbi_storage *shards;
   nbi_storage shard0;
   nb_tensor *grad; /* accumulated gradient of a requires-grad leaf (owned) */
+  nbi_payload *payload; /* retained; multi-output ops and custom calls */
 };
 
 /* View of shard 0 of a realized tensor. */
@@ -147,6 +163,15 @@ nb_tensor *nbi_leaf_alloc(const char *fn, const nb_shape *shape, nb_dtype dt);
 void nbi_scope_register(nb_tensor *t);
 /* Releases a tensor's graph inputs (after realization, when nothing needs them). */
 void nbi_tensor_drop_graph(nb_tensor *t);
+/* A realized leaf that shares t's shard-0 storage (buffer retained, same
+ * offset and strides), registered in the current scope: how a kernel hands
+ * its inputs to a nested realization (src/core/program.c). t must hold data
+ * (realized, or an intermediate of the realization running t's consumer). */
+nb_tensor *nbi_leaf_share(nb_tensor *t);
+/* A symbolic input of a trace: a pending, traced node of op PLACEHOLDER with
+ * that shape and dtype. It is never realized (it has no value); transforms
+ * replace it (vmap by a batched value, jit by the call's arguments). */
+nb_tensor *nbi_placeholder(const nb_shape *shape, nb_dtype dt);
 uint64_t nbi_live_tensors(void);
 /* The seq the next tensor will get: nodes made from now on have seq >= it. */
 uint64_t nbi_next_seq(void);
@@ -188,12 +213,45 @@ typedef bool (*nbi_view_fn)(const nb_tensor *n, const nbi_view *in, nbi_view *ou
 typedef nb_status (*nbi_vjp_rule)(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin);
 typedef nb_tensor *(*nbi_jvp_rule)(nb_tensor *y, nb_tensor *const *tin);
 
+/* ---- batching rules (vmap) ----------------------------------------------------------
+ * bin[k] is the batched value of y->in[k] when batched[k]: y->in[k]'s shape
+ * with one more leading dim of size B (the batch is always dim 0). Otherwise
+ * bin[k] is y->in[k] itself, the same for every example. At least one input is
+ * batched. The rule returns y's batched value: shape (B, *y->shape), y's
+ * dtype (src/transforms/vmap.c checks), or NULL with the error recorded.
+ * Rules use public ops and work on the whole batch at once (a batched matmul
+ * is one matmul): no loop over B, except where documented at the rule.
+ * Helpers for rules: nbi_bat_* below. */
+typedef nb_tensor *(*nbi_vmap_rule)(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
+                                    int64_t B);
+
+/* ---- multi-output ops ------------------------------------------------------------------
+ * Nodes have one output. An op with several (control flow, checkpoint, custom
+ * calls; flag NBI_OPF_MULTI) records one "pack" node p whose buffer holds all
+ * its outputs, each contiguous at a 64-byte aligned byte offset, and one
+ * TUPLE_GET node per output that views its slice (zero-copy). p has dtype
+ * bool, shape (total bytes), and a payload that starts with nbi_multi (the
+ * outputs' types and offsets). Users only ever see the TUPLE_GET nodes.
+ * The sweeps (src/transforms) treat p and its gets as one op: its rules take
+ * and give one value per output (NULL = zero, and unbatched for vmap):
+ * - vjp_multi: gys[j] cotangent of output j (never all NULL); set gin[k] for
+ *   need[k] as nbi_vjp_rule;
+ * - jvp_multi: tin as nbi_jvp_rule; write touts[j] (NULL = zero);
+ * - vmap_multi: as nbi_vmap_rule; write outs[j] batched (B first). */
+typedef nb_status (*nbi_vjp_multi_rule)(nb_tensor *p, nb_tensor *const *gys, const bool *need,
+                                        nb_tensor **gin);
+typedef nb_status (*nbi_jvp_multi_rule)(nb_tensor *p, nb_tensor *const *tin, nb_tensor **touts);
+typedef nb_status (*nbi_vmap_multi_rule)(nb_tensor *p, nb_tensor *const *bin, const bool *batched,
+                                         int64_t B, nb_tensor **outs);
+
 enum {
   /* No derivative flows through the op: integer/bool results (comparisons,
    * argmax, one_hot), piecewise-constant ones (floor, sign), stop_gradient.
    * Such an op has no rules; every other op with a float result must have
    * both (test_autodiff checks the table). */
   NBI_OPF_NONDIFF = 1u << 0,
+  /* A pack node of a multi-output op: rules are the *_multi ones. */
+  NBI_OPF_MULTI = 1u << 1,
 };
 
 typedef struct nbi_op_def {
@@ -204,6 +262,10 @@ typedef struct nbi_op_def {
   nbi_vjp_rule vjp;
   nbi_jvp_rule jvp;
   uint32_t flags; /* NBI_OPF_* */
+  nbi_vmap_rule vmap;
+  nbi_vjp_multi_rule vjp_multi;
+  nbi_jvp_multi_rule jvp_multi;
+  nbi_vmap_multi_rule vmap_multi;
 } nbi_op_def;
 
 /* One record per op, defined next to the op's public function, named
@@ -232,8 +294,113 @@ nb_tensor *nbi_ones_like(const nb_tensor *x);
 /* a + b where either may be NULL (zero); NULL only if both are. */
 nb_tensor *nbi_add_maybe(nb_tensor *a, nb_tensor *b);
 
+/* ---- helpers for batching rules (src/ops/batch_util.c) ----------------------------- */
+/* t with the batch dim: itself if batched, else broadcast (a view) to (B, *shape). */
+nb_tensor *nbi_bat_expand(nb_tensor *t, bool batched, int64_t B);
+/* For broadcasting ops: a batched t whose per-example rank is below rank gets
+ * singleton dims after the batch dim, (B, 1.., *shape), so that it broadcasts
+ * per example against inputs of that rank. Unbatched t is returned as is
+ * (right-aligned broadcasting already does the right thing). */
+nb_tensor *nbi_bat_align(nb_tensor *t, bool batched, int rank);
+/* A per-example axis (negative allowed) of a rank-ndim value -> its axis in
+ * the batched value (normalized + 1). The op already validated it. */
+int nbi_bat_axis(int axis, int ndim);
+/* Moves dim `from` of t to position `to` (both normalized), as jnp.moveaxis. */
+nb_tensor *nbi_bat_moveaxis(nb_tensor *t, int from, int to);
+/* Example b of a batched value: t[b] (a view, batch dim dropped). */
+nb_tensor *nbi_bat_index(nb_tensor *t, int64_t b);
+/* The fallback a few rules document: calls apply once per example on
+ * (bin[k][b] or bin[k]) and stacks the results on a new dim 0. */
+nb_tensor *nbi_bat_loop(nb_tensor *y, nb_tensor *const *bin, const bool *batched, int64_t B,
+                        nb_tensor *(*apply)(nb_tensor *y, nb_tensor *const *in));
+
+/* ---- multi-output nodes (src/core/program.c) -------------------------------------- */
+/* The payload header of every multi-output op (embed it first). */
+typedef struct nbi_multi {
+  nbi_payload base;
+  int n_out;
+  nb_shape *shape;  /* [n_out] */
+  nb_dtype *dtype;  /* [n_out] */
+  int64_t *offset;  /* [n_out] byte offset of each output in the pack */
+  int64_t nbytes;   /* size of the pack */
+} nbi_multi;
+/* Fills m's output table from n_out types (allocates; base.destroy must call
+ * nbi_multi_fini). Error naming fn on overflow or out of memory. */
+nb_status nbi_multi_init(const char *fn, nbi_multi *m, int n_out, const nb_shape *shapes,
+                         const nb_dtype *dtypes);
+void nbi_multi_fini(nbi_multi *m);
+/* Records the pack node (op must be flagged NBI_OPF_MULTI) on in[0..n_in-1]
+ * with payload m (retained by the node; the caller keeps its own reference),
+ * m's hash in attrs.i[0..1] and extra->i[2..] / f[] copied when extra is
+ * given; then one TUPLE_GET per output into outs[0..n_out-1]. On failure
+ * every outs[j] is NULL. */
+nb_status nbi_record_multi(int op, nb_tensor *const *in, int n_in, nbi_multi *m,
+                           const nbi_attrs *extra, nb_tensor **outs);
+/* A new TUPLE_GET of output j of pack p. */
+nb_tensor *nbi_multi_get(nb_tensor *p, int j);
+static inline const nbi_multi *nbi_multi_of(const nb_tensor *p) {
+  return (const nbi_multi *)p->payload;
+}
+/* Output j's contiguous view inside the pack's buffer view (kernels). */
+nbi_view nbi_multi_out_view(const nb_tensor *p, const nbi_view *pack, int j);
+
+/* ---- programs (src/core/program.c) -------------------------------------------------
+ * A program is a recorded graph detached from any tensor: nodes by index, with
+ * inputs that are bound when it is applied. jit caches one per signature;
+ * control flow and checkpoint keep their bodies as programs; a kernel runs
+ * one with a nested realization. Programs are immutable once built. */
+typedef struct nbi_prog_node {
+  int op;
+  nb_dtype dtype;
+  nb_shape shape;
+  nbi_attrs attrs;
+  nbi_payload *payload; /* retained */
+  int n_in;
+  int32_t *in; /* >= 0: an earlier node; < 0: program input -1 - in[k] */
+} nbi_prog_node;
+
+typedef struct nbi_program {
+  int32_t refcount;
+  int n_in, n_out, n_nodes;
+  nb_shape *in_shape; /* [n_in] */
+  nb_dtype *in_dtype;
+  nb_shape *out_shape; /* [n_out] */
+  nb_dtype *out_dtype;
+  int32_t *out; /* [n_out] node or input refs, as nbi_prog_node.in */
+  nbi_prog_node *nodes;
+  uint64_t h1, h2; /* structural hash: equal hashes compute the same function */
+} nbi_program;
+
+/* Records the graph between the inputs x[0..n_x-1] and the outputs y as a
+ * program. The walk visits nodes made since seq0 and stops at the x (the
+ * program's first inputs, in order) and at captures: tensors that are
+ * realized, older than seq0, or placeholders other than the x. Captures
+ * become the program's further inputs, in order of discovery, and are
+ * returned retained in *capt (malloc'd array of *n_capt; the caller releases
+ * each and frees it). */
+nb_status nbi_program_build(const char *fn, nb_tensor *const *x, int n_x, nb_tensor *const *y,
+                            int n_y, uint64_t seq0, nbi_program **prog, nb_tensor ***capt,
+                            int *n_capt);
+nbi_program *nbi_program_retain(nbi_program *p); /* NULL is ignored */
+void nbi_program_release(nbi_program *p);
+/* Records p's nodes on in[0..n_in-1] (their shapes and dtypes must be p's:
+ * error naming fn otherwise) and writes n_out new tensors, registered in the
+ * caller's scope (an output that is an input comes back as an identity node).
+ * The intermediates live only as long as the outputs need them. */
+nb_status nbi_program_apply(const char *fn, const nbi_program *p, nb_tensor *const *in,
+                            nb_tensor **out);
+/* For kernels: shares every in[k]'s storage as a leaf, applies p and realizes
+ * its outputs in one nested realization. out[j] are realized tensors the
+ * caller owns (nb_release each). */
+nb_status nbi_program_run(const char *fn, const nbi_program *p, nb_tensor *const *in,
+                          nb_tensor **out);
+
 /* ---- realization, stats ------------------------------------------------------ */
+/* Reentrant: a kernel may realize a new graph (nbi_program_run) while its
+ * own realization runs; nested realizations count in nb_stats like any other
+ * but their time is not added to plan_ns/exec_ns twice. */
 nb_status nbi_realize(nb_tensor *const *ts, int n);
+void nbi_stats_jit(bool hit);
 void nbi_stats_alloc(size_t nbytes);
 void nbi_stats_free(size_t nbytes);
 void nbi_stats_kernel(void);

@@ -118,6 +118,7 @@ void nb_release(nb_tensor *t) {
       if (x->shards[s].buf) nbi_buffer_release(x->shards[s].buf);
     if (x->shards != &x->shard0) free(x->shards);
     if (x->grad) nb_release(x->grad); /* a leaf: recursion depth is one */
+    nbi_payload_release(x->payload);
     free(x);
     live_tensors--;
   }
@@ -222,7 +223,8 @@ nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *con
    * result that keeps its provenance, unless the op has no derivative. */
   t->flags |= inherit & NBI_T_TRACED;
   if ((inherit & (NBI_T_REQUIRES_GRAD | NBI_T_GRAD_PATH)) && !nbi_no_grad &&
-      !(nbi_op_table[op]->flags & NBI_OPF_NONDIFF) && nb_dtype_is_float(dt))
+      !(nbi_op_table[op]->flags & NBI_OPF_NONDIFF) &&
+      (nb_dtype_is_float(dt) || (nbi_op_table[op]->flags & NBI_OPF_MULTI)))
     t->flags |= NBI_T_GRAD_PATH;
   if (attrs) t->attrs = *attrs;
   nbi_scope_register(t);
@@ -249,6 +251,34 @@ nb_tensor *nbi_leaf_alloc(const char *fn, const nb_shape *shape, nb_dtype dt) {
   t->flags |= NBI_T_REALIZED;
   nbi_scope_register(t);
   return t;
+}
+
+nb_tensor *nbi_leaf_share(nb_tensor *t) {
+  nb_tensor *l = tensor_new(&t->shape, t->dtype, NBI_OP_CONST);
+  if (!l) {
+    nbi_error(NB_ERR_OOM, "nb_eval: out of memory");
+    return NULL;
+  }
+  l->shard0 = t->shard0;
+  if (l->shard0.buf) nbi_buffer_retain(l->shard0.buf);
+  l->flags |= NBI_T_REALIZED;
+  nbi_scope_register(l);
+  return l;
+}
+
+nb_tensor *nbi_placeholder(const nb_shape *shape, nb_dtype dt) {
+  nb_tensor *t = nbi_record(NBI_OP_PLACEHOLDER, dt, shape, NULL, 0, NULL);
+  if (t) t->flags |= NBI_T_TRACED;
+  return t;
+}
+
+nbi_payload *nbi_payload_retain(nbi_payload *p) {
+  if (p) p->refcount++;
+  return p;
+}
+
+void nbi_payload_release(nbi_payload *p) {
+  if (p && --p->refcount == 0) p->destroy(p);
 }
 
 nbi_view nbi_tensor_view(const nb_tensor *t) {

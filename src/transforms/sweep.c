@@ -154,19 +154,131 @@ static nb_status check_like(const nbi_sweep *s, const char *what, const nb_tenso
                    nb_shape_str(x->shape, b, sizeof b));
 }
 
+/* ---- multi-output packs --------------------------------------------------------------
+ * A pack and its TUPLE_GET nodes act as one op: per pack (by node index) one
+ * value per output, gathered from the gets (reverse) or handed to them
+ * (forward, vmap). */
+nb_status nbi_multi_vals_slot(const nbi_sweep *s, nbi_multi_vals *mv, int i, int n_out) {
+  if (!mv->v && !(mv->v = calloc((size_t)s->n + 1, sizeof *mv->v)))
+    return nbi_error(NB_ERR_OOM, "%s: out of memory", s->fn);
+  if (!mv->v[i] && !(mv->v[i] = calloc((size_t)n_out + 1, sizeof **mv->v)))
+    return nbi_error(NB_ERR_OOM, "%s: out of memory", s->fn);
+  return NB_OK;
+}
+
+void nbi_multi_vals_free(const nbi_sweep *s, nbi_multi_vals *mv) {
+  if (mv->v)
+    for (int i = 0; i < s->n; i++)
+      free(mv->v[i]);
+  free(mv->v);
+  mv->v = NULL;
+}
+
+static nb_status multi_add(const nbi_sweep *s, nbi_multi_vals *mv, int p, const nb_tensor *pack,
+                           int j, nb_tensor *g) {
+  nb_status st = nbi_multi_vals_slot(s, mv, p, nbi_multi_of(pack)->n_out);
+  if (!st && !(mv->v[p][j] = nbi_add_maybe(mv->v[p][j], g))) st = nb_last_status();
+  return st;
+}
+
+nb_status nbi_multi_check(const char *fn, const char *what, const nb_tensor *p, nb_tensor *const *v,
+                          int64_t B) {
+  const nbi_multi *m = nbi_multi_of(p);
+  for (int j = 0; j < m->n_out; j++) {
+    if (!v[j]) continue;
+    nb_shape want = m->shape[j];
+    if (B >= 0) {
+      want.ndim++;
+      memmove(want.dims + 1, want.dims, sizeof(int64_t) * (size_t)(want.ndim - 1));
+      want.dims[0] = B;
+    }
+    if (nbi_shape_eq(&v[j]->shape, &want) && v[j]->dtype == m->dtype[j]) continue;
+    char a[160], b[160];
+    return nbi_error(NB_ERR_INTERNAL, "%s: the %s rule of %s gave %s %s for output %d, %s %s", fn,
+                     what, nbi_op_table[p->op]->name, nb_dtype_name(v[j]->dtype),
+                     nb_shape_str(v[j]->shape, a, sizeof a), j, nb_dtype_name(m->dtype[j]),
+                     nb_shape_str(want, b, sizeof b));
+  }
+  return NB_OK;
+}
+
+static nb_status multi_vjp(const nbi_sweep *s, nb_tensor *t, nb_tensor *const *gys,
+                           nb_tensor **ct) {
+  const nbi_op_def *def = nbi_op_table[t->op];
+  bool *need = calloc((size_t)t->n_in + 1, 1);
+  nb_tensor **gin = calloc((size_t)t->n_in + 1, sizeof *gin);
+  nb_status st = need && gin ? NB_OK : nbi_error(NB_ERR_OOM, "%s: out of memory", s->fn);
+  bool any = false;
+  for (int k = 0; k < t->n_in && !st; k++) {
+    int j = index_of(s, t->in[k]);
+    need[k] = j >= 0 && (s->kind[j] & DEP) && nb_dtype_is_float(t->in[k]->dtype);
+    any |= need[k];
+  }
+  if (!st && any) {
+    if (!def->vjp_multi)
+      st = nbi_error(NB_ERR_INTERNAL, "%s: op %s has no VJP rule", s->fn, def->name);
+    else
+      st = def->vjp_multi(t, gys, need, gin);
+  }
+  for (int k = 0; k < t->n_in && !st && any; k++) {
+    if (!need[k] || !gin[k]) continue;
+    if ((st = check_like(s, "VJP", gin[k], t->in[k], t->op))) break;
+    int j = index_of(s, t->in[k]);
+    if (!(ct[j] = nbi_add_maybe(ct[j], gin[k]))) st = nb_last_status();
+  }
+  free(need);
+  free(gin);
+  return st;
+}
+
+static nb_status multi_jvp(const nbi_sweep *s, nbi_multi_vals *mv, int i, nb_tensor *t,
+                           nb_tensor **tan) {
+  const nbi_op_def *def = nbi_op_table[t->op];
+  nb_tensor **tin = calloc((size_t)t->n_in + 1, sizeof *tin);
+  if (!tin) return nbi_error(NB_ERR_OOM, "%s: out of memory", s->fn);
+  bool any = false;
+  for (int k = 0; k < t->n_in; k++) {
+    int j = index_of(s, t->in[k]);
+    tin[k] = j >= 0 && nb_dtype_is_float(t->in[k]->dtype) ? tan[j] : NULL;
+    any |= tin[k] != NULL;
+  }
+  nb_status st = NB_OK;
+  if (any) {
+    if (!def->jvp_multi)
+      st = nbi_error(NB_ERR_INTERNAL, "%s: op %s has no JVP rule", s->fn, def->name);
+    else if (!(st = nbi_multi_vals_slot(s, mv, i, nbi_multi_of(t)->n_out)))
+      st = def->jvp_multi(t, tin, mv->v[i]);
+    if (!st) st = nbi_multi_check(s->fn, "JVP", t, mv->v[i], -1);
+  }
+  free(tin);
+  return st;
+}
+
 nb_status nbi_sweep_reverse(nbi_sweep *s, nb_tensor *const *ys, nb_tensor *const *gys, int n_y,
                             nb_tensor **gxs) {
   nb_tensor **ct = calloc((size_t)s->n + 1, sizeof *ct);
   if (!ct) return nbi_error(NB_ERR_OOM, "%s: out of memory", s->fn);
   nb_status st = NB_OK;
+  nbi_multi_vals mv = {0};
   for (int r = 0; r < n_y; r++) {
     int i = index_of(s, ys[r]);
     if (i >= 0 && (s->kind[i] & DEP) && gys[r]) ct[i] = nbi_add_maybe(ct[i], gys[r]);
   }
   for (int i = s->n - 1; i >= 0 && !st; i--) {
     nb_tensor *t = s->nodes[i];
-    if (!ct[i] || stops(s, i)) continue;
+    if (stops(s, i)) continue;
     const nbi_op_def *def = nbi_op_table[t->op];
+    if (t->op == NBI_OP_TUPLE_GET) { /* hand the cotangent to the pack's slot */
+      int p = index_of(s, t->in[0]);
+      if (ct[i] && p >= 0 && (s->kind[p] & DEP))
+        st = multi_add(s, &mv, p, t->in[0], (int)t->attrs.i[0], ct[i]);
+      continue;
+    }
+    if (def->flags & NBI_OPF_MULTI) {
+      if (mv.v && mv.v[i]) st = multi_vjp(s, t, mv.v[i], ct);
+      continue;
+    }
+    if (!ct[i]) continue;
     if (def->flags & NBI_OPF_NONDIFF) continue;
     bool need_local[4], *need = t->n_in <= 4 ? need_local : calloc((size_t)t->n_in, 1);
     nb_tensor *gin_local[4],
@@ -203,6 +315,7 @@ nb_status nbi_sweep_reverse(nbi_sweep *s, nb_tensor *const *ys, nb_tensor *const
     gxs[j] = !st && i >= 0 ? ct[i] : NULL;
   }
   free(ct);
+  nbi_multi_vals_free(s, &mv);
   return st;
 }
 
@@ -211,6 +324,7 @@ nb_status nbi_sweep_forward(nbi_sweep *s, nb_tensor *const *txs, nb_tensor *cons
   nb_tensor **tan = calloc((size_t)s->n + 1, sizeof *tan);
   if (!tan) return nbi_error(NB_ERR_OOM, "%s: out of memory", s->fn);
   nb_status st = NB_OK;
+  nbi_multi_vals mv = {0};
   for (int j = 0; j < s->n_sources; j++) {
     int i = index_of(s, s->sources[j]);
     if (i >= 0 && txs[j]) tan[i] = txs[j];
@@ -219,6 +333,16 @@ nb_status nbi_sweep_forward(nbi_sweep *s, nb_tensor *const *txs, nb_tensor *cons
     nb_tensor *t = s->nodes[i];
     if (stops(s, i)) continue;
     const nbi_op_def *def = nbi_op_table[t->op];
+    if (t->op == NBI_OP_TUPLE_GET) { /* take the tangent from the pack's slot */
+      int p = index_of(s, t->in[0]);
+      if (p >= 0 && mv.v && mv.v[p] && nb_dtype_is_float(t->dtype))
+        tan[i] = mv.v[p][t->attrs.i[0]];
+      continue;
+    }
+    if (def->flags & NBI_OPF_MULTI) {
+      st = multi_jvp(s, &mv, i, t, tan);
+      continue;
+    }
     if ((def->flags & NBI_OPF_NONDIFF) || !nb_dtype_is_float(t->dtype)) continue;
     nb_tensor *tin_local[4],
         **tin = t->n_in <= 4 ? tin_local : calloc((size_t)t->n_in, sizeof *tin);
@@ -249,5 +373,85 @@ nb_status nbi_sweep_forward(nbi_sweep *s, nb_tensor *const *txs, nb_tensor *cons
     tys[r] = !st && i >= 0 ? tan[i] : NULL;
   }
   free(tan);
+  nbi_multi_vals_free(s, &mv);
+  return st;
+}
+
+/* ---- batching (vmap) -------------------------------------------------------------------- */
+static nb_status check_batched(const char *fn, const nb_tensor *b, const nb_tensor *y, int64_t B) {
+  nb_shape want = {.ndim = y->shape.ndim + 1, .dims = {B}};
+  memcpy(want.dims + 1, y->shape.dims, sizeof(int64_t) * (size_t)y->shape.ndim);
+  if (nbi_shape_eq(&b->shape, &want) && b->dtype == y->dtype) return NB_OK;
+  char a[160], c[160];
+  return nbi_error(NB_ERR_INTERNAL, "%s: the batching rule of %s gave %s %s for a %s %s value", fn,
+                   nbi_op_table[y->op]->name, nb_dtype_name(b->dtype),
+                   nb_shape_str(b->shape, a, sizeof a), nb_dtype_name(y->dtype),
+                   nb_shape_str(want, c, sizeof c));
+}
+
+nb_status nbi_vmap_graph(const char *fn, nb_tensor *const *ys, int n_y, nb_tensor *const *srcs,
+                         nb_tensor *const *bsrc, int n_src, int64_t B, uint64_t seq0,
+                         nb_tensor **bys) {
+  nbi_sweep s = {.fn = fn, .seq0 = seq0};
+  nbi_multi_vals mv = {0};
+  nb_tensor **val = NULL;
+  nb_status st = nbi_sweep_collect(&s, ys, n_y, srcs, n_src);
+  if (!st && !(val = calloc((size_t)s.n + 1, sizeof *val)))
+    st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  for (int j = 0; j < n_src && !st; j++) {
+    int i = index_of(&s, srcs[j]);
+    if (i >= 0) val[i] = bsrc[j];
+  }
+  for (int i = 0; i < s.n && !st; i++) {
+    nb_tensor *t = s.nodes[i];
+    if (stops(&s, i)) continue;
+    const nbi_op_def *def = nbi_op_table[t->op];
+    if (t->op == NBI_OP_TUPLE_GET) {
+      int p = index_of(&s, t->in[0]);
+      val[i] = p >= 0 && mv.v && mv.v[p] ? mv.v[p][t->attrs.i[0]] : NULL;
+      if (!val[i])
+        st = nbi_error(NB_ERR_INTERNAL, "%s: output %d of %s was not batched", fn,
+                       (int)t->attrs.i[0], nbi_op_table[t->in[0]->op]->name);
+      continue;
+    }
+    nb_tensor *bin_local[4], **bin = t->n_in <= 4 ? bin_local : calloc((size_t)t->n_in, sizeof *bin);
+    bool bat_local[4], *bat = t->n_in <= 4 ? bat_local : calloc((size_t)t->n_in, 1);
+    if (!bin || !bat) {
+      st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+    } else {
+      for (int k = 0; k < t->n_in; k++) {
+        int j = index_of(&s, t->in[k]);
+        bat[k] = j >= 0 && val[j];
+        bin[k] = bat[k] ? val[j] : t->in[k];
+      }
+      if (def->flags & NBI_OPF_MULTI) {
+        if (!def->vmap_multi)
+          st = nbi_error(NB_ERR_INTERNAL, "%s: op %s has no batching rule", fn, def->name);
+        else if (!(st = nbi_multi_vals_slot(&s, &mv, i, nbi_multi_of(t)->n_out)))
+          st = def->vmap_multi(t, bin, bat, B, mv.v[i]);
+        for (int j = 0; j < nbi_multi_of(t)->n_out && !st; j++)
+          if (!mv.v[i][j])
+            st = nbi_error(NB_ERR_INTERNAL, "%s: the batching rule of %s left output %d", fn,
+                           def->name, j);
+        if (!st) st = nbi_multi_check(fn, "batching", t, mv.v[i], B);
+      } else if (!def->vmap) {
+        st = nbi_error(NB_ERR_INTERNAL, "%s: op %s has no batching rule", fn, def->name);
+      } else if (!(val[i] = def->vmap(t, bin, bat, B))) {
+        st = nb_last_status();
+        if (!st) st = nbi_error(NB_ERR_INTERNAL, "%s: the batching rule of %s failed", fn, def->name);
+      } else {
+        st = check_batched(fn, val[i], t, B);
+      }
+    }
+    if (bin != bin_local) free(bin);
+    if (bat != bat_local) free(bat);
+  }
+  for (int r = 0; r < n_y; r++) {
+    int i = index_of(&s, ys[r]);
+    bys[r] = !st && i >= 0 ? val[i] : NULL;
+  }
+  free(val);
+  nbi_multi_vals_free(&s, &mv);
+  nbi_sweep_free(&s);
   return st;
 }

@@ -58,6 +58,25 @@ nb_status nbi_sweep_reverse(nbi_sweep *s, nb_tensor *const *ys, nb_tensor *const
 nb_status nbi_sweep_forward(nbi_sweep *s, nb_tensor *const *txs, nb_tensor *const *ys, int n_y,
                             nb_tensor **tys);
 void nbi_sweep_free(nbi_sweep *s);
+/* Batches the graph: srcs[j] (nodes made since seq0; placeholders or aliases)
+ * take the batched values bsrc[j] (batch first, size B), every node between
+ * them and ys gets its batching rule applied in order, and bys[r] is ys[r]'s
+ * batched value (batch first), or NULL when ys[r] does not depend on any src
+ * (the caller broadcasts it). */
+nb_status nbi_vmap_graph(const char *fn, nb_tensor *const *ys, int n_y, nb_tensor *const *srcs,
+                         nb_tensor *const *bsrc, int n_src, int64_t B, uint64_t seq0,
+                         nb_tensor **bys);
+
+/* Per-pack values of a multi-output op during a sweep (sweep.c, vmap.c). */
+typedef struct nbi_multi_vals {
+  nb_tensor ***v; /* [s->n]: NULL or one value per output of the pack at that index */
+} nbi_multi_vals;
+nb_status nbi_multi_vals_slot(const nbi_sweep *s, nbi_multi_vals *mv, int i, int n_out);
+void nbi_multi_vals_free(const nbi_sweep *s, nbi_multi_vals *mv);
+/* Checks one value per output of pack p against its types (B >= 0: with a
+ * leading batch dim of B). */
+nb_status nbi_multi_check(const char *fn, const char *what, const nb_tensor *p, nb_tensor *const *v,
+                          int64_t B);
 
 /* A trace of f: the body run on symbolic aliases of the inputs. */
 typedef struct nbi_trace {
