@@ -100,3 +100,55 @@ nb_tensor *nbi_trace_result(const nbi_trace *tr, nb_tensor *t) {
   if (r) r->flags &= ~(uint32_t)NBI_T_TRACED;
   return r;
 }
+
+/* ---- programs as functions -------------------------------------------------------------- */
+nb_status nbi_trace_program(const char *fn, nb_fn *f, const nb_shape *shapes, const nb_dtype *dtypes,
+                            nbi_program **prog, nb_tensor ***capt, int *n_capt) {
+  *prog = NULL, *capt = NULL, *n_capt = 0;
+  nb_tensor **x = calloc((size_t)(f->n_in + f->n_out) + 1, sizeof *x), **y = x + f->n_in;
+  if (!x) return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  nb_status st = NB_OK;
+  nb_scope_begin();
+  uint64_t seq0 = nbi_next_seq();
+  for (int k = 0; k < f->n_in && !st; k++)
+    if (!(x[k] = nbi_placeholder(&shapes[k], dtypes[k]))) st = nb_last_status();
+  if (!st) st = nb_call(f, x, y);
+  if (!st) st = nbi_program_build(fn, x, f->n_in, y, f->n_out, seq0, prog, capt, n_capt);
+  nb_scope_end();
+  free(x);
+  return st;
+}
+
+nb_status nbi_trace_program_like(const char *fn, nb_fn *f, nb_tensor *const *in,
+                                 nbi_program **prog, nb_tensor ***capt, int *n_capt) {
+  nb_shape *s = malloc(sizeof *s * (size_t)(f->n_in + 1));
+  nb_dtype *d = malloc(sizeof *d * (size_t)(f->n_in + 1));
+  nb_status st = s && d ? NB_OK : nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  for (int k = 0; k < f->n_in && !st; k++) {
+    if (!in[k]) st = nbi_error(NB_ERR_NULL, "%s: input %d is NULL", fn, k);
+    else s[k] = in[k]->shape, d[k] = in[k]->dtype;
+  }
+  if (!st) st = nbi_trace_program(fn, f, s, d, prog, capt, n_capt);
+  else *prog = NULL, *capt = NULL, *n_capt = 0;
+  free(s);
+  free(d);
+  return st;
+}
+
+static nb_status program_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out,
+                              int n_out) {
+  (void)n_in, (void)n_out;
+  return nbi_program_apply("nb_call", user, in, out);
+}
+
+static void program_destroy(void *user) { nbi_program_release(user); }
+
+nb_fn *nbi_program_fn(const char *fn, nbi_program *p) {
+  return nbi_fn_make(fn, program_body, nbi_program_retain(p), program_destroy, p->n_in, p->n_out);
+}
+
+void nbi_release_all(nb_tensor **ts, int n) {
+  for (int i = 0; i < n; i++)
+    nb_release(ts[i]);
+  free(ts);
+}

@@ -93,4 +93,19 @@ void nbi_trace_free(nbi_trace *tr);
  * node with t's value, else t. */
 nb_tensor *nbi_trace_result(const nbi_trace *tr, nb_tensor *t);
 
+/* ---- programs as functions ----------------------------------------------------------- */
+/* Traces f on placeholders of the given types (n = f->n_in) into a program
+ * whose inputs are f's inputs then the tensors f captured (returned retained
+ * in *capt, *n_capt; see nbi_program_build). */
+nb_status nbi_trace_program(const char *fn, nb_fn *f, const nb_shape *shapes, const nb_dtype *dtypes,
+                            nbi_program **prog, nb_tensor ***capt, int *n_capt);
+/* The same, with the types of the tensors in[0..f->n_in-1]. */
+nb_status nbi_trace_program_like(const char *fn, nb_fn *f, nb_tensor *const *in,
+                                 nbi_program **prog, nb_tensor ***capt, int *n_capt);
+/* An nb_fn (p->n_in inputs, p->n_out outputs) that applies p: what control
+ * flow and checkpoint rules hand to the transforms (nb_vjp_fn of a body). */
+nb_fn *nbi_program_fn(const char *fn, nbi_program *p);
+/* Releases n tensors and frees the array (captures). */
+void nbi_release_all(nb_tensor **ts, int n);
+
 #endif
