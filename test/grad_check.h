@@ -88,6 +88,30 @@ static inline void tc_read_concat(const char *what, nb_tensor *const *ts, nb_ten
   }
 }
 
+/* The central finite-difference Jacobian (step TC_FD_STEP) of f's out[0]
+ * (m elements) at the float64 inputs xs, whose values are host[k]: m x total
+ * row-major (malloc'd), total the inputs' element count, columns input-major. */
+static inline double *tc_fd_jacobian(nb_fn *f, nb_tensor *const *xs, int n_in, double *const *host,
+                                     int64_t m, int64_t total) {
+  cr_assert(n_in <= 8);
+  double *J = calloc((size_t)(m * total + 1), sizeof *J);
+  int64_t col = 0;
+  for (int k = 0; k < n_in; k++)
+    for (int64_t j = 0; j < nb_numel(xs[k]); j++, col++) {
+      nb_scope_begin();
+      nb_tensor *xp[8], *xm[8];
+      tc_perturbed(xs, n_in, host, k, j, TC_FD_STEP, xp);
+      tc_perturbed(xs, n_in, host, k, j, -TC_FD_STEP, xm);
+      double *fp = tc_eval1(f, xp, NULL), *fm = tc_eval1(f, xm, NULL);
+      for (int64_t i = 0; i < m; i++)
+        J[i * total + col] = (fp[i] - fm[i]) / (2 * TC_FD_STEP);
+      free(fp);
+      free(fm);
+      nb_scope_end();
+    }
+  return J;
+}
+
 typedef struct tc_inner_product {
   nb_fn *f;
   nb_tensor *u; /* s(x) = sum(f(x) * u) */
@@ -126,22 +150,8 @@ static inline void tc_check_grad(const char *what, nb_fn_body body, void *user, 
     nk[k] = nb_numel(xs[k]);
     total += nk[k];
   }
-  /* J: m x total, row-major, by central differences */
-  double *J = calloc((size_t)(m * total + 1), sizeof *J);
+  double *J = tc_fd_jacobian(f, xs, n_in, host, m, total);
   int64_t col = 0;
-  for (int k = 0; k < n_in; k++)
-    for (int64_t j = 0; j < nk[k]; j++, col++) {
-      nb_scope_begin();
-      nb_tensor *xp[8], *xm[8];
-      tc_perturbed(xs, n_in, host, k, j, TC_FD_STEP, xp);
-      tc_perturbed(xs, n_in, host, k, j, -TC_FD_STEP, xm);
-      double *fp = tc_eval1(f, xp, NULL), *fm = tc_eval1(f, xm, NULL);
-      for (int64_t i = 0; i < m; i++)
-        J[i * total + col] = (fp[i] - fm[i]) / (2 * TC_FD_STEP);
-      free(fp);
-      free(fm);
-      nb_scope_end();
-    }
 
   /* 1. reverse mode */
   nb_tensor *u = tc_rand_f64(ys, -1, 1, &seed);
@@ -197,7 +207,7 @@ static inline void tc_check_grad(const char *what, nb_fn_body body, void *user, 
     double *hv_fd = calloc((size_t)total + 1, sizeof *hv_fd);
     nb_tensor *xp[8], *xm[8], *gp[8], *gm[8];
     for (int k = 0; k < n_in; k++) {
-      double *vk = tc_read(v[k]), *xk = malloc((size_t)(nk[k] + 1) * sizeof *xk);
+      double *vk = tc_read(v[k]), *xk = calloc((size_t)nk[k] + 1, sizeof *xk);
       for (int64_t j = 0; j < nk[k]; j++)
         xk[j] = host[k][j] + TC_FD_STEP * vk[j];
       xp[k] = tc_tensor(xk, nb_shape_of(xs[k]), NB_F64);
