@@ -429,3 +429,60 @@ Test(golden, hessian_two_argnums_blocks) {
   nb_fn_release(f);
   gd_free(c);
 }
+
+/* ---- the seed example: jacfwd(jacrev(vmap(foo))), foo = sum(sin(row)), x [2,3] ------
+ * vmap(foo) [2]; jacrev [2,2,3]; jacfwd of that [2,2,3,2,3] */
+Test(golden, seed_jacfwd_jacrev_vmap) {
+  gd_case *c = gd_load("seed_jacfwd_jacrev_vmap");
+  nb_fn *f = nb_fn_create(sum_sin_body, NULL, 1, 1);
+  nb_fn *v = nb_vmap(f, NULL, NULL), *jr = nb_jacrev(v, NB_AXES(0));
+  gd_run(c, "jacfwd(jacrev(vmap))", nb_jacfwd(jr, NB_AXES(0)), GD_NAMES("x"), GD_NAMES("d2"));
+  nb_fn_release(jr);
+  nb_fn_release(v);
+  nb_fn_release(f);
+  gd_free(c);
+}
+
+/* ---- per-example gradients: vmap(grad(loss)) of a small MLP over a batch ------------
+ * in: W1 [3,4], b1 [4], W2 [4,2], b2 [2] (not mapped), x [5,3], y [5,2] (mapped);
+ * one example: mean((tanh(x @ W1 + b1) @ W2 + b2 - y)^2) with x [3], y [2] */
+static nb_status ex_loss_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out,
+                              int n_out) {
+  (void)user, (void)n_in, (void)n_out;
+  nb_tensor *h = nb_tanh(nb_add(nb_matmul(in[4], in[0]), in[1]));
+  nb_tensor *pred = nb_add(nb_matmul(h, in[2]), in[3]);
+  return gd_ret(out, nb_mean(nb_square(nb_sub(pred, in[5])), NB_ALL, false));
+}
+
+Test(golden, per_example_grads_vmap_of_grad) {
+  gd_case *c = gd_load("per_example_grads");
+  nb_fn *f = nb_fn_create(ex_loss_body, NULL, 6, 1), *g = nb_grad(f, NB_AXES(0, 1, 2, 3));
+  const int in_axes[6] = {NB_NOT_MAPPED, NB_NOT_MAPPED, NB_NOT_MAPPED, NB_NOT_MAPPED, 0, 0};
+  gd_run(c, "vmap(grad)", nb_vmap(g, in_axes, NULL), GD_NAMES("W1", "b1", "W2", "b2", "x", "y"),
+         GD_NAMES("g_W1", "g_b1", "g_W2", "g_b2"));
+  nb_fn_release(g);
+  nb_fn_release(f);
+  gd_free(c);
+}
+
+/* ---- jit(vmap(grad(f))), in_axes (0, not mapped): x [4,3], w [3] ----------------------
+ * one example: sum(tanh(x * w)^2) + logsumexp(x * w), x [3]; grads wrt x and w */
+static nb_status jvg_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)user, (void)n_in, (void)n_out;
+  nb_tensor *t = nb_mul(in[0], in[1]);
+  return gd_ret(out, nb_add(sum_all(nb_square(nb_tanh(t))), nb_logsumexp(t, NB_ALL, false)));
+}
+
+Test(golden, jit_vmap_grad) {
+  gd_case *c = gd_load("jit_vmap_grad");
+  nb_fn *f = nb_fn_create(jvg_body, NULL, 2, 1), *g = nb_grad(f, NB_AXES(0, 1));
+  nb_fn *v = nb_vmap(g, (const int[]){0, NB_NOT_MAPPED}, NULL), *j = nb_jit(v);
+  for (int rep = 0; rep < 2; rep++) /* the trace, then the cached program */
+    gd_run(c, rep ? "jit(vmap(grad)), cached" : "jit(vmap(grad))", nb_fn_retain(j),
+           GD_NAMES("x", "w"), GD_NAMES("g_x", "g_w"));
+  nb_fn_release(j);
+  nb_fn_release(v);
+  nb_fn_release(g);
+  nb_fn_release(f);
+  gd_free(c);
+}

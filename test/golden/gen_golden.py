@@ -224,6 +224,108 @@ case("hess_two_argnums", [("a", a), ("b", b)],
      [("h_aa", H[0][0]), ("h_ab", H[0][1]), ("h_ba", H[1][0]), ("h_bb", H[1][1])])
 
 
+# ---- the seed example: jacfwd(jacrev(vmap(foo))), foo(x) = sum(sin(x)) per row --------
+#   x [2,3]; vmap(foo) [2]; jacrev [2,2,3]; jacfwd of that [2,2,3,2,3]
+def foo(x):
+    return jnp.sum(jnp.sin(x))
+
+
+x = rng(12).uniform(-2, 2, (2, 3))
+d2 = jax.jacfwd(jax.jacrev(jax.vmap(foo)))(x)
+assert d2.shape == (2, 2, 3, 2, 3)
+same(d2, jax.jacrev(jax.jacfwd(jax.vmap(foo)))(x))
+case("seed_jacfwd_jacrev_vmap", [("x", x)], [("d2", d2)])
+
+
+# ---- per-example gradients: vmap(grad(loss)) of a small MLP over a batch ----------------
+#   params W1 [3,4], b1 [4], W2 [4,2], b2 [2] (unbatched); x [5,3], y [5,2] (batched)
+#   loss(W1, b1, W2, b2, x, y) = mean((tanh(x @ W1 + b1) @ W2 + b2 - y)^2) for one example
+def ex_loss(W1, b1, W2, b2, x, y):
+    return jnp.mean((jnp.tanh(x @ W1 + b1) @ W2 + b2 - y) ** 2)
+
+
+r = rng(13)
+pe_in = [
+    ("W1", r.normal(size=(3, 4)) * 0.7),
+    ("b1", r.normal(size=(4,)) * 0.3),
+    ("W2", r.normal(size=(4, 2)) * 0.7),
+    ("b2", r.normal(size=(2,)) * 0.3),
+    ("x", r.normal(size=(5, 3))),
+    ("y", r.normal(size=(5, 2))),
+]
+a = [v for _, v in pe_in]
+pe = jax.vmap(jax.grad(ex_loss, argnums=(0, 1, 2, 3)), in_axes=(None, None, None, None, 0, 0))(*a)
+for i, g_i in enumerate(zip(*[list(t) for t in pe])):  # the loop of grad agrees
+    same(g_i, jax.grad(ex_loss, argnums=(0, 1, 2, 3))(*a[:4], a[4][i], a[5][i]))
+case("per_example_grads", pe_in, [("g_" + n, v) for n, v in zip(("W1", "b1", "W2", "b2"), pe)])
+
+
+# ---- jit(vmap(grad(f))) with in_axes (0, None): x [4,3] batched, w [3] shared -----------
+#   f(x, w) = sum(tanh(x * w)^2) + logsumexp(x * w) for one example x [3]
+def jvg_f(x, w):
+    return jnp.sum(jnp.tanh(x * w) ** 2) + jax.scipy.special.logsumexp(x * w)
+
+
+r = rng(14)
+x, w = r.normal(size=(4, 3)), r.normal(size=(3,))
+gx, gw = jax.jit(jax.vmap(jax.grad(jvg_f, argnums=(0, 1)), in_axes=(0, None)))(x, w)
+case("jit_vmap_grad", [("x", x), ("w", w)], [("g_x", gx), ("g_w", gw)])
+
+
+# ---- jvp and vjp through lax.scan: a cumulative-product-like recurrence -----------------
+#   body(c, x) = (c * x + 0.5 sin(x), c * x); c0 [2], xs [4,2] -> (carry [2], ys [4,2])
+def scan_body(c, x):
+    return c * x + 0.5 * jnp.sin(x), c * x
+
+
+def scan_f(c0, xs):
+    return jax.lax.scan(scan_body, c0, xs)
+
+
+r = rng(15)
+c0, xs = r.uniform(0.5, 1.5, (2,)), r.uniform(0.5, 1.5, (4, 2))
+tc0, txs = r.normal(size=(2,)), r.normal(size=(4, 2))
+gc, gys = r.normal(size=(2,)), r.normal(size=(4, 2))
+(carry, ys), (tcarry, tys) = jax.jvp(scan_f, (c0, xs), (tc0, txs))
+_, pull = jax.vjp(scan_f, c0, xs)
+gc0, gxs = pull((gc, gys))
+case("scan", [("c0", c0), ("xs", xs), ("t_c0", tc0), ("t_xs", txs), ("g_carry", gc), ("g_ys", gys)],
+     [("carry", carry), ("ys", ys), ("t_carry", tcarry), ("t_ys", tys), ("g_c0", gc0),
+      ("g_xs", gxs)])
+
+
+# ---- jvp and vjp through lax.cond, both branches -----------------------------------------
+#   f(x, w) = cond(sum(x) > 0, sin(x) * w, x * w^2 + cos(w)); x, w [3]
+def cond_f(x, w):
+    return jax.lax.cond(jnp.sum(x) > 0, lambda x, w: jnp.sin(x) * w,
+                        lambda x, w: x * w ** 2 + jnp.cos(w), x, w)
+
+
+r = rng(16)
+w, tx, tw, gy = r.normal(size=(3,)), r.normal(size=(3,)), r.normal(size=(3,)), r.normal(size=(3,))
+cond_in, cond_out = [("w", w), ("t_x", tx), ("t_w", tw), ("g_y", gy)], []
+for branch, x in (("then", np.array([0.9, -0.2, 0.6])), ("else", np.array([-0.8, 0.3, -0.4]))):
+    assert (np.sum(x) > 0) == (branch == "then")
+    y, ty = jax.jvp(cond_f, (x, w), (tx, tw))
+    _, pull = jax.vjp(cond_f, x, w)
+    gx, gw = pull(gy)
+    cond_in.append(("x_" + branch, x))
+    cond_out += [(n + "_" + branch, v) for n, v in
+                 (("y", y), ("t_y", ty), ("g_x", gx), ("g_w", gw))]
+case("cond", cond_in, cond_out)
+
+
+# ---- hessian through lax.fori_loop --------------------------------------------------------
+#   x <- x + 0.1 (i + 1) sin(x) * x[::-1] for i in 0..2, then sum(x^2); x [3] -> h [3,3]
+def fori_f(x):
+    x = jax.lax.fori_loop(0, 3, lambda i, x: x + 0.1 * (i + 1) * jnp.sin(x) * x[::-1], x)
+    return jnp.sum(x ** 2)
+
+
+x = rng(17).normal(size=(3,))
+case("hess_fori_loop", [("x", x)], [("h", jax.hessian(fori_f)(x))])
+
+
 # ---- write ----------------------------------------------------------------------------
 def fmt(v):
     return "%.17g" % v
