@@ -144,7 +144,7 @@ struct nb_tensor {
   int n_shards;
   nbi_storage *shards;
   nbi_storage shard0;
-  nb_tensor *grad; /* accumulated gradient of a requires-grad leaf (owned) */
+  nb_tensor *grad;      /* accumulated gradient of a requires-grad leaf (owned) */
   nbi_payload *payload; /* retained; multi-output ops and custom calls */
 };
 
@@ -319,10 +319,10 @@ nb_tensor *nbi_bat_loop(nb_tensor *y, nb_tensor *const *bin, const bool *batched
 typedef struct nbi_multi {
   nbi_payload base;
   int n_out;
-  nb_shape *shape;  /* [n_out] */
-  nb_dtype *dtype;  /* [n_out] */
-  int64_t *offset;  /* [n_out] byte offset of each output in the pack */
-  int64_t nbytes;   /* size of the pack */
+  nb_shape *shape; /* [n_out] */
+  nb_dtype *dtype; /* [n_out] */
+  int64_t *offset; /* [n_out] byte offset of each output in the pack */
+  int64_t nbytes;  /* size of the pack */
 } nbi_multi;
 /* Fills m's output table from n_out types (allocates; base.destroy must call
  * nbi_multi_fini). Error naming fn on overflow or out of memory. */

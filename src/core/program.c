@@ -178,7 +178,7 @@ static nb_status build_ref(builder *b, nb_tensor *root, int32_t *ref) {
   nb_status st = NB_OK;
 #define PUSH(t)                                                                                    \
   do {                                                                                             \
-    if (!grow((void **)&stack, &cap, n + 1, sizeof *stack) ||                                     \
+    if (!grow((void **)&stack, &cap, n + 1, sizeof *stack) ||                                      \
         !grow((void **)&next, &cap_next, n + 1, sizeof *next)) {                                   \
       st = NB_ERR_OOM;                                                                             \
       goto done;                                                                                   \
@@ -215,8 +215,8 @@ static nb_status build_ref(builder *b, nb_tensor *root, int32_t *ref) {
       goto done;
     }
     nbi_prog_node *pn = &b->nodes[b->n];
-    *pn = (nbi_prog_node){.op = t->op, .dtype = t->dtype, .shape = t->shape, .attrs = t->attrs,
-                          .n_in = t->n_in};
+    *pn = (nbi_prog_node){
+        .op = t->op, .dtype = t->dtype, .shape = t->shape, .attrs = t->attrs, .n_in = t->n_in};
     pn->in = malloc(sizeof *pn->in * (size_t)(t->n_in ? t->n_in : 1));
     if (!pn->in) {
       st = NB_ERR_OOM;
@@ -295,8 +295,8 @@ nb_status nbi_program_build(const char *fn, nb_tensor *const *x, int n_x, nb_ten
     st = build_ref(&b, y[j], &out[j]);
   if (!st) {
     int n_in = n_x + b.n_capt;
-    *p = (nbi_program){.refcount = 1, .n_in = n_in, .n_out = n_y, .n_nodes = b.n,
-                       .out = out, .nodes = b.nodes};
+    *p = (nbi_program){
+        .refcount = 1, .n_in = n_in, .n_out = n_y, .n_nodes = b.n, .out = out, .nodes = b.nodes};
     p->in_shape = malloc(sizeof *p->in_shape * (size_t)(n_in ? n_in : 1));
     p->in_dtype = malloc(sizeof *p->in_dtype * (size_t)(n_in ? n_in : 1));
     p->out_shape = malloc(sizeof *p->out_shape * (size_t)(n_y ? n_y : 1));
@@ -330,8 +330,10 @@ nb_status nbi_program_build(const char *fn, nb_tensor *const *x, int n_x, nb_ten
     for (int i = 0; i < b.n_capt; i++)
       nb_release(b.capt[i]);
     free(b.capt);
-    if (p && p->refcount) nbi_program_release(p);
-    else free(p);
+    if (p && p->refcount)
+      nbi_program_release(p);
+    else
+      free(p);
     return st;
   }
   *prog = p;
@@ -348,8 +350,8 @@ nb_status nbi_program_apply(const char *fn, const nbi_program *p, nb_tensor *con
     if (!in[k]) return nbi_error(NB_ERR_NULL, "%s: input %d is NULL", fn, k);
     if (in[k]->dtype != p->in_dtype[k] || !nbi_shape_eq(&in[k]->shape, &p->in_shape[k])) {
       char a[160], b[160];
-      return nbi_error(NB_ERR_SHAPE, "%s: input %d is %s %s but the traced program takes %s %s",
-                       fn, k, nb_dtype_name(in[k]->dtype), nb_shape_str(in[k]->shape, a, sizeof a),
+      return nbi_error(NB_ERR_SHAPE, "%s: input %d is %s %s but the traced program takes %s %s", fn,
+                       k, nb_dtype_name(in[k]->dtype), nb_shape_str(in[k]->shape, a, sizeof a),
                        nb_dtype_name(p->in_dtype[k]), nb_shape_str(p->in_shape[k], b, sizeof b));
     }
   }
@@ -359,7 +361,8 @@ nb_status nbi_program_apply(const char *fn, const nbi_program *p, nb_tensor *con
   nb_scope_begin();
   for (int i = 0; i < p->n_nodes && !st; i++) {
     const nbi_prog_node *pn = &p->nodes[i];
-    nb_tensor *ins_local[8], **ins = pn->n_in <= 8 ? ins_local : malloc(sizeof *ins * (size_t)pn->n_in);
+    nb_tensor *ins_local[8],
+        **ins = pn->n_in <= 8 ? ins_local : malloc(sizeof *ins * (size_t)pn->n_in);
     if (!ins) {
       st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
       break;
@@ -367,8 +370,10 @@ nb_status nbi_program_apply(const char *fn, const nbi_program *p, nb_tensor *con
     for (int k = 0; k < pn->n_in; k++)
       ins[k] = pn->in[k] >= 0 ? t[pn->in[k]] : in[-1 - pn->in[k]];
     t[i] = nbi_record(pn->op, pn->dtype, &pn->shape, ins, pn->n_in, &pn->attrs);
-    if (!t[i]) st = nb_last_status();
-    else t[i]->payload = nbi_payload_retain(pn->payload);
+    if (!t[i])
+      st = nb_last_status();
+    else
+      t[i]->payload = nbi_payload_retain(pn->payload);
     if (ins != ins_local) free(ins);
   }
   for (int j = 0; j < p->n_out && !st; j++) {

@@ -33,6 +33,8 @@
  *   int -> int wraps; -> bool is != 0; narrowing float casts round once to
  *   nearest even (f64 -> f16 too). A cast to the same dtype aliases the input.
  * - Derivatives: VJP/JVP rules at the end of the file (JAX's conventions).
+ * - Batching (vmap): one rule for every op, cast included, after them: the same
+ *   node on the batched inputs.
  */
 #include "../backends/cpu/k_elementwise.h"
 
@@ -45,6 +47,8 @@ static bool cast_view(const nb_tensor *n, const nbi_view *in, nbi_view *out);
  * NONDIFF: sign floor ceil round (piecewise constant), predicates (bool). */
 static nb_status ew_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin);
 static nb_tensor *ew_jvp(nb_tensor *y, nb_tensor *const *tin);
+/* The batching rule of every op here, cast included (end of file). */
+static nb_tensor *ew_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched, int64_t B);
 
 /* clang-format off */
 #define EW_DIFF_RECORDS(X)                                                                         \
@@ -62,11 +66,18 @@ static nb_tensor *ew_jvp(nb_tensor *y, nb_tensor *const *tin);
 /* clang-format on */
 
 #define DEF_DIFF_RECORD(ID, nm, ar)                                                                \
-  const nbi_op_def nbi_opdef_##ID = {                                                              \
-      .name = nm, .arity = ar, .cpu = nbi_cpu_elementwise, .vjp = ew_vjp, .jvp = ew_jvp};
+  const nbi_op_def nbi_opdef_##ID = {.name = nm,                                                   \
+                                     .arity = ar,                                                  \
+                                     .cpu = nbi_cpu_elementwise,                                   \
+                                     .vjp = ew_vjp,                                                \
+                                     .jvp = ew_jvp,                                                \
+                                     .vmap = ew_vmap};
 #define DEF_NONDIFF_RECORD(ID, nm, ar)                                                             \
-  const nbi_op_def nbi_opdef_##ID = {                                                              \
-      .name = nm, .arity = ar, .cpu = nbi_cpu_elementwise, .flags = NBI_OPF_NONDIFF};
+  const nbi_op_def nbi_opdef_##ID = {.name = nm,                                                   \
+                                     .arity = ar,                                                  \
+                                     .cpu = nbi_cpu_elementwise,                                   \
+                                     .flags = NBI_OPF_NONDIFF,                                     \
+                                     .vmap = ew_vmap};
 EW_DIFF_RECORDS(DEF_DIFF_RECORD)
 EW_NONDIFF_RECORDS(DEF_NONDIFF_RECORD)
 #undef DEF_DIFF_RECORD
@@ -77,7 +88,8 @@ const nbi_op_def nbi_opdef_CAST = {.name = "cast",
                                    .cpu = nbi_cpu_cast,
                                    .view = cast_view,
                                    .vjp = ew_vjp,
-                                   .jvp = ew_jvp};
+                                   .jvp = ew_jvp,
+                                   .vmap = ew_vmap};
 
 /* ---- dtype rules ------------------------------------------------------------------------ */
 /* Ops with no integer meaning: integer and bool inputs compute in f32. */
@@ -362,4 +374,25 @@ static nb_tensor *ew_jvp(nb_tensor *y, nb_tensor *const *tin) {
   /* a tangent of a broadcast operand alone (add, where) has that operand's shape */
   if (t && !nbi_shape_eq(&t->shape, &y->shape)) t = nb_broadcast_to(t, y->shape);
   return t;
+}
+
+/* ---- batching rule ------------------------------------------------------------------------
+ * Elementwise ops commute with the batch: the batched node is the same op with
+ * the same attrs (the compute dtype) on the batched inputs, of shape
+ * (B, *y's shape). A batched input of lower per-example rank gets singleton
+ * dims after its batch dim (nbi_bat_align) so that it broadcasts per example;
+ * unbatched inputs broadcast from the right against the batched result as
+ * they did against y. cast keeps its input's shape, so the same rule holds. */
+static nb_tensor *ew_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched, int64_t B) {
+  (void)B; /* the batched inputs carry it */
+  nb_tensor *in[3];
+  int kb = 0;
+  for (int k = 0; k < y->n_in; k++) {
+    if (!(in[k] = nbi_bat_align(bin[k], batched[k], y->shape.ndim))) return NULL;
+    if (batched[k]) kb = k;
+  }
+  /* in[kb] is (B, ..) of rank y's + 1; the other dims are y's */
+  nb_shape s = in[kb]->shape;
+  memcpy(s.dims + 1, y->shape.dims, sizeof(int64_t) * (size_t)y->shape.ndim);
+  return nbi_record(y->op, y->dtype, &s, in, y->n_in, &y->attrs);
 }

@@ -49,11 +49,12 @@ static nb_tensor *identity_vmap(nb_tensor *y, nb_tensor *const *bin, const bool 
   return y->op == NBI_OP_STOP_GRADIENT ? nb_detach(bin[0]) : nbi_identity(bin[0]);
 }
 
-const nbi_op_def nbi_opdef_PLACEHOLDER = {.name = "placeholder", .arity = 0,
-                                          .flags = NBI_OPF_NONDIFF};
+const nbi_op_def nbi_opdef_PLACEHOLDER = {
+    .name = "placeholder", .arity = 0, .flags = NBI_OPF_NONDIFF};
 const nbi_op_def nbi_opdef_TUPLE_GET = {.name = "tuple_get", .arity = 1, .view = tuple_get_view};
 
-const nbi_op_def nbi_opdef_IDENTITY = {"identity",         1, NULL, alias_view, .vjp = identity_vjp,
-                                       .jvp = identity_jvp, .vmap = identity_vmap};
-const nbi_op_def nbi_opdef_STOP_GRADIENT = {"stop_gradient", 1, NULL, alias_view,
-                                            .flags = NBI_OPF_NONDIFF, .vmap = identity_vmap};
+const nbi_op_def nbi_opdef_IDENTITY = {
+    "identity",           1, NULL, alias_view, .vjp = identity_vjp, .jvp = identity_jvp,
+    .vmap = identity_vmap};
+const nbi_op_def nbi_opdef_STOP_GRADIENT = {
+    "stop_gradient", 1, NULL, alias_view, .flags = NBI_OPF_NONDIFF, .vmap = identity_vmap};

@@ -7,7 +7,13 @@
  * Autodiff: each op is linear in its float inputs and the gathers and scatters
  * are each other's transposes, so the rules pair them up (take <-> scatter_add,
  * take_along_axis <-> scatter_add_along_axis) with the node's own indices and
- * axis. Indices get no cotangent; one_hot is not differentiable. */
+ * axis. Indices get no cotangent; one_hot is not differentiable.
+ *
+ * Batching (vmap): with unbatched indices the op runs once on the whole batch
+ * along axis + 1. Batched indices into batched data make take / scatter_add an
+ * along-axis gather / scatter whose leading dim pairs example b's indices with
+ * example b's data (see along_views); no index arithmetic, so out-of-range
+ * indices still fail at realization as they do unbatched. */
 #include "index.h"
 
 #include "../backends/cpu/k_index.h"
@@ -216,29 +222,133 @@ static nb_tensor *scatter_along_jvp(nb_tensor *y, nb_tensor *const *tin) {
   return nbi_scatter_add_along_axis(tt, y->in[1], tin[2], (int)y->attrs.i[0]);
 }
 
+/* ---- batching rules ------------------------------------------------------------------ */
+
+/* A per-example take / scatter_add along axis a of data with shape ts and
+ * indices with shape is (k = is.ndim), both batched, as an along-axis op along
+ * a + 1 on views that share the batch dim 0:
+ *   data:                  tv = (B, ts[:a], n, 1 x (k-1), ts[a+1:])
+ *   indices:               iv = (B, 1 x a, is (or 1 when k = 0), 1 x (ts.ndim - a - 1))
+ *   gathered / updates:    ov = (B, ts[:a], is (or 1), ts[a+1:])
+ * so gathering along a + 1 gives result[b, p, j, q] = data[b, p, idx[b, j], q],
+ * and scattering sums every update into the data's size-1 dims, which is
+ * take's transpose. Error if a view would exceed the maximum rank. */
+static nb_status along_views(const nb_shape *ts, const nb_shape *is, int a, int64_t B, nb_shape *tv,
+                             nb_shape *iv, nb_shape *ov) {
+  int kk = is->ndim ? is->ndim : 1, nd = ts->ndim + kk;
+  if (nd > NB_MAX_DIMS)
+    return nbi_error(NB_ERR_SHAPE,
+                     "nb_vmap: a batched value would have rank %d (the maximum is %d)", nd,
+                     NB_MAX_DIMS);
+  *tv = *iv = *ov = (nb_shape){.ndim = 1, .dims = {B}};
+  for (int d = 0; d < ts->ndim; d++) {
+    if (d != a) {
+      tv->dims[tv->ndim++] = ov->dims[ov->ndim++] = ts->dims[d];
+      iv->dims[iv->ndim++] = 1;
+      continue;
+    }
+    for (int j = 0; j < kk; j++) {
+      tv->dims[tv->ndim++] = j ? 1 : ts->dims[a];
+      iv->dims[iv->ndim++] = ov->dims[ov->ndim++] = is->ndim ? is->dims[j] : 1;
+    }
+  }
+  return NB_OK;
+}
+
+/* t reshaped to s, or t itself when it already has that shape. */
+static nb_tensor *reshape_to(nb_tensor *t, nb_shape s) {
+  return t && nbi_shape_eq(&t->shape, &s) ? t : nb_reshape(t, s);
+}
+
+/* An unbatched t with a size-1 batch dim in front (for the along-axis ops,
+ * which broadcast it against the batched operand); a batched one as it is. */
+static nb_tensor *lead1(nb_tensor *t, bool batched) { return batched ? t : nb_unsqueeze(t, 0); }
+
+/* take: data batched only -> take along axis + 1; indices batched only ->
+ * take(t, idx_b) puts the batch at the axis, moved to the front; both ->
+ * along_views. */
+static nb_tensor *take_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched, int64_t B) {
+  int a = (int)y->attrs.i[0];
+  if (!batched[1]) return nb_take(bin[0], bin[1], a + 1);
+  if (!batched[0]) return nbi_bat_moveaxis(nb_take(bin[0], bin[1], a), a, 0);
+  nb_shape tv, iv, ov;
+  if (along_views(&y->in[0]->shape, &y->in[1]->shape, a, B, &tv, &iv, &ov)) return NULL;
+  nb_tensor *r = nb_take_along_axis(reshape_to(bin[0], tv), reshape_to(bin[1], iv), a + 1);
+  /* ov is (B, *y.shape) but for a 0-d index, which leaves a size-1 dim */
+  return y->in[1]->shape.ndim ? r : nb_squeeze(r, (nb_axes){.n = 1, .v = {a + 1}});
+}
+
+/* take_along_axis: data and indices have the same rank, so an unbatched one
+ * gets a size-1 batch dim that broadcasts against the other's. */
+static nb_tensor *take_along_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
+                                  int64_t B) {
+  (void)B;
+  return nb_take_along_axis(lead1(bin[0], batched[0]), lead1(bin[1], batched[1]),
+                            (int)y->attrs.i[0] + 1);
+}
+
+/* scatter_add: the result is batched, so t and updates are expanded to the
+ * batch (views); unbatched indices scatter along axis + 1, batched ones go
+ * through the along-axis scatter on along_views. */
+static nb_tensor *scatter_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
+                               int64_t B) {
+  int a = (int)y->attrs.i[0];
+  nb_tensor *t = nbi_bat_expand(bin[0], batched[0], B), *u = nbi_bat_expand(bin[2], batched[2], B);
+  if (!batched[1]) return nb_scatter_add(t, bin[1], u, a + 1);
+  nb_shape tv, iv, ov;
+  if (!t || !u || along_views(&y->in[0]->shape, &y->in[1]->shape, a, B, &tv, &iv, &ov)) return NULL;
+  nb_tensor *r = nbi_scatter_add_along_axis(reshape_to(t, tv), reshape_to(bin[1], iv),
+                                            reshape_to(u, ov), a + 1);
+  return reshape_to(r, t->shape); /* tv back to (B, *t.shape) */
+}
+
+/* scatter_add_along_axis: t and updates expanded as for scatter_add, indices
+ * broadcast as for take_along_axis. */
+static nb_tensor *scatter_along_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
+                                     int64_t B) {
+  return nbi_scatter_add_along_axis(nbi_bat_expand(bin[0], batched[0], B),
+                                    lead1(bin[1], batched[1]),
+                                    nbi_bat_expand(bin[2], batched[2], B), (int)y->attrs.i[0] + 1);
+}
+
+/* one_hot: the batch dim is one more index dim. */
+static nb_tensor *one_hot_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
+                               int64_t B) {
+  (void)batched, (void)B;
+  return nb_one_hot(bin[0], y->shape.dims[y->shape.ndim - 1], y->dtype);
+}
+
 const nbi_op_def nbi_opdef_TAKE = {.name = "take",
                                    .arity = 2,
                                    .cpu = nbi_cpu_take,
                                    .view = NULL,
                                    .vjp = take_vjp,
-                                   .jvp = take_jvp};
+                                   .jvp = take_jvp,
+                                   .vmap = take_vmap};
 const nbi_op_def nbi_opdef_TAKE_ALONG_AXIS = {.name = "take_along_axis",
                                               .arity = 2,
                                               .cpu = nbi_cpu_take_along_axis,
                                               .view = NULL,
                                               .vjp = take_along_vjp,
-                                              .jvp = take_along_jvp};
+                                              .jvp = take_along_jvp,
+                                              .vmap = take_along_vmap};
 const nbi_op_def nbi_opdef_SCATTER_ADD = {.name = "scatter_add",
                                           .arity = 3,
                                           .cpu = nbi_cpu_scatter_add,
                                           .view = NULL,
                                           .vjp = scatter_vjp,
-                                          .jvp = scatter_jvp};
+                                          .jvp = scatter_jvp,
+                                          .vmap = scatter_vmap};
 const nbi_op_def nbi_opdef_SCATTER_ADD_ALONG_AXIS = {.name = "scatter_add_along_axis",
                                                      .arity = 3,
                                                      .cpu = nbi_cpu_scatter_add_along_axis,
                                                      .view = NULL,
                                                      .vjp = scatter_along_vjp,
-                                                     .jvp = scatter_along_jvp};
-const nbi_op_def nbi_opdef_ONE_HOT = {
-    .name = "one_hot", .arity = 1, .cpu = nbi_cpu_one_hot, .view = NULL, .flags = NBI_OPF_NONDIFF};
+                                                     .jvp = scatter_along_jvp,
+                                                     .vmap = scatter_along_vmap};
+const nbi_op_def nbi_opdef_ONE_HOT = {.name = "one_hot",
+                                      .arity = 1,
+                                      .cpu = nbi_cpu_one_hot,
+                                      .view = NULL,
+                                      .flags = NBI_OPF_NONDIFF,
+                                      .vmap = one_hot_vmap};

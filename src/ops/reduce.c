@@ -1,7 +1,8 @@
 /* src/ops/reduce.c — reductions: sum mean prod max min var std logsumexp any
  * all argmax argmin, and softmax, log_softmax, cumsum along one axis. Every op
  * is one primitive node with its own CPU kernel (src/backends/cpu/k_reduce.c);
- * their VJP/JVP rules close the file (argmax, argmin, any, all are NONDIFF).
+ * their VJP/JVP rules (argmax, argmin, any, all are NONDIFF) and batching
+ * rules (the same node with its axes moved past the batch dim) close the file.
  *
  * Semantics (NumPy / JAX):
  * - Axes: NB_ALL (n = -1) reduces every axis; negative axes count from the end;
@@ -425,38 +426,103 @@ static nb_tensor *cumsum_jvp(nb_tensor *y, nb_tensor *const *tin) {
   return t ? nb_cumsum(t, (int)y->attrs.i[0]) : NULL;
 }
 
-const nbi_op_def nbi_opdef_REDUCE_SUM = {
-    .name = "reduce_sum", .arity = 1, .cpu = nbi_cpu_reduce, .vjp = sum_vjp, .jvp = sum_jvp};
-const nbi_op_def nbi_opdef_REDUCE_PROD = {
-    .name = "reduce_prod", .arity = 1, .cpu = nbi_cpu_reduce, .vjp = prod_vjp, .jvp = prod_jvp};
+/* ---- batching rules --------------------------------------------------------------
+ * The only input is batched, its batch dim first, so the batched node is the
+ * same op on it with the same attrs (mean's divisor, std's flag) and its axes
+ * one further along: the reduced-axes mask shifts by one (reductions), the
+ * axis moves up by one (softmax, log_softmax, cumsum). The batch dim is never
+ * reduced, so the result is (B, *y's shape). */
+static nb_tensor *rebatch(nb_tensor *y, nb_tensor *const *bin, int64_t B, int64_t attr0) {
+  nbi_attrs at = y->attrs;
+  at.i[0] = attr0;
+  nb_shape s = {.ndim = y->shape.ndim + 1, .dims = {B}}; /* y's rank <= its input's */
+  memcpy(s.dims + 1, y->shape.dims, sizeof(int64_t) * (size_t)y->shape.ndim);
+  return nbi_record(y->op, y->dtype, &s, bin, 1, &at);
+}
+
+static nb_tensor *reduction_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
+                                 int64_t B) {
+  (void)batched;
+  return rebatch(y, bin, B, y->attrs.i[0] << 1);
+}
+
+static nb_tensor *along_axis_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
+                                  int64_t B) {
+  (void)batched;
+  return rebatch(y, bin, B, y->attrs.i[0] + 1);
+}
+
+const nbi_op_def nbi_opdef_REDUCE_SUM = {.name = "reduce_sum",
+                                         .arity = 1,
+                                         .cpu = nbi_cpu_reduce,
+                                         .vjp = sum_vjp,
+                                         .jvp = sum_jvp,
+                                         .vmap = reduction_vmap};
+const nbi_op_def nbi_opdef_REDUCE_PROD = {.name = "reduce_prod",
+                                          .arity = 1,
+                                          .cpu = nbi_cpu_reduce,
+                                          .vjp = prod_vjp,
+                                          .jvp = prod_jvp,
+                                          .vmap = reduction_vmap};
 const nbi_op_def nbi_opdef_REDUCE_MAX = {.name = "reduce_max",
                                          .arity = 1,
                                          .cpu = nbi_cpu_reduce,
                                          .vjp = extreme_vjp,
-                                         .jvp = extreme_jvp};
+                                         .jvp = extreme_jvp,
+                                         .vmap = reduction_vmap};
 const nbi_op_def nbi_opdef_REDUCE_MIN = {.name = "reduce_min",
                                          .arity = 1,
                                          .cpu = nbi_cpu_reduce,
                                          .vjp = extreme_vjp,
-                                         .jvp = extreme_jvp};
-const nbi_op_def nbi_opdef_REDUCE_ANY = {
-    .name = "reduce_any", .arity = 1, .cpu = nbi_cpu_reduce, .flags = NBI_OPF_NONDIFF};
-const nbi_op_def nbi_opdef_REDUCE_ALL = {
-    .name = "reduce_all", .arity = 1, .cpu = nbi_cpu_reduce, .flags = NBI_OPF_NONDIFF};
-const nbi_op_def nbi_opdef_REDUCE_VAR = {
-    .name = "reduce_var", .arity = 1, .cpu = nbi_cpu_reduce, .vjp = var_vjp, .jvp = var_jvp};
-const nbi_op_def nbi_opdef_LOGSUMEXP = {
-    .name = "logsumexp", .arity = 1, .cpu = nbi_cpu_reduce, .vjp = lse_vjp, .jvp = lse_jvp};
-const nbi_op_def nbi_opdef_ARGMAX = {
-    .name = "argmax", .arity = 1, .cpu = nbi_cpu_reduce, .flags = NBI_OPF_NONDIFF};
-const nbi_op_def nbi_opdef_ARGMIN = {
-    .name = "argmin", .arity = 1, .cpu = nbi_cpu_reduce, .flags = NBI_OPF_NONDIFF};
-const nbi_op_def nbi_opdef_SOFTMAX = {
-    .name = "softmax", .arity = 1, .cpu = nbi_cpu_softmax, .vjp = softmax_vjp, .jvp = softmax_jvp};
+                                         .jvp = extreme_jvp,
+                                         .vmap = reduction_vmap};
+const nbi_op_def nbi_opdef_REDUCE_ANY = {.name = "reduce_any",
+                                         .arity = 1,
+                                         .cpu = nbi_cpu_reduce,
+                                         .flags = NBI_OPF_NONDIFF,
+                                         .vmap = reduction_vmap};
+const nbi_op_def nbi_opdef_REDUCE_ALL = {.name = "reduce_all",
+                                         .arity = 1,
+                                         .cpu = nbi_cpu_reduce,
+                                         .flags = NBI_OPF_NONDIFF,
+                                         .vmap = reduction_vmap};
+const nbi_op_def nbi_opdef_REDUCE_VAR = {.name = "reduce_var",
+                                         .arity = 1,
+                                         .cpu = nbi_cpu_reduce,
+                                         .vjp = var_vjp,
+                                         .jvp = var_jvp,
+                                         .vmap = reduction_vmap};
+const nbi_op_def nbi_opdef_LOGSUMEXP = {.name = "logsumexp",
+                                        .arity = 1,
+                                        .cpu = nbi_cpu_reduce,
+                                        .vjp = lse_vjp,
+                                        .jvp = lse_jvp,
+                                        .vmap = reduction_vmap};
+const nbi_op_def nbi_opdef_ARGMAX = {.name = "argmax",
+                                     .arity = 1,
+                                     .cpu = nbi_cpu_reduce,
+                                     .flags = NBI_OPF_NONDIFF,
+                                     .vmap = reduction_vmap};
+const nbi_op_def nbi_opdef_ARGMIN = {.name = "argmin",
+                                     .arity = 1,
+                                     .cpu = nbi_cpu_reduce,
+                                     .flags = NBI_OPF_NONDIFF,
+                                     .vmap = reduction_vmap};
+const nbi_op_def nbi_opdef_SOFTMAX = {.name = "softmax",
+                                      .arity = 1,
+                                      .cpu = nbi_cpu_softmax,
+                                      .vjp = softmax_vjp,
+                                      .jvp = softmax_jvp,
+                                      .vmap = along_axis_vmap};
 const nbi_op_def nbi_opdef_LOG_SOFTMAX = {.name = "log_softmax",
                                           .arity = 1,
                                           .cpu = nbi_cpu_softmax,
                                           .vjp = log_softmax_vjp,
-                                          .jvp = log_softmax_jvp};
-const nbi_op_def nbi_opdef_CUMSUM = {
-    .name = "cumsum", .arity = 1, .cpu = nbi_cpu_cumsum, .vjp = cumsum_vjp, .jvp = cumsum_jvp};
+                                          .jvp = log_softmax_jvp,
+                                          .vmap = along_axis_vmap};
+const nbi_op_def nbi_opdef_CUMSUM = {.name = "cumsum",
+                                     .arity = 1,
+                                     .cpu = nbi_cpu_cumsum,
+                                     .vjp = cumsum_vjp,
+                                     .jvp = cumsum_jvp,
+                                     .vmap = along_axis_vmap};

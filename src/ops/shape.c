@@ -9,7 +9,12 @@
  *
  * Autodiff: every primitive here is linear, so each VJP is the transpose map
  * and each JVP applies the op itself to the tangent. The rules use only these
- * shape ops (and sum for broadcast_to), so they differentiate again. */
+ * shape ops (and sum for broadcast_to), so they differentiate again.
+ *
+ * Batching (vmap): each rule applies the op once to the whole batch (batch dim
+ * 0, nbi.h) with its per-example arguments moved past the batch dim: shapes
+ * get B in front, axes +1, permutations keep 0 first, slices and pads take the
+ * whole batch dim, concat expands its unbatched parts. */
 #include "../backends/cpu/k_shape.h"
 
 #include <stdlib.h>
@@ -19,6 +24,18 @@
 /* The status a VJP rule returns after computing r: NB_OK, or the recorded
  * error when an op on the way failed (r is NULL). */
 static nb_status rule_status(const nb_tensor *r) { return r ? NB_OK : nb_last_status(); }
+
+/* (B, *s): a per-example shape with the batch dim in front; an error when that
+ * exceeds the maximum rank. */
+static nb_status batched_shape(int64_t B, const nb_shape *s, nb_shape *out) {
+  if (s->ndim + 1 > NB_MAX_DIMS)
+    return nbi_error(NB_ERR_SHAPE,
+                     "nb_vmap: a batched value would have rank %d (the maximum is %d)", s->ndim + 1,
+                     NB_MAX_DIMS);
+  *out = (nb_shape){.ndim = s->ndim + 1, .dims = {B}};
+  memcpy(out->dims + 1, s->dims, sizeof(int64_t) * (size_t)s->ndim);
+  return NB_OK;
+}
 
 /* ---- reshape ---------------------------------------------------------------------- */
 
@@ -181,12 +198,21 @@ static nb_tensor *reshape_jvp(nb_tensor *y, nb_tensor *const *tin) {
   return nb_reshape(tin[0], y->shape);
 }
 
+/* Batched: reshape (B, *x.shape) into (B, *y.shape). */
+static nb_tensor *reshape_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
+                               int64_t B) {
+  (void)batched;
+  nb_shape s;
+  return batched_shape(B, &y->shape, &s) ? NULL : nb_reshape(bin[0], s);
+}
+
 const nbi_op_def nbi_opdef_RESHAPE = {.name = "reshape",
                                       .arity = 1,
                                       .cpu = nbi_cpu_reshape,
                                       .view = reshape_view,
                                       .vjp = reshape_vjp,
-                                      .jvp = reshape_jvp};
+                                      .jvp = reshape_jvp,
+                                      .vmap = reshape_vmap};
 
 /* ---- permute ---------------------------------------------------------------------- */
 
@@ -258,12 +284,23 @@ static nb_tensor *permute_jvp(nb_tensor *y, nb_tensor *const *tin) {
   return nb_permute(tin[0], p);
 }
 
+/* Batched: the batch dim stays first, every other axis moves as in y. */
+static nb_tensor *permute_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
+                               int64_t B) {
+  (void)batched, (void)B;
+  nb_axes p = {.n = y->shape.ndim + 1};
+  for (int d = 0; d < y->shape.ndim; d++)
+    p.v[d + 1] = (int)y->attrs.i[d] + 1;
+  return nb_permute(bin[0], p);
+}
+
 const nbi_op_def nbi_opdef_PERMUTE = {.name = "permute",
                                       .arity = 1,
                                       .cpu = nbi_cpu_view_copy,
                                       .view = permute_view,
                                       .vjp = permute_vjp,
-                                      .jvp = permute_jvp};
+                                      .jvp = permute_jvp,
+                                      .vmap = permute_vmap};
 
 /* ---- broadcast_to ----------------------------------------------------------------- */
 
@@ -307,12 +344,23 @@ static nb_tensor *broadcast_jvp(nb_tensor *y, nb_tensor *const *tin) {
   return nb_broadcast_to(tin[0], y->shape);
 }
 
+/* Batched: the leading dims broadcasting adds go after the batch dim
+ * (nbi_bat_align), then (B, 1.., *x.shape) broadcasts to (B, *y.shape). */
+static nb_tensor *broadcast_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
+                                 int64_t B) {
+  (void)batched;
+  nb_shape s;
+  if (batched_shape(B, &y->shape, &s)) return NULL;
+  return nb_broadcast_to(nbi_bat_align(bin[0], true, y->shape.ndim), s);
+}
+
 const nbi_op_def nbi_opdef_BROADCAST_TO = {.name = "broadcast_to",
                                            .arity = 1,
                                            .cpu = nbi_cpu_view_copy,
                                            .view = broadcast_view,
                                            .vjp = broadcast_vjp,
-                                           .jvp = broadcast_jvp};
+                                           .jvp = broadcast_jvp,
+                                           .vmap = broadcast_vmap};
 
 /* ---- slice ------------------------------------------------------------------------ */
 
@@ -483,12 +531,26 @@ static nb_tensor *slice_jvp(nb_tensor *y, nb_tensor *const *tin) {
   return record_slice(tin[0], y->attrs.i, y->attrs.i + NB_MAX_DIMS, y->shape.dims);
 }
 
+/* Batched: the same slice with the whole batch dim (start 0, step 1, B). */
+static nb_tensor *slice_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched, int64_t B) {
+  (void)batched;
+  int nd = y->shape.ndim;
+  int64_t starts[NB_MAX_DIMS] = {0}, steps[NB_MAX_DIMS] = {1}, counts[NB_MAX_DIMS] = {B};
+  for (int d = 0; d < nd; d++) {
+    starts[d + 1] = y->attrs.i[d];
+    steps[d + 1] = y->attrs.i[NB_MAX_DIMS + d];
+    counts[d + 1] = y->shape.dims[d];
+  }
+  return record_slice(bin[0], starts, steps, counts);
+}
+
 const nbi_op_def nbi_opdef_SLICE = {.name = "slice",
                                     .arity = 1,
                                     .cpu = nbi_cpu_view_copy,
                                     .view = slice_view,
                                     .vjp = slice_vjp,
-                                    .jvp = slice_jvp};
+                                    .jvp = slice_jvp,
+                                    .vmap = slice_vmap};
 
 /* ---- flip ------------------------------------------------------------------------- */
 
@@ -514,23 +576,29 @@ nb_tensor *nb_flip(nb_tensor *t, nb_axes axes) {
   return nbi_record(NBI_OP_FLIP, t->dtype, &t->shape, &t, 1, &at);
 }
 
-/* The axes of a flip node's bitmask. */
-static nb_axes flip_axes(const nb_tensor *y) {
+/* The axes of a flip node's bitmask, each plus shift (1 for the batched value). */
+static nb_axes flip_axes(const nb_tensor *y, int shift) {
   nb_axes ax = {0};
   for (int d = 0; d < y->shape.ndim; d++)
-    if (y->attrs.i[0] >> d & 1) ax.v[ax.n++] = d;
+    if (y->attrs.i[0] >> d & 1) ax.v[ax.n++] = d + shift;
   return ax;
 }
 
 /* A flip is its own transpose: gx = flip(gy), ty = flip(tx), same axes. */
 static nb_status flip_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
   if (!need[0]) return NB_OK;
-  gin[0] = nb_flip(gy, flip_axes(y));
+  gin[0] = nb_flip(gy, flip_axes(y, 0));
   return rule_status(gin[0]);
 }
 
 static nb_tensor *flip_jvp(nb_tensor *y, nb_tensor *const *tin) {
-  return nb_flip(tin[0], flip_axes(y));
+  return nb_flip(tin[0], flip_axes(y, 0));
+}
+
+/* Batched: the same axes, past the batch dim. */
+static nb_tensor *flip_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched, int64_t B) {
+  (void)batched, (void)B;
+  return nb_flip(bin[0], flip_axes(y, 1));
 }
 
 const nbi_op_def nbi_opdef_FLIP = {.name = "flip",
@@ -538,7 +606,8 @@ const nbi_op_def nbi_opdef_FLIP = {.name = "flip",
                                    .cpu = nbi_cpu_view_copy,
                                    .view = flip_view,
                                    .vjp = flip_vjp,
-                                   .jvp = flip_jvp};
+                                   .jvp = flip_jvp,
+                                   .vmap = flip_vmap};
 
 /* ---- concat, stack ---------------------------------------------------------------- */
 
@@ -670,12 +739,30 @@ done:
   return r;
 }
 
+/* Batched: unbatched parts are broadcast along the batch (views), then one
+ * concat along the axis past the batch dim. */
+static nb_tensor *concat_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched, int64_t B) {
+  nb_tensor **parts = malloc((size_t)y->n_in * sizeof *parts);
+  if (!parts) {
+    nbi_error(NB_ERR_OOM, "nb_vmap: out of memory batching a concat");
+    return NULL;
+  }
+  nb_tensor *r = NULL;
+  for (int k = 0; k < y->n_in; k++)
+    if (!(parts[k] = nbi_bat_expand(bin[k], batched[k], B))) goto done;
+  r = nb_concat(parts, y->n_in, (int)y->attrs.i[0] + 1);
+done:
+  free(parts);
+  return r;
+}
+
 const nbi_op_def nbi_opdef_CONCAT = {.name = "concat",
                                      .arity = -1,
                                      .cpu = nbi_cpu_concat,
                                      .view = NULL,
                                      .vjp = concat_vjp,
-                                     .jvp = concat_jvp};
+                                     .jvp = concat_jvp,
+                                     .vmap = concat_vmap};
 
 /* ---- pad -------------------------------------------------------------------------- */
 
@@ -721,8 +808,21 @@ static nb_tensor *pad_jvp(nb_tensor *y, nb_tensor *const *tin) {
   return nb_pad(tin[0], y->attrs.i, 0.0);
 }
 
-const nbi_op_def nbi_opdef_PAD = {
-    .name = "pad", .arity = 1, .cpu = nbi_cpu_pad, .view = NULL, .vjp = pad_vjp, .jvp = pad_jvp};
+/* Batched: no padding on the batch dim, the same pads and value elsewhere. */
+static nb_tensor *pad_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched, int64_t B) {
+  (void)batched, (void)B;
+  int64_t pads[2 * NB_MAX_DIMS] = {0};
+  memcpy(pads + 2, y->attrs.i, sizeof(int64_t) * (size_t)(2 * y->shape.ndim));
+  return nb_pad(bin[0], pads, y->attrs.f[0]);
+}
+
+const nbi_op_def nbi_opdef_PAD = {.name = "pad",
+                                  .arity = 1,
+                                  .cpu = nbi_cpu_pad,
+                                  .view = NULL,
+                                  .vjp = pad_vjp,
+                                  .jvp = pad_jvp,
+                                  .vmap = pad_vmap};
 
 /* ---- repeat, tile ------------------------------------------------------------------ */
 

@@ -3,9 +3,9 @@
  *
  * Each returns an nb_fn whose body (1) traces the wrapped function on
  * symbolic aliases of its inputs, (2) collects one sweep over that trace, (3)
- * runs the sweep backward or forward once per seed (one seed for vjp/grad/jvp,
- * one basis vector per output element for jacrev, per input element for
- * jacfwd), and (4) returns the new graph's outputs. The outputs are ordinary
+ * runs the sweep backward or forward once (jacrev/jacfwd: once per output or
+ * argument, with a symbolic seed, then batch that derivative graph over the
+ * basis with the vmap pass), and (4) returns the new graph's outputs. The outputs are ordinary
  * lazy tensors: realized when read, or traced again by an enclosing transform.
  */
 #include "transforms.h"
@@ -29,10 +29,20 @@ static void xform_destroy(void *p) {
 }
 
 /* ---- helpers -------------------------------------------------------------------- */
-/* Basis vector: a dt tensor of shape s with a 1 at flat index i. */
-static nb_tensor *basis(const nb_shape *s, nb_dtype dt, int64_t i) {
-  nb_tensor *e = nb_zeros(*s, dt);
-  if (e) nbi_store_f64(e->shard0.buf->data, dt, i, 1.0);
+/* The standard basis of a dt tensor of shape s, stacked: shape (n, *s) with
+ * row i the one-hot vector of flat index i (a realized constant). */
+static nb_tensor *basis(const char *fn, const nb_shape *s, nb_dtype dt, int64_t n) {
+  nb_shape bs = {.ndim = s->ndim + 1, .dims = {n}};
+  if (bs.ndim > NB_MAX_DIMS) {
+    nbi_error(NB_ERR_SHAPE, "%s: a Jacobian of a rank-%d value exceeds the maximum rank %d", fn,
+              s->ndim, NB_MAX_DIMS);
+    return NULL;
+  }
+  memcpy(bs.dims + 1, s->dims, sizeof(int64_t) * (size_t)s->ndim);
+  nb_tensor *e = nb_zeros(bs, dt);
+  if (e)
+    for (int64_t i = 0; i < n; i++)
+      nbi_store_f64(e->shard0.buf->data, dt, i * n + i, 1.0);
   return e;
 }
 
@@ -140,7 +150,11 @@ static nb_status body_grad(const xform *x, nbi_trace *tr, nb_tensor **out) {
   return NB_OK;
 }
 
-/* Jacobians, output-major: out[o * n_arg + a] = d y[o] / d x[arg[a]]. */
+/* Jacobians, output-major: out[o * n_arg + a] = d y[o] / d x[arg[a]].
+ * jacrev: one reverse sweep seeded with a placeholder cotangent p for y[o],
+ * then that backward graph is batched over the basis of y[o] (vmap of the
+ * VJP): one graph whatever the output size. jacfwd: the same with a forward
+ * sweep per argument, batched over the basis of that argument. */
 static nb_status body_jac(const xform *x, nbi_trace *tr, nb_tensor **out) {
   nb_status st = check_float_args(x, tr);
   if (st) return st;
@@ -153,59 +167,62 @@ static nb_status body_jac(const xform *x, nbi_trace *tr, nb_tensor **out) {
   for (int a = 0; a < na; a++)
     xs[a] = tr->x[x->arg[a]];
   nbi_sweep s = {.fn = x->name, .seq0 = tr->seq0};
-  if ((st = nbi_sweep_collect(&s, tr->y, n_out, xs, na))) goto done;
+  nb_tensor **seeds = calloc((size_t)n_out + 1, sizeof *seeds), *g[NB_MAX_DIMS], *bg[NB_MAX_DIMS];
+  if (!seeds) st = nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
+  if (!st) st = nbi_sweep_collect(&s, tr->y, n_out, xs, na);
   if (x->kind == K_JACREV) {
-    nb_tensor **seeds = calloc((size_t)n_out, sizeof *seeds), *g[NB_MAX_DIMS];
-    if (!seeds) st = nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
     for (int o = 0; o < n_out && !st; o++) {
       nb_tensor *y = tr->y[o];
       int64_t m = nbi_numel(&y->shape);
-      nb_tensor **rows = calloc((size_t)(na * (m ? m : 1)), sizeof *rows);
-      if (!rows) st = nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
-      for (int64_t i = 0; i < m && !st; i++) {
-        if (!(seeds[o] = basis(&y->shape, y->dtype, i))) st = nb_last_status();
-        if (!st) st = nbi_sweep_reverse(&s, tr->y, seeds, n_out, g);
-        for (int a = 0; a < na && !st; a++)
-          rows[a * m + i] = g[a] ? g[a] : nbi_zeros_like(xs[a]);
-        seeds[o] = NULL;
+      nb_tensor *p = nbi_placeholder(&y->shape, y->dtype);
+      nb_tensor *e = p ? basis(x->name, &y->shape, y->dtype, m) : NULL;
+      if (!e) {
+        st = nb_last_status();
+        break;
       }
+      seeds[o] = p;
+      st = nbi_sweep_reverse(&s, tr->y, seeds, n_out, g);
+      seeds[o] = NULL;
+      for (int a = 0; a < na; a++)
+        if (!g[a]) g[a] = nbi_zeros_like(xs[a]);
+      if (!st) st = nbi_vmap_graph(x->name, g, na, &p, &e, 1, m, p->seq, bg);
       for (int a = 0; a < na && !st; a++) {
-        nb_tensor *j = m ? nb_stack(rows + a * m, (int)m, 0)
-                         : nb_zeros((nb_shape){.ndim = 1, .dims = {0}}, xs[a]->dtype);
-        j = j ? jac_reshape(j, &y->shape, &xs[a]->shape, x->name) : NULL;
-        if (!(out[o * na + a] = j)) st = nb_last_status();
+        nb_tensor *j = bg[a] ? bg[a] : nbi_bat_expand(g[a], false, m);
+        if (!(out[o * na + a] = jac_reshape(j, &y->shape, &xs[a]->shape, x->name)))
+          st = nb_last_status();
       }
-      free(rows);
     }
-    free(seeds);
   } else {
-    nb_tensor *t[NB_MAX_DIMS] = {0}, **ty = calloc((size_t)n_out, sizeof *ty);
-    if (!ty) st = nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
+    nb_tensor *t[NB_MAX_DIMS] = {0}, **ty = calloc((size_t)n_out + 1, sizeof *ty),
+              **bty = calloc((size_t)n_out + 1, sizeof *bty);
+    if (!st && (!ty || !bty)) st = nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
     for (int a = 0; a < na && !st; a++) {
       int64_t n = nbi_numel(&xs[a]->shape);
-      nb_tensor **cols = calloc((size_t)(n_out * (n ? n : 1)), sizeof *cols);
-      if (!cols) st = nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
-      for (int64_t j = 0; j < n && !st; j++) {
-        if (!(t[a] = basis(&xs[a]->shape, xs[a]->dtype, j))) st = nb_last_status();
-        if (!st) st = nbi_sweep_forward(&s, t, tr->y, n_out, ty);
-        for (int o = 0; o < n_out && !st; o++)
-          cols[o * n + j] = ty[o] ? ty[o] : nbi_zeros_like(tr->y[o]);
-        t[a] = NULL;
+      nb_tensor *p = nbi_placeholder(&xs[a]->shape, xs[a]->dtype);
+      nb_tensor *e = p ? basis(x->name, &xs[a]->shape, xs[a]->dtype, n) : NULL;
+      if (!e) {
+        st = nb_last_status();
+        break;
       }
+      t[a] = p;
+      st = nbi_sweep_forward(&s, t, tr->y, n_out, ty);
+      t[a] = NULL;
+      for (int o = 0; o < n_out; o++)
+        if (!ty[o]) ty[o] = nbi_zeros_like(tr->y[o]);
+      if (!st) st = nbi_vmap_graph(x->name, ty, n_out, &p, &e, 1, n, p->seq, bty);
       for (int o = 0; o < n_out && !st; o++) {
         nb_tensor *y = tr->y[o];
-        nb_tensor *jm = n ? nb_stack(cols + o * n, (int)n, y->shape.ndim)
-                          : nb_zeros(y->shape, y->dtype); /* reshaped below to out + in */
-        if (jm && !n) jm = nb_reshape(jm, y->shape);
-        jm = jm ? jac_reshape(jm, &y->shape, &xs[a]->shape, x->name) : NULL;
-        if (!(out[o * na + a] = jm)) st = nb_last_status();
+        nb_tensor *j = bty[o] ? bty[o] : nbi_bat_expand(ty[o], false, n);
+        j = nbi_bat_moveaxis(j, 0, y->shape.ndim); /* (*y.shape, n) */
+        if (!(out[o * na + a] = j ? jac_reshape(j, &y->shape, &xs[a]->shape, x->name) : NULL))
+          st = nb_last_status();
       }
-      free(cols);
     }
     free(ty);
+    free(bty);
   }
-done:
   nbi_sweep_free(&s);
+  free(seeds);
   return st;
 }
 

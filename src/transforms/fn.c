@@ -102,8 +102,9 @@ nb_tensor *nbi_trace_result(const nbi_trace *tr, nb_tensor *t) {
 }
 
 /* ---- programs as functions -------------------------------------------------------------- */
-nb_status nbi_trace_program(const char *fn, nb_fn *f, const nb_shape *shapes, const nb_dtype *dtypes,
-                            nbi_program **prog, nb_tensor ***capt, int *n_capt) {
+nb_status nbi_trace_program(const char *fn, nb_fn *f, const nb_shape *shapes,
+                            const nb_dtype *dtypes, nbi_program **prog, nb_tensor ***capt,
+                            int *n_capt) {
   *prog = NULL, *capt = NULL, *n_capt = 0;
   nb_tensor **x = calloc((size_t)(f->n_in + f->n_out) + 1, sizeof *x), **y = x + f->n_in;
   if (!x) return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
@@ -119,17 +120,21 @@ nb_status nbi_trace_program(const char *fn, nb_fn *f, const nb_shape *shapes, co
   return st;
 }
 
-nb_status nbi_trace_program_like(const char *fn, nb_fn *f, nb_tensor *const *in,
-                                 nbi_program **prog, nb_tensor ***capt, int *n_capt) {
+nb_status nbi_trace_program_like(const char *fn, nb_fn *f, nb_tensor *const *in, nbi_program **prog,
+                                 nb_tensor ***capt, int *n_capt) {
   nb_shape *s = malloc(sizeof *s * (size_t)(f->n_in + 1));
   nb_dtype *d = malloc(sizeof *d * (size_t)(f->n_in + 1));
   nb_status st = s && d ? NB_OK : nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
   for (int k = 0; k < f->n_in && !st; k++) {
-    if (!in[k]) st = nbi_error(NB_ERR_NULL, "%s: input %d is NULL", fn, k);
-    else s[k] = in[k]->shape, d[k] = in[k]->dtype;
+    if (!in[k])
+      st = nbi_error(NB_ERR_NULL, "%s: input %d is NULL", fn, k);
+    else
+      s[k] = in[k]->shape, d[k] = in[k]->dtype;
   }
-  if (!st) st = nbi_trace_program(fn, f, s, d, prog, capt, n_capt);
-  else *prog = NULL, *capt = NULL, *n_capt = 0;
+  if (!st)
+    st = nbi_trace_program(fn, f, s, d, prog, capt, n_capt);
+  else
+    *prog = NULL, *capt = NULL, *n_capt = 0;
   free(s);
   free(d);
   return st;

@@ -335,8 +335,7 @@ nb_status nbi_sweep_forward(nbi_sweep *s, nb_tensor *const *txs, nb_tensor *cons
     const nbi_op_def *def = nbi_op_table[t->op];
     if (t->op == NBI_OP_TUPLE_GET) { /* take the tangent from the pack's slot */
       int p = index_of(s, t->in[0]);
-      if (p >= 0 && mv.v && mv.v[p] && nb_dtype_is_float(t->dtype))
-        tan[i] = mv.v[p][t->attrs.i[0]];
+      if (p >= 0 && mv.v && mv.v[p] && nb_dtype_is_float(t->dtype)) tan[i] = mv.v[p][t->attrs.i[0]];
       continue;
     }
     if (def->flags & NBI_OPF_MULTI) {
@@ -414,7 +413,8 @@ nb_status nbi_vmap_graph(const char *fn, nb_tensor *const *ys, int n_y, nb_tenso
                        (int)t->attrs.i[0], nbi_op_table[t->in[0]->op]->name);
       continue;
     }
-    nb_tensor *bin_local[4], **bin = t->n_in <= 4 ? bin_local : calloc((size_t)t->n_in, sizeof *bin);
+    nb_tensor *bin_local[4],
+        **bin = t->n_in <= 4 ? bin_local : calloc((size_t)t->n_in, sizeof *bin);
     bool bat_local[4], *bat = t->n_in <= 4 ? bat_local : calloc((size_t)t->n_in, 1);
     if (!bin || !bat) {
       st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
@@ -438,7 +438,8 @@ nb_status nbi_vmap_graph(const char *fn, nb_tensor *const *ys, int n_y, nb_tenso
         st = nbi_error(NB_ERR_INTERNAL, "%s: op %s has no batching rule", fn, def->name);
       } else if (!(val[i] = def->vmap(t, bin, bat, B))) {
         st = nb_last_status();
-        if (!st) st = nbi_error(NB_ERR_INTERNAL, "%s: the batching rule of %s failed", fn, def->name);
+        if (!st)
+          st = nbi_error(NB_ERR_INTERNAL, "%s: the batching rule of %s failed", fn, def->name);
       } else {
         st = check_batched(fn, val[i], t, B);
       }

@@ -70,8 +70,9 @@ static nb_tensor *place_output(const vmap_fn *v, int j, nb_tensor *b, nb_tensor 
   int oa = v->out_axes[j];
   if (oa == NB_NOT_MAPPED) {
     if (!b) return y;
-    nbi_error(NB_ERR_ARG, "%s: out_axes[%d] is NB_NOT_MAPPED but output %d depends on a mapped input",
-              FN, j, j);
+    nbi_error(NB_ERR_ARG,
+              "%s: out_axes[%d] is NB_NOT_MAPPED but output %d depends on a mapped input", FN, j,
+              j);
     return NULL;
   }
   int nd = y->shape.ndim + 1, a = oa < 0 ? oa + nd : oa;
@@ -85,8 +86,7 @@ static nb_tensor *place_output(const vmap_fn *v, int j, nb_tensor *b, nb_tensor 
   return nbi_bat_moveaxis(b, 0, a);
 }
 
-static nb_status vmap_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out,
-                           int n_out) {
+static nb_status vmap_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
   const vmap_fn *v = user;
   int ax_local[8], *axis = n_in <= 8 ? ax_local : malloc(sizeof *axis * (size_t)n_in);
   nb_tensor **x = calloc((size_t)(3 * n_in + 2 * n_out) + 1, sizeof *x);

@@ -1,0 +1,128 @@
+/* bench/bench_jit.c — the cost of calling a jitted function.
+ *
+ *   tiny   f(x) = tanh(2x + 1) on 4 floats: the per-call overhead of nb_jit
+ *          (signature lookup, program replay, one realization from the plan
+ *          cache), next to the same call made eagerly (nb_call + nb_eval).
+ *   mlp    value_and_grad of the README MLP loss (batch 256), jitted vs not.
+ * For each: the first call and the median of the following calls. Each call
+ * is one scope, its outputs realized. The eager form runs first, so the
+ * jitted first call finds the kernels' one-time setup (OpenMP pool, oneDNN
+ * primitives) done and measures what jit adds: tracing into a program and
+ * planning the first realization.
+ *
+ *   bench_jit           100000 tiny calls, 1000 MLP calls
+ *   bench_jit --smoke   a few calls (build check) */
+#include <nabla/nabla.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static nb_status tiny(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_tanh(nb_add_scalar(nb_mul_scalar(in[0], 2.0), 1.0));
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+static const int64_t layers[5] = {1, 32, 64, 32, 1};
+
+static nb_status mlp_loss(void *u, nb_tensor *const *p, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  nb_tensor *h = p[8];
+  for (int i = 0; i < 4; i++) {
+    h = nb_add(nb_matmul(h, p[2 * i]), p[2 * i + 1]);
+    if (i < 3) h = nb_relu(h);
+  }
+  out[0] = nb_mean(nb_square(nb_sub(h, p[9])), NB_ALL, false);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+typedef struct result {
+  double first_s, median_s;
+} result;
+
+/* Times n calls of f on in (outputs realized each call). */
+static result time_calls(nb_fn *f, nb_tensor *const *in, int n, double *t) {
+  int n_out = nb_fn_n_out(f);
+  nb_tensor *out[16];
+  result r = {0};
+  for (int i = 0; i <= n; i++) {
+    double t0 = now_s();
+    nb_scope_begin();
+    nb_call(f, in, out);
+    nb_eval(out, n_out);
+    nb_scope_end();
+    double dt = now_s() - t0;
+    if (i == 0)
+      r.first_s = dt;
+    else
+      t[i - 1] = dt;
+  }
+  qsort(t, (size_t)n, sizeof *t, cmp_double);
+  r.median_s = t[n / 2];
+  return r;
+}
+
+static void report(const char *c, const char *impl, result r, int n) {
+  printf("{\"case\":\"%s\",\"impl\":\"%s\",\"calls\":%d,\"first_call_s\":%.6g,\"median_s\":%.6g}\n",
+         c, impl, n, r.first_s, r.median_s);
+}
+
+int main(int argc, char **argv) {
+  bool smoke = argc > 1 && strcmp(argv[1], "--smoke") == 0;
+  int n_tiny = smoke ? 10 : 100000, n_mlp = smoke ? 3 : 1000;
+  double *t = malloc(sizeof(double) * (size_t)n_tiny);
+
+  nb_tensor *x = nb_rand(NB_SHAPE(4), NB_F32);
+  nb_fn *f = nb_fn_create(tiny, NULL, 1, 1), *jf = nb_jit(f);
+  result te = time_calls(f, &x, n_tiny, t), tj = time_calls(jf, &x, n_tiny, t);
+  report("tiny_call", "nabla_jit", tj, n_tiny);
+  report("tiny_call", "nabla_eager", te, n_tiny);
+
+  nb_seed(0);
+  nb_tensor *p[10];
+  for (int i = 0; i < 4; i++) {
+    p[2 * i] = nb_glorot_uniform(NB_SHAPE(layers[i], layers[i + 1]), NB_F32);
+    p[2 * i + 1] = nb_zeros(NB_SHAPE(1, layers[i + 1]), NB_F32);
+  }
+  p[8] = nb_rand(NB_SHAPE(256, 1), NB_F32);
+  p[9] = nb_rand(NB_SHAPE(256, 1), NB_F32);
+  nb_fn *loss = nb_fn_create(mlp_loss, NULL, 10, 1);
+  nb_fn *vg = nb_value_and_grad(loss, NB_AXES(0, 1, 2, 3, 4, 5, 6, 7)), *jvg = nb_jit(vg);
+  result me = time_calls(vg, p, n_mlp, t), mj = time_calls(jvg, p, n_mlp, t);
+  report("mlp_value_and_grad", "nabla_jit", mj, n_mlp);
+  report("mlp_value_and_grad", "nabla_traced_each_call", me, n_mlp);
+  if (nb_last_status() != NB_OK) {
+    fprintf(stderr, "bench_jit: %s\n", nb_last_error());
+    return 1;
+  }
+  nb_stats s = nb_get_stats();
+  printf("\njit calls (first call, then median)\n%-22s %-22s %12s %12s\n", "case", "impl",
+         "first_us", "median_us");
+  const char *cases[4] = {"tiny_call", "tiny_call", "mlp_value_and_grad", "mlp_value_and_grad"};
+  const char *impls[4] = {"nabla_jit", "nabla_eager", "nabla_jit", "nabla_traced_each_call"};
+  result rs[4] = {tj, te, mj, me};
+  for (int i = 0; i < 4; i++)
+    printf("%-22s %-22s %12.1f %12.2f\n", cases[i], impls[i], rs[i].first_s * 1e6,
+           rs[i].median_s * 1e6);
+  printf("jit cache: %llu hits, %llu misses\n", (unsigned long long)s.jit_cache_hits,
+         (unsigned long long)s.jit_cache_misses);
+  nb_fn_release(jvg);
+  nb_fn_release(vg);
+  nb_fn_release(loss);
+  nb_fn_release(jf);
+  nb_fn_release(f);
+  free(t);
+  return 0;
+}
