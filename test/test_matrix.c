@@ -85,6 +85,8 @@ typedef struct mx_row {
   { MX_REAL, NB_F64, MX_S(__VA_ARGS__), lo, hi }
 #define R0(lo, hi)                                                                                 \
   { MX_REAL, NB_F64, {.ndim = 0}, lo, hi }
+#define BL0                                                                                        \
+  { MX_BOOL, NB_BOOL, {.ndim = 0}, 0, 1 }
 #define W(lo, hi, ...)                                                                             \
   { MX_WHOLE, NB_F64, MX_S(__VA_ARGS__), lo, hi }
 #define IX(lo, hi, ...)                                                                            \
@@ -185,6 +187,112 @@ static nb_status b_split(void *u, nb_tensor *const *in, int n_in, nb_tensor **ou
   if (st) return st;
   out[0] = nb_mul(p[0], p[1]);
   return out[0] ? NB_OK : nb_last_status();
+}
+
+/* ---- control flow: bodies traced into the ops' programs --------------------------------- */
+static nb_fn *mx_fn_of(nb_fn_body body, int n_in, int n_out) {
+  nb_fn *f = nb_fn_create(body, NULL, n_in, n_out);
+  cr_assert(f, "%s", nb_last_error());
+  return f;
+}
+
+/* cond branches on (x, w): sin(x) w, and x w^2 + cos(w) */
+MX_BODY(cf_then, nb_mul(nb_sin(in[0]), in[1]))
+MX_BODY(cf_else, nb_add(nb_mul(in[0], nb_square(in[1])), nb_cos(in[1])))
+
+static nb_status mx_cond(nb_tensor *pred, nb_tensor *const *ops, nb_tensor **out) {
+  nb_fn *t = mx_fn_of(cf_then, 2, 1), *e = mx_fn_of(cf_else, 2, 1);
+  nb_status st = nb_cond(pred, t, e, ops, 2, out);
+  nb_fn_release(t);
+  nb_fn_release(e);
+  return st;
+}
+
+/* in: pred (a 0-d bool input), x, w */
+static nb_status b_cond(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  return mx_cond(in[0], in + 1, out);
+}
+
+/* in: x, w; pred = sum(x) > 0, computed from the data */
+static nb_status b_cond_data_pred(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
+                                  int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  return mx_cond(nb_gt_scalar(nb_sum(in[0], NB_ALL, false), 0), in, out);
+}
+
+/* while sum(x) < 4: x = x w + 0.1 (w carried unchanged); the trip count
+ * depends on the data, so examples of a batch stop at different steps */
+MX_BODY(wl_cond, nb_lt_scalar(nb_sum(in[0], NB_ALL, false), 4))
+static nb_status wl_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_add_scalar(nb_mul(in[0], in[1]), 0.1);
+  out[1] = in[1];
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+static nb_status b_while_loop(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  nb_fn *c = mx_fn_of(wl_cond, 2, 1), *b = mx_fn_of(wl_body, 2, 2);
+  nb_tensor *o[2];
+  nb_status st = nb_while_loop(c, b, in, 2, o);
+  out[0] = o[0];
+  nb_fn_release(c);
+  nb_fn_release(b);
+  return st;
+}
+
+/* scan step on (carry c, x): (c x + 0.5 sin(x), y = c x); reverse step on
+ * (c, a, b): (c a + sin(b), y = c b). One output: ys * final carry. */
+static nb_status sc_step(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[1] = nb_mul(in[0], in[1]);
+  out[0] = nb_add(out[1], nb_mul_scalar(nb_sin(in[1]), 0.5));
+  return out[0] ? NB_OK : nb_last_status();
+}
+static nb_status sc_step_rev(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_add(nb_mul(in[0], in[1]), nb_sin(in[2]));
+  out[1] = nb_mul(in[0], in[2]);
+  return out[0] && out[1] ? NB_OK : nb_last_status();
+}
+
+static nb_status mx_scan(nb_fn_body step, nb_tensor *const *in, int n_xs, bool reverse,
+                         nb_tensor **out) {
+  nb_fn *b = mx_fn_of(step, 1 + n_xs, 2);
+  nb_tensor *carry, *ys;
+  nb_status st = nb_scan(b, in, 1, in + 1, n_xs, reverse, &carry, &ys);
+  nb_fn_release(b);
+  if (st) return st;
+  out[0] = nb_mul(ys, carry);
+  return out[0] ? NB_OK : nb_last_status();
+}
+static nb_status b_scan(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  return mx_scan(sc_step, in, 1, false, out);
+}
+static nb_status b_scan_reverse(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
+                                int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  return mx_scan(sc_step_rev, in, 2, true, out);
+}
+
+/* for i in [0, 3): x = x + 0.1 (i + 1) sin(x) w (w carried unchanged) */
+static nb_status fl_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  nb_tensor *s = nb_mul_scalar(nb_add_scalar(nb_cast(in[0], NB_F64), 1), 0.1);
+  out[0] = nb_add(in[1], nb_mul(s, nb_mul(nb_sin(in[1]), in[2])));
+  out[1] = in[2];
+  return out[0] ? NB_OK : nb_last_status();
+}
+static nb_status b_fori_loop(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  nb_fn *b = mx_fn_of(fl_body, 3, 2);
+  nb_tensor *o[2];
+  nb_status st = nb_fori_loop(0, 3, b, in, 2, o);
+  out[0] = o[0];
+  nb_fn_release(b);
+  return st;
 }
 
 /* The table. X(name, body, flags, fields...): each row is a test name and the
@@ -326,7 +434,14 @@ static nb_status b_split(void *u, nb_tensor *const *in, int n_in, nb_tensor **ou
     IN(3, R(-1, 1, 2, 2, 3), R(-1, 1, 2, 4, 3), R(-1, 1, 2, 4, 2)))                                \
   /* transforms' own ops: stop_gradient, and an output that is an input (identity) */              \
   X(detach, b_detach, MX_NOFD, IN(1, X23))                                                         \
-  X(identity, b_identity, SM, IN(1, X23))
+  X(identity, b_identity, SM, IN(1, X23))                                                          \
+  /* control flow */                                                                               \
+  X(cond, b_cond, SM, IN(3, BL0, R(-1, 1, 3), R(-1, 1, 3)))                                        \
+  X(cond_data_pred, b_cond_data_pred, SM, IN(2, R(-1, 1, 3), R(-1, 1, 3)))                         \
+  X(while_loop, b_while_loop, MX_FWD, IN(2, R(0.1, 0.5, 3), R(1.2, 1.6, 3)))                       \
+  X(scan, b_scan, SM, IN(2, R(0.5, 1.5, 2), R(0.5, 1.5, 4, 2)))                                    \
+  X(scan_reverse, b_scan_reverse, SM, IN(3, R(0.5, 1.5, 2), R(0.5, 1.5, 3, 2), R(-1, 1, 3, 2)))    \
+  X(fori_loop, b_fori_loop, SM, IN(2, R(-1, 1, 3), R(-1, 1, 3)))
 
 #define MX_ENUM(name, ...) MX_ROW_##name,
 enum { MX_ROWS(MX_ENUM) MX_N_ROWS };
