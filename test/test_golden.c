@@ -1,5 +1,6 @@
-/* test/test_golden.c — grad / value_and_grad / jacrev / jacfwd / hessian and a
- * third derivative of composite functions, against golden values computed by JAX
+/* test/test_golden.c — grad / value_and_grad / jacrev / jacfwd / hessian, a third
+ * derivative, and derivatives under vmap, jit and control flow (scan, cond,
+ * fori_loop) of composite functions, against golden values computed by JAX
  * in float64 (test/golden/autodiff.txt, written by test/golden/gen_golden.py).
  * Each function here is the twin of the one with the same case name in the
  * generator; the inputs are read from the file, so both sides evaluate at the
@@ -484,5 +485,98 @@ Test(golden, jit_vmap_grad) {
   nb_fn_release(v);
   nb_fn_release(g);
   nb_fn_release(f);
+  gd_free(c);
+}
+
+/* ---- jvp and vjp through nb_scan: c0 [2], xs [4,2] -> (carry [2], ys [4,2]) --------
+ * step (c, x) -> (c x + 0.5 sin(x), y = c x), as lax.scan */
+static nb_status scan_step_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out,
+                                int n_out) {
+  (void)user, (void)n_in, (void)n_out;
+  out[1] = nb_mul(in[0], in[1]);
+  out[0] = nb_add(out[1], nb_mul_scalar(nb_sin(in[1]), 0.5));
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+static nb_status scan_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  return nb_scan(user, &in[0], 1, &in[1], 1, false, &out[0], &out[1]);
+}
+
+Test(golden, scan_jvp_and_vjp) {
+  gd_case *c = gd_load("scan");
+  nb_fn *step = nb_fn_create(scan_step_body, NULL, 2, 2), *f = nb_fn_create(scan_body, step, 2, 2);
+  gd_run(c, "jvp", nb_jvp_fn(f), GD_NAMES("c0", "xs", "t_c0", "t_xs"),
+         GD_NAMES("carry", "ys", "t_carry", "t_ys"));
+  gd_run(c, "vjp", nb_vjp_fn(f), GD_NAMES("c0", "xs", "g_carry", "g_ys"),
+         GD_NAMES("carry", "ys", "g_c0", "g_xs"));
+  nb_fn_release(f);
+  nb_fn_release(step);
+  gd_free(c);
+}
+
+/* ---- jvp and vjp through nb_cond, both branches: x, w [3] --------------------------
+ *   sum(x) > 0 ? sin(x) w : x w^2 + cos(w) */
+static nb_status cond_then_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out,
+                                int n_out) {
+  (void)user, (void)n_in, (void)n_out;
+  return gd_ret(out, nb_mul(nb_sin(in[0]), in[1]));
+}
+
+static nb_status cond_else_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out,
+                                int n_out) {
+  (void)user, (void)n_in, (void)n_out;
+  return gd_ret(out, nb_add(nb_mul(in[0], nb_square(in[1])), nb_cos(in[1])));
+}
+
+static nb_status cond_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  nb_fn *const *branches = user;
+  nb_tensor *pred = nb_gt_scalar(sum_all(in[0]), 0);
+  return nb_cond(pred, branches[0], branches[1], in, 2, out);
+}
+
+Test(golden, cond_jvp_and_vjp_both_branches) {
+  gd_case *c = gd_load("cond");
+  nb_fn *br[2] = {nb_fn_create(cond_then_body, NULL, 2, 1),
+                  nb_fn_create(cond_else_body, NULL, 2, 1)};
+  nb_fn *f = nb_fn_create(cond_body, br, 2, 1);
+  gd_run(c, "jvp", nb_jvp_fn(f), GD_NAMES("x_then", "w", "t_x", "t_w"),
+         GD_NAMES("y_then", "t_y_then"));
+  gd_run(c, "vjp", nb_vjp_fn(f), GD_NAMES("x_then", "w", "g_y"),
+         GD_NAMES("y_then", "g_x_then", "g_w_then"));
+  gd_run(c, "jvp", nb_jvp_fn(f), GD_NAMES("x_else", "w", "t_x", "t_w"),
+         GD_NAMES("y_else", "t_y_else"));
+  gd_run(c, "vjp", nb_vjp_fn(f), GD_NAMES("x_else", "w", "g_y"),
+         GD_NAMES("y_else", "g_x_else", "g_w_else"));
+  nb_fn_release(f);
+  nb_fn_release(br[0]);
+  nb_fn_release(br[1]);
+  gd_free(c);
+}
+
+/* ---- hessian through nb_fori_loop: x [3] -> [3,3] ----------------------------------
+ *   for i in [0, 3): x = x + 0.1 (i + 1) sin(x) flip(x); then sum(x^2) */
+static nb_status fori_step_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out,
+                                int n_out) {
+  (void)user, (void)n_in, (void)n_out;
+  nb_tensor *s = nb_mul_scalar(nb_add_scalar(nb_cast(in[0], NB_F64), 1), 0.1);
+  nb_tensor *x = in[1];
+  return gd_ret(out, nb_add(x, nb_mul(s, nb_mul(nb_sin(x), nb_flip(x, NB_AXES(0))))));
+}
+
+static nb_status fori_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  nb_tensor *x;
+  nb_status st = nb_fori_loop(0, 3, user, in, 1, &x);
+  return st ? st : gd_ret(out, sum_all(nb_square(x)));
+}
+
+Test(golden, hessian_through_fori_loop) {
+  gd_case *c = gd_load("hess_fori_loop");
+  nb_fn *step = nb_fn_create(fori_step_body, NULL, 2, 1), *f = nb_fn_create(fori_body, step, 1, 1);
+  gd_run(c, "hessian", nb_hessian(f, NB_AXES(0)), GD_NAMES("x"), GD_NAMES("h"));
+  nb_fn_release(f);
+  nb_fn_release(step);
   gd_free(c);
 }
