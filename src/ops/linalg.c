@@ -90,9 +90,50 @@ static nb_tensor *matmul_jvp(nb_tensor *y, nb_tensor *const *tin) {
   return nbi_add_maybe(l, r);
 }
 
+/* ---- batching rule ----------------------------------------------------------------- */
+
+/* One matmul for the whole batch, never a loop over it:
+ * - a batched against a shared matrix b [K, N]: every row of every example
+ *   is a row of one product, (B*...*M, K) @ b, reshaped to (B, *y);
+ * - a batched 1-D operand (B, K) against a shared one: the examples are the
+ *   rows (a) or the columns (b) of one product, (B, K) @ b -> [..., B, N] or
+ *   a @ (K, B) -> [..., M, B], and the batch dim moves to the front;
+ * - otherwise a batched 1-D operand becomes the matrix (B, 1, K) (a) or
+ *   (B, K, 1) (b), and each batched operand gets singleton dims after its
+ *   batch dim until it has as many leading dims as the wider operand
+ *   (nbi_bat_align): B then lines up with B (or with nothing, where a shared
+ *   operand broadcasts along it) and each example's leading dims broadcast
+ *   right-aligned as they do unbatched. The size-1 dims the 1-D promotion
+ *   added go in the final reshape to (B, *y). */
+static nb_tensor *matmul_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched, int64_t B) {
+  int ra = y->in[0]->shape.ndim, rb = y->in[1]->shape.ndim;
+  nb_tensor *a = bin[0], *b = bin[1];
+  int64_t k = y->in[0]->shape.dims[ra - 1];
+  nb_shape s = {.ndim = y->shape.ndim + 1, .dims = {B}};
+  memcpy(s.dims + 1, y->shape.dims, sizeof(int64_t) * (size_t)y->shape.ndim);
+  if (batched[0] && !batched[1] && rb == 2) {
+    nb_shape rows = {.ndim = 2, .dims = {1, k}};
+    for (int d = 0; d < a->shape.ndim - 1; d++)
+      rows.dims[0] *= a->shape.dims[d];
+    return nb_reshape(nb_matmul(nb_reshape(a, rows), b), s);
+  }
+  if (batched[0] && !batched[1] && ra == 1)
+    return nbi_bat_moveaxis(nb_matmul(a, b), rb >= 2 ? rb - 2 : 0, 0);
+  if (batched[1] && !batched[0] && rb == 1)
+    return nbi_bat_moveaxis(nb_matmul(a, nb_transpose(b)), ra >= 2 ? ra - 1 : 0, 0);
+  if (batched[0] && ra == 1) a = nb_reshape(a, (nb_shape){.ndim = 3, .dims = {B, 1, k}});
+  if (batched[1] && rb == 1) b = nb_reshape(b, (nb_shape){.ndim = 3, .dims = {B, k, 1}});
+  int lead = (ra > rb ? ra : rb) - 2; /* leading dims of the wider operand */
+  if (lead < 0) lead = 0;
+  nb_tensor *r =
+      nb_matmul(nbi_bat_align(a, batched[0], lead + 2), nbi_bat_align(b, batched[1], lead + 2));
+  return r ? nb_reshape(r, s) : NULL;
+}
+
 const nbi_op_def nbi_opdef_MATMUL = {.name = "matmul",
                                      .arity = 2,
                                      .cpu = nbi_cpu_matmul,
                                      .view = NULL,
                                      .vjp = matmul_vjp,
-                                     .jvp = matmul_jvp};
+                                     .jvp = matmul_jvp,
+                                     .vmap = matmul_vmap};

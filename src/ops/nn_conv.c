@@ -16,6 +16,8 @@
 
 #include "../backends/cpu/k_nn.h"
 
+#include <limits.h>
+
 /* Records an error naming fn unless t is a float tensor; `what` names the
  * argument ("input", "weight", "bias"). */
 static nb_status require_float(const char *fn, const char *what, const nb_tensor *t) {
@@ -413,27 +415,208 @@ static nb_tensor *pool_select_jvp(nb_tensor *y, nb_tensor *const *tin) {
   return sum_terms(y, nbi_max_pool2d_select(y->in[0], tin[1], &y->attrs), true, NULL, false);
 }
 
-const nbi_op_def nbi_opdef_CONV2D = {
-    .name = "conv2d", .arity = -1, .cpu = nbi_cpu_conv2d, .vjp = conv2d_vjp, .jvp = conv2d_jvp};
+/* ---- batching rules ------------------------------------------------------------------------
+ * The batch is folded into what the primitives already loop over, so every
+ * rule is one op on the whole batch:
+ * - batched activations (x, dy, g) with shared weights: the batch joins N,
+ *   (B, N, ...) -> (B*N, ...), one op, reshaped back (fold_n, as_batched);
+ * - batched weights (per-example filters: vmap over an ensemble, or the
+ *   filter gradients of vmap(grad(cnn))): the examples become channel groups
+ *   of one grouped convolution. With G groups per example, a channel axis of
+ *   G*k channels becomes G*B*k arranged (G, B, k) (merge_chan), so group
+ *   g*B + b of the big op is group g of example b; the result's channel axis
+ *   is split back the same way (split_chan). An operand that is the same for
+ *   every example keeps its G groups and is not copied: its group g meets all
+ *   B examples' channels of group g at once. In conv2d_bwd_filter this keeps
+ *   the sum over N per example, since examples never share a group. */
+
+/* The batched shape of y: (B, *y). */
+static nb_shape batch_shape(const nb_tensor *y, int64_t B) {
+  nb_shape s = {.ndim = y->shape.ndim + 1, .dims = {B}};
+  memcpy(s.dims + 1, y->shape.dims, sizeof(int64_t) * (size_t)y->shape.ndim);
+  return s;
+}
+
+/* r reshaped to y's batched shape. */
+static nb_tensor *as_batched(nb_tensor *r, const nb_tensor *y, int64_t B) {
+  return r ? nb_reshape(r, batch_shape(y, B)) : NULL;
+}
+
+/* (B, N, ...) -> (B*N, ...); an unbatched t is broadcast along B first. */
+static nb_tensor *fold_n(nb_tensor *t, bool batched, int64_t B) {
+  if (!(t = nbi_bat_expand(t, batched, B))) return NULL;
+  nb_shape s = {.ndim = t->shape.ndim - 1, .dims = {B * t->shape.dims[1]}};
+  memcpy(s.dims + 1, t->shape.dims + 2, sizeof(int64_t) * (size_t)(s.ndim - 1));
+  return nb_reshape(t, s);
+}
+
+/* Batched t (B, ...) whose per-example axis ax holds G*k channels -> the
+ * unbatched layout with G*B*k channels there, arranged (G, B, k). */
+static nb_tensor *merge_chan(nb_tensor *t, int ax, int64_t G, int64_t B) {
+  if (!t) return NULL;
+  nb_shape s = t->shape, r = {.ndim = s.ndim + 1}, m = {.ndim = s.ndim - 1};
+  for (int d = 0; d < s.ndim; d++)
+    r.dims[d + (d > ax + 1)] = s.dims[d];
+  r.dims[ax + 1] = G;
+  r.dims[ax + 2] = s.dims[ax + 1] / G;
+  for (int d = 1; d < s.ndim; d++)
+    m.dims[d - 1] = s.dims[d];
+  m.dims[ax] = B * s.dims[ax + 1];
+  return nb_reshape(nbi_bat_moveaxis(nb_reshape(t, r), 0, ax + 1), m);
+}
+
+/* The inverse: t whose axis ax holds G*B*k channels arranged (G, B, k) ->
+ * (B, ...) with G*k channels there. */
+static nb_tensor *split_chan(nb_tensor *t, int ax, int64_t G, int64_t B) {
+  if (!t) return NULL;
+  nb_shape s = t->shape, r = {.ndim = s.ndim + 2}, m = {.ndim = s.ndim + 1, .dims = {B}};
+  for (int d = 0; d < s.ndim; d++) {
+    r.dims[d + (d > ax ? 2 : 0)] = s.dims[d];
+    m.dims[d + 1] = s.dims[d];
+  }
+  r.dims[ax] = G;
+  r.dims[ax + 1] = B;
+  r.dims[ax + 2] = s.dims[ax] / (G * B);
+  m.dims[ax + 1] = s.dims[ax] / B;
+  return nb_reshape(nbi_bat_moveaxis(nb_reshape(t, r), ax + 1, 0), m);
+}
+
+/* The batched value of y for an empty batch (B == 0), where a fold or a
+ * grouping by B has nothing to run. */
+static nb_tensor *empty_batch(const nb_tensor *y) { return nb_zeros(batch_shape(y, 0), y->dtype); }
+
+/* y = conv2d(x, w[, bias]). A shared bias goes into the op when the batch is
+ * folded into N; otherwise the bias, (O) or batched (B, O), is added to the
+ * batched result. */
+static nb_tensor *conv2d_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched, int64_t B) {
+  if (B == 0) return empty_batch(y);
+  nb_conv2d_params p = conv_params(&y->attrs);
+  nb_tensor *bias = y->n_in == 3 ? bin[2] : NULL, *r;
+  int64_t G = p.groups, o = y->shape.dims[1];
+  if (batched[1]) {
+    nb_tensor *x = bin[0];
+    if (batched[0]) {
+      if (G * B > INT_MAX) {
+        nbi_error(NB_ERR_SHAPE,
+                  "nb_vmap: conv2d with per-example weights: %lld groups x batch "
+                  "%lld is too many groups",
+                  (long long)G, (long long)B);
+        return NULL;
+      }
+      x = merge_chan(x, 1, G, B);
+      p.groups = (int)(G * B);
+    }
+    r = split_chan(nb_conv2d(x, merge_chan(bin[1], 0, G, B), NULL, &p), 1, G, B);
+  } else if (batched[0]) {
+    bool shared = bias && !batched[2];
+    r = as_batched(nb_conv2d(fold_n(bin[0], true, B), bin[1], shared ? bias : NULL, &p), y, B);
+    if (shared) return r;
+  } else {
+    r = nb_conv2d(bin[0], bin[1], NULL, &p); /* only the bias is batched */
+  }
+  if (!bias || !r) return r;
+  nb_shape bs = batched[2] ? (nb_shape){.ndim = 5, .dims = {B, 1, o, 1, 1}}
+                           : (nb_shape){.ndim = 3, .dims = {o, 1, 1}};
+  return nb_add(r, nb_reshape(bias, bs));
+}
+
+/* y = bwd_data(dy, w). Per-example w with a shared dy: w's examples stack
+ * on its input-channel axis, (O, B*C/G) per group, and dx comes out with
+ * G*B*C/G channels. */
+static nb_tensor *bwd_data_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
+                                int64_t B) {
+  if (B == 0) return empty_batch(y);
+  int64_t h = y->shape.dims[2], wd = y->shape.dims[3], G = y->attrs.i[NBI_CONV_GROUPS];
+  if (!batched[1])
+    return as_batched(nbi_conv2d_bwd_data(fold_n(bin[0], true, B), bin[1], &y->attrs, h, wd), y, B);
+  nbi_attrs at = y->attrs;
+  nb_tensor *dy = bin[0], *w;
+  if (batched[0]) {
+    dy = merge_chan(dy, 1, G, B);
+    w = merge_chan(bin[1], 0, G, B);
+    at.i[NBI_CONV_GROUPS] = G * B;
+  } else {
+    w = merge_chan(bin[1], 1, 1, B);
+  }
+  return split_chan(nbi_conv2d_bwd_data(dy, w, &at, h, wd), 1, G, B);
+}
+
+/* y = bwd_filter(x, dy), always a batch of filters: with dy batched the
+ * examples are groups of output rows (axis 0), with only x batched they
+ * are columns of each group's input channels (axis 1). */
+static nb_tensor *bwd_filter_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
+                                  int64_t B) {
+  if (B == 0) return empty_batch(y);
+  int64_t G = y->attrs.i[NBI_CONV_GROUPS];
+  nbi_attrs at = y->attrs;
+  nb_tensor *x = batched[0] ? merge_chan(bin[0], 1, G, B) : bin[0];
+  nb_tensor *dy = batched[1] ? merge_chan(bin[1], 1, G, B) : bin[1];
+  if (batched[0] && batched[1]) at.i[NBI_CONV_GROUPS] = G * B;
+  nb_tensor *r = nbi_conv2d_bwd_filter(x, dy, &at, y->shape.dims[2], y->shape.dims[3]);
+  return batched[1] ? split_chan(r, 0, G, B) : split_chan(r, 1, 1, B);
+}
+
+/* Pooling works per image and channel: the batch folds into N. */
+static nb_tensor *pool_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched, int64_t B) {
+  (void)batched;
+  if (B == 0) return empty_batch(y);
+  const int64_t *a = y->attrs.i;
+  return as_batched(nb_max_pool2d(fold_n(bin[0], true, B), (int)a[NBI_POOL_KERNEL],
+                                  (int)a[NBI_POOL_KERNEL + 1], (int)a[NBI_POOL_STRIDE],
+                                  (int)a[NBI_POOL_STRIDE + 1], (int)a[NBI_POOL_PAD],
+                                  (int)a[NBI_POOL_PAD + 1]),
+                    y, B);
+}
+
+static nb_tensor *pool_bwd_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
+                                int64_t B) {
+  if (B == 0) return empty_batch(y);
+  return as_batched(
+      nbi_max_pool2d_bwd(fold_n(bin[0], batched[0], B), fold_n(bin[1], batched[1], B), &y->attrs),
+      y, B);
+}
+
+static nb_tensor *pool_select_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
+                                   int64_t B) {
+  if (B == 0) return empty_batch(y);
+  return as_batched(nbi_max_pool2d_select(fold_n(bin[0], batched[0], B),
+                                          fold_n(bin[1], batched[1], B), &y->attrs),
+                    y, B);
+}
+
+const nbi_op_def nbi_opdef_CONV2D = {.name = "conv2d",
+                                     .arity = -1,
+                                     .cpu = nbi_cpu_conv2d,
+                                     .vjp = conv2d_vjp,
+                                     .jvp = conv2d_jvp,
+                                     .vmap = conv2d_vmap};
 const nbi_op_def nbi_opdef_CONV2D_BWD_DATA = {.name = "conv2d_bwd_data",
                                               .arity = 2,
                                               .cpu = nbi_cpu_conv2d_bwd_data,
                                               .vjp = bwd_data_vjp,
-                                              .jvp = bwd_data_jvp};
+                                              .jvp = bwd_data_jvp,
+                                              .vmap = bwd_data_vmap};
 const nbi_op_def nbi_opdef_CONV2D_BWD_FILTER = {.name = "conv2d_bwd_filter",
                                                 .arity = 2,
                                                 .cpu = nbi_cpu_conv2d_bwd_filter,
                                                 .vjp = bwd_filter_vjp,
-                                                .jvp = bwd_filter_jvp};
-const nbi_op_def nbi_opdef_MAX_POOL2D = {
-    .name = "max_pool2d", .arity = 1, .cpu = nbi_cpu_max_pool2d, .vjp = pool_vjp, .jvp = pool_jvp};
+                                                .jvp = bwd_filter_jvp,
+                                                .vmap = bwd_filter_vmap};
+const nbi_op_def nbi_opdef_MAX_POOL2D = {.name = "max_pool2d",
+                                         .arity = 1,
+                                         .cpu = nbi_cpu_max_pool2d,
+                                         .vjp = pool_vjp,
+                                         .jvp = pool_jvp,
+                                         .vmap = pool_vmap};
 const nbi_op_def nbi_opdef_MAX_POOL2D_BWD = {.name = "max_pool2d_bwd",
                                              .arity = 2,
                                              .cpu = nbi_cpu_max_pool2d_bwd,
                                              .vjp = pool_bwd_vjp,
-                                             .jvp = pool_bwd_jvp};
+                                             .jvp = pool_bwd_jvp,
+                                             .vmap = pool_bwd_vmap};
 const nbi_op_def nbi_opdef_MAX_POOL2D_SELECT = {.name = "max_pool2d_select",
                                                 .arity = 2,
                                                 .cpu = nbi_cpu_max_pool2d_select,
                                                 .vjp = pool_select_vjp,
-                                                .jvp = pool_select_jvp};
+                                                .jvp = pool_select_jvp,
+                                                .vmap = pool_select_vmap};

@@ -35,6 +35,13 @@ static bool member(const nbi_sweep *s, const nb_tensor *t) {
   return t->seq >= s->seq0;
 }
 
+/* t's index in this sweep, or -1. aux alone is not enough: sweeps nest (a
+ * jacobian batches a derivative graph while its own sweep is alive), and a
+ * node of the enclosing sweep carries that sweep's index. */
+static int index_of(const nbi_sweep *s, const nb_tensor *t) {
+  return t->aux >= 0 && t->aux < s->n && s->nodes[t->aux] == t ? t->aux : -1;
+}
+
 static nb_status add_node(nbi_sweep *s, nb_tensor *t, uint8_t kind) {
   if (!grow((void **)&s->nodes, &s->cap, s->n + 1, sizeof *s->nodes)) goto oom;
   uint8_t *nk = realloc(s->kind, (size_t)s->cap);
@@ -64,7 +71,7 @@ nb_status nbi_sweep_collect(nbi_sweep *s, nb_tensor *const *ys, int n_y, nb_tens
   int *next = NULL, n = 0, cap = 0, cap_next = 0;
   for (int r = 0; r < n_y && !st; r++) {
     nb_tensor *root = ys[r];
-    if (root->aux >= 0 || !member(s, root)) continue;
+    if (index_of(s, root) >= 0 || !member(s, root)) continue;
     if (!grow((void **)&stack, &cap, n + 1, sizeof *stack) ||
         !grow((void **)&next, &cap_next, n + 1, sizeof *next)) {
       st = nbi_error(NB_ERR_OOM, "%s: out of memory", s->fn);
@@ -84,7 +91,7 @@ nb_status nbi_sweep_collect(nbi_sweep *s, nb_tensor *const *ys, int n_y, nb_tens
       }
       if (!leaf && next[n - 1] < t->n_in) {
         nb_tensor *c = t->in[next[n - 1]++];
-        if (c->aux >= 0 || c->aux == -2 || !member(s, c)) continue;
+        if (!member(s, c) || c->aux == -2 || index_of(s, c) >= 0) continue;
         if (!grow((void **)&stack, &cap, n + 1, sizeof *stack) ||
             !grow((void **)&next, &cap_next, n + 1, sizeof *next)) {
           st = nbi_error(NB_ERR_OOM, "%s: out of memory", s->fn);
@@ -111,7 +118,7 @@ nb_status nbi_sweep_collect(nbi_sweep *s, nb_tensor *const *ys, int n_y, nb_tens
         }
       } else {
         for (int k = 0; k < t->n_in; k++)
-          if (t->in[k]->aux >= 0 && (s->kind[t->in[k]->aux] & DEP)) kind = DEP;
+          if (index_of(s, t->in[k]) >= 0 && (s->kind[t->in[k]->aux] & DEP)) kind = DEP;
       }
       if (!st) st = add_node(s, t, kind);
       n--;
@@ -135,9 +142,6 @@ void nbi_sweep_free(nbi_sweep *s) {
   *s = (nbi_sweep){0};
 }
 
-static int index_of(const nbi_sweep *s, const nb_tensor *t) {
-  return t->aux >= 0 && t->aux < s->n && s->nodes[t->aux] == t ? t->aux : -1;
-}
 
 /* Sources and nodes the walk did not enter are leaves: their value is given. */
 static bool stops(const nbi_sweep *s, int i) {
