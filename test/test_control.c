@@ -677,3 +677,377 @@ Test(control, grad_through_cond_nested_in_scan) {
   free(cv);
   free(wv);
 }
+
+/* ---- vmap ------------------------------------------------------------------------------------
+ * Each batched result is compared with a loop of the unbatched function over
+ * the examples (rows of the host data). */
+
+/* Row b of a (B, ...) host array as a tensor of the example's shape. */
+static nb_tensor *row_of(const double *x, nb_shape s, int64_t b, nb_dtype dt) {
+  nb_shape r = {.ndim = s.ndim - 1};
+  memcpy(r.dims, s.dims + 1, sizeof(int64_t) * (size_t)r.ndim);
+  return tc_tensor(x + b * tc_numel(r), r, dt);
+}
+
+/* Asserts out (B, ...) row b equals the unbatched result r. */
+static void assert_row(nb_tensor *out, int64_t b, nb_tensor *r, double tol) {
+  double *all = tc_read(out), *one = tc_read(r);
+  int64_t n = nb_numel(r);
+  cr_assert_eq(nb_shape_of(out).dims[0] * n, nb_numel(out));
+  for (int64_t i = 0; i < n; i++)
+    cr_assert(fabs(all[b * n + i] - one[i]) <= tol * (1 + fabs(one[i])),
+              "row %lld element %lld: %.17g vs %.17g", (long long)b, (long long)i, all[b * n + i],
+              one[i]);
+  free(all);
+  free(one);
+}
+
+/* f(pred, x, y) = cond(pred, then, else, x, y)[0], w captured (unbatched) */
+BODY(vcond) {
+  UNUSED_ARGS;
+  nb_fn *t = nb_fn_create(br_then, NULL, 2, 2), *e = nb_fn_create(br_else, u, 2, 2);
+  nb_tensor *r[2];
+  nb_status st = nb_cond(in[0], t, e, in + 1, 2, r);
+  nb_fn_release(t);
+  nb_fn_release(e);
+  out[0] = r[0];
+  out[1] = r[1];
+  return st;
+}
+
+/* the same with the predicate computed per example: sum(x) > 0 */
+BODY(vcond_data) {
+  UNUSED_ARGS;
+  nb_tensor *ins[3] = {nb_gt_scalar(nb_sum(in[0], NB_ALL, false), 0), in[0], in[1]};
+  return vcond(u, ins, 3, out, 2);
+}
+
+Test(control, vmap_cond_unbatched_and_batched_pred) {
+  enum { B = 5, D = 3 };
+  uint64_t seed = 31;
+  double xv[B * D], yv[B * D], wv[D] = {2, -1, 0.5};
+  tc_fill(xv, B * D, -1, 1, &seed);
+  tc_fill(yv, B * D, -1, 1, &seed);
+  ctx c = {.w = tc_tensor(wv, NB_SHAPE(D), NB_F64)};
+  nb_tensor *x = tc_tensor(xv, NB_SHAPE(B, D), NB_F64), *y = tc_tensor(yv, NB_SHAPE(B, D), NB_F64);
+  /* unbatched pred, y unbatched too (its row 0 for every example) */
+  nb_fn *f = nb_fn_create(vcond, &c, 3, 2);
+  nb_fn *vf = nb_vmap(f, (int[]){NB_NOT_MAPPED, 0, NB_NOT_MAPPED}, NULL);
+  nb_tensor *y0 = row_of(yv, NB_SHAPE(B, D), 0, NB_F64);
+  for (int p = 0; p < 2; p++) {
+    nb_tensor *pred = nb_scalar(p, NB_BOOL), *o[2];
+    cr_assert_eq(nb_call(vf, (nb_tensor *[]){pred, x, y0}, o), NB_OK, "%s", nb_last_error());
+    for (int64_t b = 0; b < B; b++) {
+      nb_tensor *r[2];
+      cr_assert_eq(nb_call(f, (nb_tensor *[]){pred, row_of(xv, NB_SHAPE(B, D), b, NB_F64), y0}, r),
+                   NB_OK);
+      assert_row(o[0], b, r[0], 1e-15);
+      assert_row(o[1], b, r[1], 0);
+    }
+  }
+  /* batched pred: each example takes its own branch */
+  nb_fn *g = nb_fn_create(vcond_data, &c, 2, 2), *vg = nb_vmap(g, NULL, NULL);
+  nb_tensor *o[2];
+  cr_assert_eq(nb_call(vg, (nb_tensor *[]){x, y}, o), NB_OK, "%s", nb_last_error());
+  int n_then = 0;
+  for (int64_t b = 0; b < B; b++) {
+    nb_tensor *r[2], *xb = row_of(xv, NB_SHAPE(B, D), b, NB_F64);
+    cr_assert_eq(nb_call(g, (nb_tensor *[]){xb, row_of(yv, NB_SHAPE(B, D), b, NB_F64)}, r), NB_OK);
+    n_then += nb_item(nb_sum(xb, NB_ALL, false)) > 0;
+    assert_row(o[0], b, r[0], 1e-15);
+    assert_row(o[1], b, r[1], 0);
+  }
+  cr_assert(n_then > 0 && n_then < B, "the data takes both branches (%d of %d then)", n_then, B);
+  nb_fn *fs[] = {f, vf, g, vg};
+  for (int i = 0; i < 4; i++)
+    nb_fn_release(fs[i]);
+}
+
+/* Collatz from a batch of starts: per-example trip counts */
+BODY(collatz) {
+  UNUSED_ARGS;
+  nb_fn *c = nb_fn_create(collatz_cond, NULL, 2, 1), *b = nb_fn_create(collatz_body, NULL, 2, 2);
+  nb_status st = nb_while_loop(c, b, (nb_tensor *[]){in[0], nb_scalar(0, NB_I64)}, 2, out);
+  nb_fn_release(c);
+  nb_fn_release(b);
+  return st;
+}
+
+/* Newton for sqrt(a) with a batched and captured by both cond and body */
+BODY(newton) {
+  UNUSED_ARGS;
+  ctx c = {.w = in[0]};
+  nb_fn *cf = nb_fn_create(newton_cond, &c, 2, 1), *bf = nb_fn_create(newton_body, &c, 2, 2);
+  nb_status st = nb_while_loop(
+      cf, bf, (nb_tensor *[]){nb_ones(nb_shape_of(in[0]), NB_F64), nb_scalar(0, NB_I32)}, 2, out);
+  nb_fn_release(cf);
+  nb_fn_release(bf);
+  return st;
+}
+
+Test(control, vmap_while_batched_predicate_per_example_trip_counts) {
+  enum { B = 5 };
+  double starts[B] = {6, 1, 27, 7, 2};
+  nb_fn *f = nb_fn_create(collatz, NULL, 1, 2), *vf = nb_vmap(f, NULL, NULL);
+  nb_tensor *o[2];
+  cr_assert_eq(nb_call(vf, (nb_tensor *[]){tc_tensor(starts, NB_SHAPE(B), NB_F64)}, o), NB_OK, "%s",
+               nb_last_error());
+  double ones[B] = {1, 1, 1, 1, 1}, steps[B];
+  for (int b = 0; b < B; b++)
+    steps[b] = (double)collatz_steps((int64_t)starts[b]);
+  tc_assert_close(o[0], ones, NB_SHAPE(B));
+  tc_assert_close(o[1], steps, NB_SHAPE(B));
+  /* captured batched operand, vector carry per example */
+  enum { D = 2 };
+  double av[B * D] = {2, 3, 0.5, 100, 9, 16, 0.01, 1, 7, 5};
+  nb_fn *g = nb_fn_create(newton, NULL, 1, 2), *vg = nb_vmap(g, NULL, NULL);
+  cr_assert_eq(nb_call(vg, (nb_tensor *[]){tc_tensor(av, NB_SHAPE(B, D), NB_F64)}, o), NB_OK, "%s",
+               nb_last_error());
+  bool differ = false;
+  for (int64_t b = 0; b < B; b++) {
+    nb_tensor *r[2];
+    cr_assert_eq(nb_call(g, (nb_tensor *[]){row_of(av, NB_SHAPE(B, D), b, NB_F64)}, r), NB_OK);
+    assert_row(o[0], b, r[0], 0);
+    assert_row(o[1], b, r[1], 0);
+    differ |= nb_item(r[1]) != nb_item(nb_max(o[1], NB_ALL, false));
+  }
+  cr_assert(differ, "the examples need different iteration counts");
+  nb_fn *fs[] = {f, vf, g, vg};
+  for (int i = 0; i < 4; i++)
+    nb_fn_release(fs[i]);
+}
+
+/* cum_body scan over (x [T, D], k [T]) from (s0, p0): outputs carry 0, 1 and ys 0, 1 */
+typedef struct scan_opts {
+  bool reverse;
+} scan_opts;
+BODY(cum_scan) {
+  UNUSED_ARGS;
+  const scan_opts *so = u;
+  nb_fn *body = nb_fn_create(cum_body, NULL, 4, 4);
+  nb_status st = nb_scan(body, in, 2, in + 2, 2, so->reverse, out, out + 2);
+  nb_fn_release(body);
+  return st;
+}
+
+Test(control, vmap_scan_batched_xs_and_carries) {
+  enum { B = 3, T = 4, D = 2 };
+  uint64_t seed = 41;
+  double s0[B * D], p0[B * D], xv[B * T * D], kv[T] = {1, 5, 9, 13};
+  tc_fill(s0, B * D, -1, 1, &seed);
+  tc_fill(p0, B * D, 0.5, 1.5, &seed);
+  tc_fill(xv, B * T * D, 0.5, 1.5, &seed);
+  nb_tensor *S0 = tc_tensor(s0, NB_SHAPE(B, D), NB_F64);
+  nb_tensor *X = tc_tensor(xv, NB_SHAPE(B, T, D), NB_F64), *K = tc_tensor(kv, NB_SHAPE(T), NB_I64);
+  for (int rev = 0; rev < 2; rev++) {
+    scan_opts so = {.reverse = rev};
+    nb_fn *f = nb_fn_create(cum_scan, &so, 4, 4);
+    /* carry 0 batched, carry 1 not; x batched, k not */
+    nb_fn *vf = nb_vmap(f, (int[]){0, NB_NOT_MAPPED, 0, NB_NOT_MAPPED}, NULL);
+    nb_tensor *p1 = row_of(p0, NB_SHAPE(B, D), 1, NB_F64), *o[4];
+    cr_assert_eq(nb_call(vf, (nb_tensor *[]){S0, p1, X, K}, o), NB_OK, "%s", nb_last_error());
+    cr_assert_eq(nb_shape_of(o[2]).dims[1], T);
+    for (int64_t b = 0; b < B; b++) {
+      nb_tensor *r[4];
+      cr_assert_eq(nb_call(f,
+                           (nb_tensor *[]){row_of(s0, NB_SHAPE(B, D), b, NB_F64), p1,
+                                           row_of(xv, NB_SHAPE(B, T, D), b, NB_F64), K},
+                           r),
+                   NB_OK);
+      for (int j = 0; j < 4; j++)
+        assert_row(o[j], b, r[j], 1e-15);
+    }
+    /* x mapped along axis 1 of a (T, B, D) layout, outputs' batch axis last */
+    double xt[T * B * D];
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < T; t++)
+        for (int d = 0; d < D; d++)
+          xt[(t * B + b) * D + d] = xv[(b * T + t) * D + d];
+    nb_fn *vf1 = nb_vmap(f, (int[]){0, NB_NOT_MAPPED, 1, NB_NOT_MAPPED}, (int[]){0, 0, 0, -1});
+    nb_tensor *o1[4];
+    cr_assert_eq(
+        nb_call(vf1, (nb_tensor *[]){S0, p1, tc_tensor(xt, NB_SHAPE(T, B, D), NB_F64), K}, o1),
+        NB_OK, "%s", nb_last_error());
+    double *a = tc_read(o[2]);
+    tc_assert_close(o1[2], a, NB_SHAPE(B, T, D));
+    cr_assert(nbi_shape_eq(&o1[3]->shape, &NB_SHAPE(T, B)));
+    free(a);
+    nb_fn_release(vf1);
+    nb_fn_release(vf);
+    nb_fn_release(f);
+  }
+}
+
+/* per-example gradients: vmap(grad(loss)) with loss a scan of h' = tanh(h * w + x_t) */
+BODY(ew_step) {
+  UNUSED_ARGS;
+  nb_tensor *h = nb_tanh(nb_add(nb_mul(in[0], ((const ctx *)u)->w), in[1]));
+  out[0] = h;
+  out[1] = nb_square(h);
+  return outs_ok(out, 2);
+}
+BODY(ew_loss) {
+  UNUSED_ARGS;
+  ctx c = {.w = in[1]};
+  nb_fn *step = nb_fn_create(ew_step, &c, 2, 2);
+  nb_tensor *h[1], *ys[1];
+  nb_status st = nb_scan(step, in, 1, in + 2, 1, false, h, ys);
+  nb_fn_release(step);
+  if (st) return st;
+  out[0] = nb_add(nb_sum(ys[0], NB_ALL, false), nb_sum(nb_sin(h[0]), NB_ALL, false));
+  return outs_ok(out, 1);
+}
+
+/* sum(f(in)[0]) for the nb_fn f in user */
+BODY(sum_of) {
+  UNUSED_ARGS;
+  nb_tensor *r[1];
+  nb_status st = nb_call((nb_fn *)u, in, r);
+  if (st) return st;
+  out[0] = nb_sum(r[0], NB_ALL, false);
+  return outs_ok(out, 1);
+}
+
+Test(control, vmap_of_grad_and_grad_of_vmap_through_scan) {
+  enum { B = 4, T = 3, D = 2 };
+  uint64_t seed = 51;
+  double hv[B * D], wv[B * D], xv[T * D];
+  tc_fill(hv, B * D, -1, 1, &seed);
+  tc_fill(wv, B * D, -1, 1, &seed);
+  tc_fill(xv, T * D, -1, 1, &seed);
+  nb_tensor *X = tc_tensor(xv, NB_SHAPE(T, D), NB_F64);
+  nb_fn *f = nb_fn_create(ew_loss, NULL, 3, 1), *g = nb_grad(f, NB_AXES(0, 1));
+  nb_fn *vg = nb_vmap(g, (int[]){0, 0, NB_NOT_MAPPED}, NULL);
+  nb_tensor *o[2];
+  cr_assert_eq(nb_call(vg,
+                       (nb_tensor *[]){tc_tensor(hv, NB_SHAPE(B, D), NB_F64),
+                                       tc_tensor(wv, NB_SHAPE(B, D), NB_F64), X},
+                       o),
+               NB_OK, "%s", nb_last_error());
+  for (int64_t b = 0; b < B; b++) {
+    nb_tensor *r[2];
+    cr_assert_eq(nb_call(g,
+                         (nb_tensor *[]){row_of(hv, NB_SHAPE(B, D), b, NB_F64),
+                                         row_of(wv, NB_SHAPE(B, D), b, NB_F64), X},
+                         r),
+                 NB_OK, "%s", nb_last_error());
+    assert_row(o[0], b, r[0], 1e-14);
+    assert_row(o[1], b, r[1], 1e-14);
+  }
+  /* grad of vmap: the gradient of the summed per-example losses has the
+   * per-example gradients as rows */
+  nb_fn *vf = nb_vmap(f, (int[]){0, 0, NB_NOT_MAPPED}, NULL);
+  nb_fn *tot = nb_fn_create(sum_of, vf, 3, 1), *gt = nb_grad(tot, NB_AXES(0, 1));
+  nb_tensor *o2[2];
+  cr_assert_eq(nb_call(gt,
+                       (nb_tensor *[]){tc_tensor(hv, NB_SHAPE(B, D), NB_F64),
+                                       tc_tensor(wv, NB_SHAPE(B, D), NB_F64), X},
+                       o2),
+               NB_OK, "%s", nb_last_error());
+  for (int j = 0; j < 2; j++) {
+    double *a = tc_read(o[j]);
+    tc_assert_close(o2[j], a, NB_SHAPE(B, D));
+    free(a);
+  }
+  nb_fn_release(gt);
+  nb_fn_release(tot);
+  nb_fn_release(vf);
+  nb_fn_release(vg);
+  nb_fn_release(g);
+  nb_fn_release(f);
+}
+
+/* forward mode of a batched while: jvp(vmap(f)) against jvp of each example */
+Test(control, jvp_of_vmapped_while_loop) {
+  enum { B = 3, D = 3 };
+  double xv[B * D] = {0.3, -0.5, 0.8, 1.1, 0.2, -0.1, 2.0, 1.5, -1.0};
+  double av[D] = {1.3, 1.1, 1.2}, vx[B * D], va[D] = {-0.3, 0.5, 0.1};
+  uint64_t seed = 61;
+  tc_fill(vx, B * D, -1, 1, &seed);
+  nb_tensor *a = tc_tensor(av, NB_SHAPE(D), NB_F64), *ta = tc_tensor(va, NB_SHAPE(D), NB_F64);
+  nb_fn *f = nb_fn_create(grow, NULL, 2, 2), *vf = nb_vmap(f, (int[]){0, NB_NOT_MAPPED}, NULL);
+  nb_fn *jv = nb_jvp_fn(vf), *j = nb_jvp_fn(f);
+  nb_tensor *o[4];
+  cr_assert_eq(nb_call(jv,
+                       (nb_tensor *[]){tc_tensor(xv, NB_SHAPE(B, D), NB_F64), a,
+                                       tc_tensor(vx, NB_SHAPE(B, D), NB_F64), ta},
+                       o),
+               NB_OK, "%s", nb_last_error());
+  double counts[B];
+  for (int64_t b = 0; b < B; b++) {
+    nb_tensor *r[4];
+    cr_assert_eq(nb_call(j,
+                         (nb_tensor *[]){row_of(xv, NB_SHAPE(B, D), b, NB_F64), a,
+                                         row_of(vx, NB_SHAPE(B, D), b, NB_F64), ta},
+                         r),
+                 NB_OK, "%s", nb_last_error());
+    for (int k = 0; k < 4; k++)
+      assert_row(o[k], b, r[k], 1e-13);
+    counts[b] = nb_item(r[1]);
+  }
+  cr_assert(counts[0] != counts[2], "per-example trip counts differ");
+  nb_fn *fs[] = {f, vf, jv, j};
+  for (int i = 0; i < 4; i++)
+    nb_fn_release(fs[i]);
+}
+
+/* per-example RNN gradients (batched matmul inside the step) */
+Test(control, vmap_of_grad_of_rnn_scan) {
+  enum { B = 3, T = 4, H = 3 };
+  uint64_t seed = 71;
+  double hv[B * H], xv[B * T * H];
+  tc_fill(hv, B * H, -1, 1, &seed);
+  tc_fill(xv, B * T * H, -1, 1, &seed);
+  nb_tensor *W = tc_rand_f64(NB_SHAPE(H, H), -0.8, 0.8, &seed);
+  nb_tensor *v = tc_rand_f64(NB_SHAPE(H), -1, 1, &seed);
+  for (int rev = 0; rev < 2; rev++) {
+    rnn r = {.reverse = rev};
+    nb_fn *f = nb_fn_create(rnn_loss, &r, 4, 1), *g = nb_grad(f, NB_ALL);
+    nb_fn *vg = nb_vmap(g, (int[]){0, 0, NB_NOT_MAPPED, NB_NOT_MAPPED}, NULL);
+    nb_tensor *o[4];
+    cr_assert_eq(nb_call(vg,
+                         (nb_tensor *[]){tc_tensor(hv, NB_SHAPE(B, H), NB_F64),
+                                         tc_tensor(xv, NB_SHAPE(B, T, H), NB_F64), W, v},
+                         o),
+                 NB_OK, "%s", nb_last_error());
+    for (int64_t b = 0; b < B; b++) {
+      nb_tensor *gr[4];
+      cr_assert_eq(nb_call(g,
+                           (nb_tensor *[]){row_of(hv, NB_SHAPE(B, H), b, NB_F64),
+                                           row_of(xv, NB_SHAPE(B, T, H), b, NB_F64), W, v},
+                           gr),
+                   NB_OK, "%s", nb_last_error());
+      for (int k = 0; k < 4; k++)
+        assert_row(o[k], b, gr[k], 1e-13);
+    }
+    nb_fn_release(vg);
+    nb_fn_release(g);
+    nb_fn_release(f);
+  }
+}
+
+/* repeated forward + backward through scans leaves no tensors behind */
+Test(control, repeated_grads_keep_memory_flat) {
+  uint64_t seed = 81;
+  nb_tensor *h0 = tc_rand_f64(NB_SHAPE(3), -1, 1, &seed);
+  nb_tensor *xs = tc_rand_f64(NB_SHAPE(6, 3), -1, 1, &seed);
+  nb_tensor *W = tc_rand_f64(NB_SHAPE(3, 3), -0.8, 0.8, &seed);
+  nb_tensor *v = tc_rand_f64(NB_SHAPE(3), -1, 1, &seed);
+  rnn r = {.reverse = false};
+  nb_fn *f = nb_fn_create(rnn_loss, &r, 4, 1), *g = nb_value_and_grad(f, NB_ALL);
+  uint64_t live = 0;
+  double first = 0;
+  for (int it = 0; it < 30; it++) {
+    nb_scope_begin();
+    nb_tensor *o[5];
+    cr_assert_eq(nb_call(g, (nb_tensor *[]){h0, xs, W, v}, o), NB_OK, "%s", nb_last_error());
+    double l = nb_item(o[0]);
+    if (it == 0) first = l;
+    cr_assert_eq(l, first);
+    nb_scope_end();
+    if (it == 1) live = nb_get_stats().live_tensors;
+    if (it > 1) cr_assert_eq(nb_get_stats().live_tensors, live, "iteration %d", it);
+  }
+  nb_fn_release(g);
+  nb_fn_release(f);
+}
