@@ -10,7 +10,9 @@
  *   _grad      vjp and jvp against central finite differences (tc_check_grad;
  *              Hessian-vector products too for smooth rows); rows without a
  *              derivative (integer/bool output, or no float input) must give
- *              zero cotangents and tangents;
+ *              zero cotangents and tangents; where finite differences cannot
+ *              see the derivative (an f32 output, stop_gradient) vjp and jvp
+ *              are checked against jacfwd's Jacobian instead;
  *   _vmap      nb_vmap(f) over B = 3 stacked examples equals a loop of f: in_axes
  *              all 0; input 0 NB_NOT_MAPPED with the others mapped at their last
  *              axis / axis 0 and out_axes -1; only input 0 mapped (at axis 1);
@@ -20,8 +22,10 @@
  *              finite-difference Jacobian (rows without a derivative: both are
  *              NB_ERR_DTYPE errors);
  *   _jit_vmap_grad  jit(vmap(grad(s))) with s(x) = sum(u * f(x)), u a fixed
- *              random weight (sum∘f with a non-symmetric seed), equals a loop of
- *              grad(s) (rows without a derivative: grad is an NB_ERR_DTYPE error).
+ *              random weight (sum of f, seeded unevenly), equals a loop of grad(s)
+ *              (rows without a derivative: grad is an NB_ERR_DTYPE error).
+ * Forward-mode-only rows (nb_while_loop) skip vjp, jacrev and grad: jacfwd
+ * stands in for grad, vmap(jvp) for vmap(vjp).
  * Integer and bool inputs (indices, masks, conditions) are batched like any other
  * input; derivative checks take them as captured constants.
  *
@@ -295,6 +299,112 @@ static nb_status b_fori_loop(void *u, nb_tensor *const *in, int n_in, nb_tensor 
   return st;
 }
 
+/* ---- checkpoint and custom calls ----------------------------------------------------- */
+/* sin(x) w + exp(x w), checkpointed: a REMAT node under the transforms */
+MX_BODY(ck_inner, nb_add(nb_mul(nb_sin(in[0]), in[1]), nb_exp(nb_mul(in[0], in[1]))))
+static nb_status b_checkpoint(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  nb_fn *f = mx_fn_of(ck_inner, 2, 1), *c = nb_checkpoint(f);
+  nb_status st = nb_call(c, in, out);
+  nb_fn_release(c);
+  nb_fn_release(f);
+  return st;
+}
+
+/* Custom ops on float64 x, w of one shape: "mx_sinmul" gives y0 = sin(x) w
+ * with a batching rule; "mx_sinmul2" also y1 = x w and has none (the default
+ * per-example loop). Rules are written with nabla ops. */
+static nb_status cu_infer(void *u, const nb_shape *is, const nb_dtype *id, int n_in, nb_shape *os,
+                          nb_dtype *od, int n_out) {
+  (void)u, (void)n_in;
+  if (id[0] != NB_F64 || id[1] != NB_F64 || !nbi_shape_eq(&is[0], &is[1]))
+    return nb_set_error(NB_ERR_ARG, "mx_sinmul: needs two float64 inputs of one shape");
+  for (int j = 0; j < n_out; j++)
+    os[j] = is[0], od[j] = NB_F64;
+  return NB_OK;
+}
+
+static nb_status cu_cpu(void *u, const nb_custom_buffer *in, int n_in, nb_custom_buffer *out,
+                        int n_out) {
+  (void)u, (void)n_in;
+  const double *x = in[0].data, *w = in[1].data;
+  for (int64_t i = 0; i < tc_numel(in[0].shape); i++) {
+    ((double *)out[0].data)[i] = sin(x[i]) * w[i];
+    if (n_out > 1) ((double *)out[1].data)[i] = x[i] * w[i];
+  }
+  return NB_OK;
+}
+
+static nb_status cu_vjp(void *u, nb_tensor *const *in, int n_in, nb_tensor *const *out,
+                        nb_tensor *const *ct, int n_out, nb_tensor **gin) {
+  (void)u, (void)n_in, (void)out;
+  nb_tensor *x = in[0], *w = in[1];
+  gin[0] = nb_mul(ct[0], nb_mul(nb_cos(x), w));
+  gin[1] = nb_mul(ct[0], nb_sin(x));
+  if (n_out > 1) {
+    gin[0] = nb_add(gin[0], nb_mul(ct[1], w));
+    gin[1] = nb_add(gin[1], nb_mul(ct[1], x));
+  }
+  return gin[0] && gin[1] ? NB_OK : nb_last_status();
+}
+
+static nb_status cu_jvp(void *u, nb_tensor *const *in, nb_tensor *const *t, int n_in,
+                        nb_tensor *const *out, int n_out, nb_tensor **tout) {
+  (void)u, (void)n_in, (void)out;
+  nb_tensor *x = in[0], *w = in[1];
+  tout[0] = nb_add(nb_mul(t[0], nb_mul(nb_cos(x), w)), nb_mul(t[1], nb_sin(x)));
+  if (n_out > 1) tout[1] = nb_add(nb_mul(t[0], w), nb_mul(t[1], x));
+  return tout[0] && (n_out < 2 || tout[1]) ? NB_OK : nb_last_status();
+}
+
+/* One call on the whole batch; an unbatched input is broadcast along it. */
+static nb_status cu_batch(void *u, nb_tensor *const *in, const bool *batched, int n_in,
+                          int64_t batch, nb_tensor **out, int n_out) {
+  (void)u;
+  nb_tensor *b[2];
+  for (int k = 0; k < n_in; k++) {
+    nb_shape s = {.ndim = in[k]->shape.ndim + 1, .dims = {batch}};
+    memcpy(s.dims + 1, in[k]->shape.dims, sizeof(int64_t) * (size_t)in[k]->shape.ndim);
+    b[k] = batched[k] ? in[k] : nb_broadcast_to(in[k], s);
+  }
+  return nb_custom_call(nb_custom_op_find("mx_sinmul"), b, n_in, out, n_out);
+}
+
+static const nb_custom_op *mx_custom_op(int n_out) {
+  const char *name = n_out == 1 ? "mx_sinmul" : "mx_sinmul2";
+  const nb_custom_op *op = nb_custom_op_find(name);
+  if (!op) {
+    op = nb_custom_op_register(
+        &(nb_custom_op_def){.name = name,
+                            .n_in = 2,
+                            .n_out = n_out,
+                            .infer = cu_infer,
+                            .cpu = cu_cpu,
+                            .vjp = cu_vjp,
+                            .jvp = cu_jvp,
+                            .batch = n_out == 1 ? cu_batch : NULL,
+                            .sharding = n_out == 1 ? "..., ... -> ..." : "..., ... -> ..., ..."});
+  }
+  cr_assert(op, "%s: %s", name, nb_last_error());
+  return op;
+}
+
+static nb_status b_custom(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  return nb_custom_call(mx_custom_op(1), in, 2, out, 1);
+}
+
+/* two outputs, combined: y0 + y1^2 */
+static nb_status b_custom_default_batching(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
+                                           int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  nb_tensor *y[2];
+  nb_status st = nb_custom_call(mx_custom_op(2), in, 2, y, 2);
+  if (st) return st;
+  out[0] = nb_add(y[0], nb_square(y[1]));
+  return out[0] ? NB_OK : nb_last_status();
+}
+
 /* The table. X(name, body, flags, fields...): each row is a test name and the
  * designated initializers of its mx_row. Rows of the generic bodies: */
 #define MX_UN(X, name, flags, ...) X(name, mx_unary, flags, .un = nb_##name, IN(1, __VA_ARGS__))
@@ -441,7 +551,11 @@ static nb_status b_fori_loop(void *u, nb_tensor *const *in, int n_in, nb_tensor 
   X(while_loop, b_while_loop, MX_FWD, IN(2, R(0.1, 0.5, 3), R(1.2, 1.6, 3)))                       \
   X(scan, b_scan, SM, IN(2, R(0.5, 1.5, 2), R(0.5, 1.5, 4, 2)))                                    \
   X(scan_reverse, b_scan_reverse, SM, IN(3, R(0.5, 1.5, 2), R(0.5, 1.5, 3, 2), R(-1, 1, 3, 2)))    \
-  X(fori_loop, b_fori_loop, SM, IN(2, R(-1, 1, 3), R(-1, 1, 3)))
+  X(fori_loop, b_fori_loop, SM, IN(2, R(-1, 1, 3), R(-1, 1, 3)))                                   \
+  /* calls as one node: checkpoint, custom ops (with and without a batching rule) */               \
+  X(checkpoint, b_checkpoint, SM, IN(2, X23, X23))                                                 \
+  X(custom_op, b_custom, SM, IN(2, X23, X23))                                                      \
+  X(custom_op_default_batching, b_custom_default_batching, SM, IN(2, X23, X23))
 
 #define MX_ENUM(name, ...) MX_ROW_##name,
 enum { MX_ROWS(MX_ENUM) MX_N_ROWS };
@@ -721,14 +835,16 @@ static void mx_check_zero_derivatives(const char *what, nb_fn *f, nb_tensor *con
   nb_fn_release(g);
 }
 
-/* vjp and jvp of cf against the Jacobian J (m x total) at fx: J^T u, J v. */
+/* jvp (and vjp when reverse) of cf at fx against J (m x total): J v and J^T u
+ * for random tangents v and cotangent u, to tol; src names where J came from. */
 static void mx_check_against_jacobian(const char *what, const char *src, nb_fn *cf,
                                       nb_tensor *const *fx, int n, nb_tensor *y, const double *J,
                                       bool reverse, double tol, uint64_t *seed) {
   int64_t m = nb_numel(y), total = mx_total(fx, n);
   nb_tensor *in[MX_MAX_ARGS], *out[MX_MAX_ARGS];
   char part[96];
-  double *want = calloc((size_t)(m + total + 1), sizeof *want), *got = want + total;
+  double *want = calloc((size_t)(m + total + 1), sizeof *want);
+  double *got = calloc((size_t)(m + total + 1), sizeof *got);
   for (int a = 0; a < n; a++)
     in[a] = fx[a];
   if (reverse) {
@@ -739,11 +855,9 @@ static void mx_check_against_jacobian(const char *what, const char *src, nb_fn *
         want[c] += J[i * total + c] * u[i];
     nb_fn *g = nb_vjp_fn(cf);
     mx_call(what, "vjp", g, in, out);
-    double *jtu = calloc((size_t)total + 1, sizeof *jtu);
-    tc_read_concat(what, out + 1, fx, n, jtu);
+    tc_read_concat(what, out + 1, fx, n, got);
     snprintf(part, sizeof part, "vjp vs %s", src);
-    tc_assert_vec_close(what, part, jtu, want, total, tol);
-    free(jtu);
+    tc_assert_vec_close(what, part, got, want, total, tol);
     free(u);
     nb_fn_release(g);
   }
@@ -752,19 +866,17 @@ static void mx_check_against_jacobian(const char *what, const char *src, nb_fn *
     in[n + a] = mx_like(fx[a], seed);
   tc_read_concat(what, in + n, fx, n, v);
   for (int64_t i = 0; i < m; i++) {
-    want[total + i] = 0;
+    want[i] = 0;
     for (int64_t c = 0; c < total; c++)
-      want[total + i] += J[i * total + c] * v[c];
+      want[i] += J[i * total + c] * v[c];
   }
   nb_fn *h = nb_jvp_fn(cf);
   mx_call(what, "jvp", h, in, out);
-  cr_assert(nbi_shape_eq(&out[1]->shape, &y->shape), "%s: tangent shape", what);
-  double *jv = tc_read(out[1]);
+  tc_read_concat(what, out + 1, &y, 1, got);
   snprintf(part, sizeof part, "jvp vs %s", src);
-  tc_assert_vec_close(what, part, jv, want + total, m, tol);
-  (void)got;
-  free(jv);
+  tc_assert_vec_close(what, part, got, want, m, tol);
   free(v);
+  free(got);
   free(want);
   nb_fn_release(h);
 }
@@ -1047,13 +1159,15 @@ Test(matrix, every_op_has_a_row) {
     nb_fn *f = mx_fn(r);
     mx_call(r->name, "forward", f, xs, y);
     mx_walk(y[0], fwd);
+    /* traced, ops such as checkpoint's record their node (eagerly they just run) */
+    nb_fn *h = nb_jvp_fn(f);
+    for (int k = 0; k < r->n_in; k++)
+      xs[r->n_in + k] = mx_like(xs[k], &seed);
+    mx_call(r->name, "jvp", h, xs, out);
+    mx_walk(out[0], fwd);
+    nb_fn_release(h);
     if (!(r->flags & MX_ND)) {
-      nb_fn *h = nb_jvp_fn(f);
-      for (int k = 0; k < r->n_in; k++)
-        xs[r->n_in + k] = mx_like(xs[k], &seed);
-      mx_call(r->name, "jvp", h, xs, out);
       mx_walk(out[1], der);
-      nb_fn_release(h);
       if (!(r->flags & MX_FWD)) {
         nb_fn *g = nb_vjp_fn(f);
         xs[r->n_in] = mx_like(y[0], &seed);
