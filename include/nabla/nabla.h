@@ -7,5 +7,6 @@
 #include "ops.h"
 #include "nn.h"
 #include "transforms.h"
+#include "custom.h"
 
 #endif
