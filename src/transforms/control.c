@@ -130,6 +130,8 @@ static nb_tensor *mask_for(nb_tensor *m, int64_t B, int rank) {
   return nb_reshape(m, s);
 }
 
+/* calloc of n + 1 elements, or NULL with *st set; nothing once *st is set, so
+ * a run of allocations is checked once. */
 static void *xcalloc(const char *fn, size_t n, size_t size, nb_status *st) {
   void *p = *st ? NULL : calloc(n + 1, size);
   if (!p && !*st) *st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
