@@ -119,7 +119,10 @@ nb_fn *nb_checkpoint(nb_fn *f);
  * Bodies are nb_fn, traced once per call into programs; traceable (usable
  * inside every transform), vmappable and differentiable. Tensors a body
  * captures from outside are passed as hidden operands, so derivatives flow
- * to them too. A predicate is a one-element bool tensor. */
+ * to them too. A predicate is a one-element bool tensor (any shape). Each
+ * call records one lazy op, also at top level (a predicate is read only when
+ * the result is realized), and its outputs are new tensors in the caller's
+ * scope. On error every output is NULL. */
 
 /* out = pred ? then_fn(ops) : else_fn(ops). Both branches take n_ops inputs and
  * must give outputs of equal shapes and dtypes (nb_fn_n_out of each). Under
@@ -127,23 +130,26 @@ nb_fn *nb_checkpoint(nb_fn *f);
 nb_status nb_cond(nb_tensor *pred, nb_fn *then_fn, nb_fn *else_fn, nb_tensor *const *ops,
                   int n_ops, nb_tensor **out);
 /* carry = init; while (cond_fn(carry)) carry = body_fn(carry); out = carry.
- * cond_fn: n -> 1 (a one-element bool), body_fn: n -> n of the same types.
- * Forward-mode differentiable; reverse mode needs a static trip count
- * (nb_fori_loop, nb_scan). Under vmap with a batched predicate the loop runs
- * until every example is done, finished examples keeping their carry. */
+ * cond_fn: n -> 1 (a one-element bool), body_fn: n -> n of the same types,
+ * n >= 1. Forward-mode differentiable; reverse mode needs a static trip count
+ * (nb_fori_loop, nb_scan) and is an NB_ERR_ARG error. Under vmap with a
+ * batched predicate the loop runs until every example is done, finished
+ * examples keeping their carry. */
 nb_status nb_while_loop(nb_fn *cond_fn, nb_fn *body_fn, nb_tensor *const *init, int n,
                         nb_tensor **out);
-/* Scans body over axis 0 of the xs (n_xs >= 1, equal lengths T):
+/* Scans body over axis 0 of the xs (n_xs >= 1, equal lengths T >= 0):
  * body: (carry[n_carry], x slices[n_xs]) -> (carry[n_carry], y[body n_out - n_carry]);
  * carry_out gets the final carry, ys[j] the y[j] stacked on a new axis 0 (in
  * step order of the xs: with reverse the scan runs from T-1 down to 0 and
- * ys[t] is still step t's output, as jax.lax.scan(reverse=True)).
- * Differentiable in both modes. */
+ * ys[t] is still step t's output, as jax.lax.scan(reverse=True)). n_carry may
+ * be 0 (a map; carry_out may then be NULL), and so may the number of ys (ys
+ * may then be NULL). Differentiable in both modes; reverse mode runs the
+ * forward scan once more to recover the carry entering each step. */
 nb_status nb_scan(nb_fn *body, nb_tensor *const *init, int n_carry, nb_tensor *const *xs,
                   int n_xs, bool reverse, nb_tensor **carry_out, nb_tensor **ys);
 /* for (i = lower; i < upper; i++) carry = body(i, carry): body takes a 0-d
- * i64 index then the n carries, and gives n carries. A static trip count, so
- * it is differentiable in both modes (it is a scan over arange). */
+ * i64 index then the n >= 1 carries, and gives n carries. A static trip count,
+ * so it is differentiable in both modes (it is a scan over arange). */
 nb_status nb_fori_loop(int64_t lower, int64_t upper, nb_fn *body, nb_tensor *const *init, int n,
                        nb_tensor **out);
 
