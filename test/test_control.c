@@ -496,6 +496,26 @@ BODY(fori_loss) {
   return outs_ok(out, 1);
 }
 
+/* a scan without carry: loss = sum(scan(x_t * w)^2) with w captured, reversed */
+BODY(map_loss) {
+  UNUSED_ARGS;
+  ctx c = {.w = in[1]};
+  nb_fn *body = nb_fn_create(map_body, &c, 1, 1);
+  nb_tensor *ys[1];
+  nb_status st = nb_scan(body, NULL, 0, in, 1, true, NULL, ys);
+  nb_fn_release(body);
+  if (st) return st;
+  out[0] = nb_sum(nb_square(ys[0]), NB_ALL, false);
+  return outs_ok(out, 1);
+}
+
+Test(control, grad_through_scan_without_carry) {
+  uint64_t seed = 9;
+  nb_tensor *xs = tc_rand_f64(NB_SHAPE(4, 3), -1, 1, &seed);
+  nb_tensor *w = tc_rand_f64(NB_SHAPE(3), -1, 1, &seed);
+  tc_check_grad("scan without carry", map_loss, NULL, 2, (nb_tensor *[]){xs, w}, TC_SECOND);
+}
+
 Test(control, grad_through_fori_loop) {
   uint64_t seed = 3;
   nb_tensor *x = tc_rand_f64(NB_SHAPE(2, 2), -1, 1, &seed);

@@ -25,7 +25,7 @@
  *   nb_tensor *y;
  *   nb_custom_call(cube, &x, 1, &y, 1);
  *
- * Callbacks report failures by returning a status; nb_set_error gives it a
+ * Callbacks report failures by returning a status; nb_set_error (tensor.h) gives it a
  * message (by convention starting with the op's name). A status returned
  * without a message gets a generic one naming the op and the callback.
  */
@@ -37,17 +37,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Records status s with a printf-style message as the thread's error (read
- * back by nb_last_status / nb_last_error) unless an error is already
- * recorded (the first error is kept); returns s. NB_OK records nothing.
- * Meant for callbacks (custom op kernels and rules, nb_fn bodies):
- *   return nb_set_error(NB_ERR_ARG, "my_log: element %lld is %g (needs > 0)", i, v); */
-nb_status nb_set_error(nb_status s, const char *fmt, ...)
-#if defined(__GNUC__) || defined(__clang__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
 
 /* One array handed to a kernel: contiguous, row-major, of that shape and
  * dtype. Kernels read their inputs' data (never write it: it may be shared

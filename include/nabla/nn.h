@@ -33,8 +33,7 @@ nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *mas
 typedef struct nb_conv2d_params {
   int stride[2], padding[2], dilation[2], groups;
 } nb_conv2d_params;
-nb_tensor *nb_conv2d(nb_tensor *x, nb_tensor *weight, nb_tensor *bias,
-                     const nb_conv2d_params *p);
+nb_tensor *nb_conv2d(nb_tensor *x, nb_tensor *weight, nb_tensor *bias, const nb_conv2d_params *p);
 /* Max pooling over [N, C, H, W]; padding counts as -inf. stride 0 = kernel. */
 nb_tensor *nb_max_pool2d(nb_tensor *x, int kh, int kw, int sh, int sw, int ph, int pw);
 

@@ -20,19 +20,19 @@ extern "C" {
 #define NB_VERSION_PATCH 0
 
 /* ---- status codes: one list, one strerror (libuv style) ------------------ */
-#define NB_STATUS_MAP(X)                                                        \
-  X(OK, "ok")                                                                   \
-  X(ERR_NULL, "NULL argument")                                                  \
-  X(ERR_SHAPE, "shape mismatch")                                                \
-  X(ERR_DTYPE, "unsupported dtype")                                             \
-  X(ERR_AXIS, "axis out of range")                                              \
-  X(ERR_ARG, "invalid argument")                                                \
-  X(ERR_INDEX, "index out of range")                                            \
-  X(ERR_OOM, "out of memory")                                                   \
-  X(ERR_OVERFLOW, "size overflow")                                              \
-  X(ERR_DEVICE, "device unavailable")                                           \
-  X(ERR_SCOPE, "scope misuse")                                                  \
-  X(ERR_STATE, "invalid state")                                                 \
+#define NB_STATUS_MAP(X)                                                                           \
+  X(OK, "ok")                                                                                      \
+  X(ERR_NULL, "NULL argument")                                                                     \
+  X(ERR_SHAPE, "shape mismatch")                                                                   \
+  X(ERR_DTYPE, "unsupported dtype")                                                                \
+  X(ERR_AXIS, "axis out of range")                                                                 \
+  X(ERR_ARG, "invalid argument")                                                                   \
+  X(ERR_INDEX, "index out of range")                                                               \
+  X(ERR_OOM, "out of memory")                                                                      \
+  X(ERR_OVERFLOW, "size overflow")                                                                 \
+  X(ERR_DEVICE, "device unavailable")                                                              \
+  X(ERR_SCOPE, "scope misuse")                                                                     \
+  X(ERR_STATE, "invalid state")                                                                    \
   X(ERR_INTERNAL, "internal error")
 
 typedef enum nb_status {
@@ -50,6 +50,16 @@ nb_status nb_last_status(void);
  * "nb_matmul: inner dimensions differ: [2,3] @ [4,5]". "" when no error. */
 const char *nb_last_error(void);
 void nb_clear_error(void);
+/* Records status s with a printf-style message as the thread's error (read
+ * back by nb_last_status / nb_last_error) unless an error is already
+ * recorded (the first error is kept); returns s. NB_OK records nothing.
+ * Meant for callbacks (custom op kernels and rules, nb_fn bodies):
+ *   return nb_set_error(NB_ERR_ARG, "my_log: element %lld is %g (needs > 0)", i, v); */
+nb_status nb_set_error(nb_status s, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
 
 /* ---- dtypes ---------------------------------------------------------------- */
 typedef enum nb_dtype {
@@ -83,10 +93,10 @@ typedef struct nb_axes {
 
 /* NB_SHAPE(2, 3) and NB_AXES(0, -1) are compound literals (C only). A 0-d shape
  * is NB_SCALAR_SHAPE; NB_ALL selects every axis; NB_NO_AXES selects none. */
-#define NB_SHAPE(...)                                                           \
-  ((nb_shape){.ndim = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), \
+#define NB_SHAPE(...)                                                                              \
+  ((nb_shape){.ndim = (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                   \
               .dims = {__VA_ARGS__}})
-#define NB_AXES(...)                                                            \
+#define NB_AXES(...)                                                                               \
   ((nb_axes){.n = (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int)), .v = {__VA_ARGS__}})
 #define NB_SCALAR_SHAPE ((nb_shape){.ndim = 0})
 #define NB_ALL ((nb_axes){.n = -1})

@@ -127,8 +127,8 @@ nb_fn *nb_checkpoint(nb_fn *f);
 /* out = pred ? then_fn(ops) : else_fn(ops). Both branches take n_ops inputs and
  * must give outputs of equal shapes and dtypes (nb_fn_n_out of each). Under
  * vmap with a batched pred both branches run and each element selects. */
-nb_status nb_cond(nb_tensor *pred, nb_fn *then_fn, nb_fn *else_fn, nb_tensor *const *ops,
-                  int n_ops, nb_tensor **out);
+nb_status nb_cond(nb_tensor *pred, nb_fn *then_fn, nb_fn *else_fn, nb_tensor *const *ops, int n_ops,
+                  nb_tensor **out);
 /* carry = init; while (cond_fn(carry)) carry = body_fn(carry); out = carry.
  * cond_fn: n -> 1 (a one-element bool), body_fn: n -> n of the same types,
  * n >= 1. Forward-mode differentiable; reverse mode needs a static trip count
@@ -145,8 +145,8 @@ nb_status nb_while_loop(nb_fn *cond_fn, nb_fn *body_fn, nb_tensor *const *init, 
  * be 0 (a map; carry_out may then be NULL), and so may the number of ys (ys
  * may then be NULL). Differentiable in both modes; reverse mode runs the
  * forward scan once more to recover the carry entering each step. */
-nb_status nb_scan(nb_fn *body, nb_tensor *const *init, int n_carry, nb_tensor *const *xs,
-                  int n_xs, bool reverse, nb_tensor **carry_out, nb_tensor **ys);
+nb_status nb_scan(nb_fn *body, nb_tensor *const *init, int n_carry, nb_tensor *const *xs, int n_xs,
+                  bool reverse, nb_tensor **carry_out, nb_tensor **ys);
 /* for (i = lower; i < upper; i++) carry = body(i, carry): body takes a 0-d
  * i64 index then the n >= 1 carries, and gives n carries. A static trip count,
  * so it is differentiable in both modes (it is a scan over arange). */

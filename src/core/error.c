@@ -1,6 +1,7 @@
 /* src/core/error.c — sticky thread-local errors and status strings. */
 #include "nbi.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -48,4 +49,15 @@ bool nbi_any_null(const char *fn, nb_tensor *const *ts, int n) {
     }
   }
   return false;
+}
+
+nb_status nb_set_error(nb_status s, const char *fmt, ...) {
+  if (s == NB_OK || nb_last_status() != NB_OK) return s;
+  if (!fmt) return nbi_error(s, "%s", nb_status_str(s));
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return nbi_error(s, "%s", msg);
 }

@@ -108,10 +108,7 @@ static void hash_words(hasher *h, const void *p, size_t n) {
   for (size_t i = 0; i < n; i++) {
     uint64_t w;
     memcpy(&w, (const char *)p + 8 * i, 8); /* any 8-byte field: ints, doubles */
-    h->a = (h->a ^ w) * 0x100000001b3ull;
-    h->a ^= h->a >> 32;
-    h->b = (h->b + w + 1) * 0x9e3779b97f4a7c15ull;
-    h->b ^= h->b >> 29;
+    nbi_hash_mix(&h->a, &h->b, w);
   }
 }
 static void hash_i64(hasher *h, int64_t v) { hash_words(h, &v, 1); }

@@ -31,6 +31,16 @@ int64_t nbi_load_i64(const void *p, nb_dtype dt, int64_t i);
 void nbi_store_f64(void *p, nb_dtype dt, int64_t i, double v);
 void nbi_store_i64(void *p, nb_dtype dt, int64_t i, int64_t v);
 
+/* ---- hashing ----------------------------------------------------------------
+ * Structural hashes (plans, programs, payloads) mix 64-bit words into two
+ * independent lanes (multiply-xorshift), one word at a time. */
+static inline void nbi_hash_mix(uint64_t *a, uint64_t *b, uint64_t w) {
+  *a = (*a ^ w) * 0x100000001b3ull;
+  *a ^= *a >> 32;
+  *b = (*b + w + 1) * 0x9e3779b97f4a7c15ull;
+  *b ^= *b >> 29;
+}
+
 /* ---- shapes ----------------------------------------------------------------- */
 #define NBI_MAX_NUMEL ((int64_t)1 << 48) /* larger requests are NB_ERR_OVERFLOW */
 /* numel of s, or -1 on overflow past NBI_MAX_NUMEL / negative dims. */
@@ -289,6 +299,9 @@ nb_tensor *nbi_sum_to(nb_tensor *g, const nb_shape *s);
 nb_tensor *nbi_grad_fit(nb_tensor *g, const nb_tensor *x);
 /* Zeros of x's shape and dtype as a broadcast 0-d constant (no big buffer). */
 nb_tensor *nbi_zeros_like(const nb_tensor *x);
+/* The same for a shape and dtype no tensor at hand has (rows of a scan,
+ * outputs of a multi-output pack). */
+nb_tensor *nbi_zeros_of(const nb_shape *s, nb_dtype dt);
 /* Ones of x's shape and dtype, the same way (the seed of a gradient). */
 nb_tensor *nbi_ones_like(const nb_tensor *x);
 /* a + b where either may be NULL (zero); NULL only if both are. */

@@ -241,40 +241,33 @@ done:
   return NB_OK;
 }
 
-static void hash_mix(uint64_t *a, uint64_t *b, uint64_t w) {
-  *a = (*a ^ w) * 0x100000001b3ull;
-  *a ^= *a >> 32;
-  *b = (*b + w + 1) * 0x9e3779b97f4a7c15ull;
-  *b ^= *b >> 29;
-}
-
 static void hash_shape(uint64_t *a, uint64_t *b, const nb_shape *s, nb_dtype dt) {
-  hash_mix(a, b, (uint64_t)dt);
-  hash_mix(a, b, (uint64_t)s->ndim);
+  nbi_hash_mix(a, b, (uint64_t)dt);
+  nbi_hash_mix(a, b, (uint64_t)s->ndim);
   for (int d = 0; d < s->ndim; d++)
-    hash_mix(a, b, (uint64_t)s->dims[d]);
+    nbi_hash_mix(a, b, (uint64_t)s->dims[d]);
 }
 
 static void program_hash(nbi_program *p) {
   uint64_t a = 0x6a09e667f3bcc908ull, b = 0xbb67ae8584caa73bull;
-  hash_mix(&a, &b, (uint64_t)p->n_in);
+  nbi_hash_mix(&a, &b, (uint64_t)p->n_in);
   for (int k = 0; k < p->n_in; k++)
     hash_shape(&a, &b, &p->in_shape[k], p->in_dtype[k]);
   for (int i = 0; i < p->n_nodes; i++) {
     const nbi_prog_node *pn = &p->nodes[i];
-    hash_mix(&a, &b, (uint64_t)pn->op);
+    nbi_hash_mix(&a, &b, (uint64_t)pn->op);
     hash_shape(&a, &b, &pn->shape, pn->dtype);
     for (size_t w = 0; w < sizeof pn->attrs / 8; w++) {
       uint64_t v;
       memcpy(&v, (const char *)&pn->attrs + 8 * w, 8);
-      hash_mix(&a, &b, v);
+      nbi_hash_mix(&a, &b, v);
     }
-    hash_mix(&a, &b, (uint64_t)pn->n_in);
+    nbi_hash_mix(&a, &b, (uint64_t)pn->n_in);
     for (int k = 0; k < pn->n_in; k++)
-      hash_mix(&a, &b, (uint64_t)(int64_t)pn->in[k]);
+      nbi_hash_mix(&a, &b, (uint64_t)(int64_t)pn->in[k]);
   }
   for (int j = 0; j < p->n_out; j++)
-    hash_mix(&a, &b, (uint64_t)(int64_t)p->out[j]);
+    nbi_hash_mix(&a, &b, (uint64_t)(int64_t)p->out[j]);
   p->h1 = a;
   p->h2 = b;
 }

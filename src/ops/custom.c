@@ -20,17 +20,6 @@
 
 static const char *FN = "nb_custom_call";
 
-nb_status nb_set_error(nb_status s, const char *fmt, ...) {
-  if (s == NB_OK || nb_last_status() != NB_OK) return s;
-  if (!fmt) return nbi_error(s, "%s", nb_status_str(s));
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  return nbi_error(s, "%s", msg);
-}
-
 /* ---- registry ------------------------------------------------------------------------ */
 struct nb_custom_op {
   nb_custom_op_def def; /* name and sharding point at the copies below */
@@ -252,13 +241,6 @@ static const nb_custom_op *op_of(const nb_tensor *p) {
   return ((const custom_call *)p->payload)->op;
 }
 
-static void hash_word(uint64_t *a, uint64_t *b, uint64_t w) {
-  *a = (*a ^ w) * 0x100000001b3ull;
-  *a ^= *a >> 32;
-  *b = (*b + w + 1) * 0x9e3779b97f4a7c15ull;
-  *b ^= *b >> 29;
-}
-
 /* A callback failed with st: make sure the error names the op. */
 static nb_status callback_failed(nb_status st, const nb_custom_op *op, const char *what) {
   if (nb_last_status() == NB_OK)
@@ -304,13 +286,13 @@ nb_status nb_custom_call(const nb_custom_op *op, nb_tensor *const *in, int n_in,
   }
   if (st) goto done;
   uint64_t h1 = 0x637573746f6d2121ull, h2 = (uint64_t)op->id;
-  hash_word(&h1, &h2, (uint64_t)op->id);
+  nbi_hash_mix(&h1, &h2, (uint64_t)op->id);
   for (int j = 0; j < n_out; j++) {
     const nb_shape *s = &shp[n_in + j];
-    hash_word(&h1, &h2, (uint64_t)dt[n_in + j]);
-    hash_word(&h1, &h2, (uint64_t)s->ndim);
+    nbi_hash_mix(&h1, &h2, (uint64_t)dt[n_in + j]);
+    nbi_hash_mix(&h1, &h2, (uint64_t)s->ndim);
     for (int d = 0; d < s->ndim; d++)
-      hash_word(&h1, &h2, (uint64_t)s->dims[d]);
+      nbi_hash_mix(&h1, &h2, (uint64_t)s->dims[d]);
   }
   c->m.base = (nbi_payload){.refcount = 1, .destroy = call_destroy, .h1 = h1, .h2 = h2};
   c->op = op;

@@ -19,10 +19,12 @@ nb_tensor *nbi_grad_fit(nb_tensor *g, const nb_tensor *x) {
   return r;
 }
 
-nb_tensor *nbi_zeros_like(const nb_tensor *x) {
-  nb_tensor *z = nb_scalar(0, x->dtype);
-  return x->shape.ndim ? nb_broadcast_to(z, x->shape) : z;
+nb_tensor *nbi_zeros_of(const nb_shape *s, nb_dtype dt) {
+  nb_tensor *z = nb_scalar(0, dt);
+  return s->ndim ? nb_broadcast_to(z, *s) : z;
 }
+
+nb_tensor *nbi_zeros_like(const nb_tensor *x) { return nbi_zeros_of(&x->shape, x->dtype); }
 
 nb_tensor *nbi_ones_like(const nb_tensor *x) {
   nb_tensor *o = nb_scalar(1, x->dtype);

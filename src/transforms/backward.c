@@ -67,9 +67,11 @@ static void free_provenance(nbi_sweep *s) {
   /* the sweep forgets its nodes before they may be freed (sources included:
    * a leaf only the graph held dies here) */
   int n = s->n;
-  for (int i = 0; i < n; i++) s->nodes[i]->aux = -1;
+  for (int i = 0; i < n; i++)
+    s->nodes[i]->aux = -1;
   s->n = s->n_sources = 0;
-  for (int i = 0; i < n; i++) nb_release(s->nodes[i]);
+  for (int i = 0; i < n; i++)
+    nb_release(s->nodes[i]);
 }
 
 nb_status nb_backward(nb_tensor *loss) {
@@ -155,8 +157,10 @@ nb_status nb_assign(nb_tensor *dst, nb_tensor *src) {
   if (!st) st = nbi_scope_pending(&pending, &n, &cap);
   if (!st && n == cap) { /* val itself, in case no scope holds it */
     nb_tensor **grown = realloc(pending, (size_t)(cap + 1) * sizeof *grown);
-    if (grown) pending = grown;
-    else st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+    if (grown)
+      pending = grown;
+    else
+      st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
   }
   if (!st) pending[n++] = val;
   if (!st) st = nbi_realize(pending, n);

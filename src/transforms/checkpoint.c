@@ -55,7 +55,7 @@ static nb_status remat_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in
 
 /* Records the REMAT node of prog on in[0..n_in-1] then capt[0..n_capt-1]. */
 static nb_status record_pack(nbi_program *prog, nb_tensor *const *in, int n_in,
-                              nb_tensor *const *capt, int n_capt, nb_tensor **out) {
+                             nb_tensor *const *capt, int n_capt, nb_tensor **out) {
   remat *r = calloc(1, sizeof *r);
   nb_tensor **all = malloc(sizeof *all * (size_t)(n_in + n_capt + 1));
   if (!r || !all) {
@@ -172,8 +172,7 @@ static nb_fn *wrap_vmap(nb_fn *f, const void *in_axes) { return nb_vmap(f, in_ax
 /* Zeros of output j's type (a cotangent the sweep left NULL). */
 static nb_tensor *zeros_of_output(const nb_tensor *p, int j) {
   const nbi_multi *m = nbi_multi_of(p);
-  nb_tensor like = {.shape = m->shape[j], .dtype = m->dtype[j]};
-  return nbi_zeros_like(&like);
+  return nbi_zeros_of(&m->shape[j], m->dtype[j]);
 }
 
 /* Records g's REMAT node on a (g's inputs) into res, and releases g. This is

@@ -60,13 +60,6 @@ static int capt_base(const nb_tensor *p, int b) {
   }
 }
 
-static void mix(uint64_t *a, uint64_t *b, uint64_t w) {
-  *a = (*a ^ w) * 0x100000001b3ull;
-  *a ^= *a >> 32;
-  *b = (*b + w + 1) * 0x9e3779b97f4a7c15ull;
-  *b ^= *b >> 29;
-}
-
 /* Records the pack of op on in[0..n_in-1] with payload c (whose programs and
  * counts are set; consumed: the node keeps the only reference) and n_out
  * outputs of the given types. */
@@ -82,9 +75,9 @@ static nb_status ctl_record(const char *fn, int op, ctl *c, nb_tensor *const *in
                       (uint64_t)c->n_capt[0], (uint64_t)c->n_capt[1], (uint64_t)c->reverse,
                       (uint64_t)c->T};
   for (size_t i = 0; i < sizeof words / sizeof *words; i++)
-    mix(&h1, &h2, words[i]);
+    nbi_hash_mix(&h1, &h2, words[i]);
   for (int b = 0; b < 2; b++)
-    if (c->prog[b]) mix(&h1, &h2, c->prog[b]->h1), mix(&h1, &h2, c->prog[b]->h2);
+    if (c->prog[b]) nbi_hash_mix(&h1, &h2, c->prog[b]->h1), nbi_hash_mix(&h1, &h2, c->prog[b]->h2);
   c->m.base.h1 = h1;
   c->m.base.h2 = h2;
   nb_status st = nbi_multi_init(fn, &c->m, n_out, shapes, dtypes);
@@ -98,13 +91,6 @@ static char *type_str(nb_shape s, nb_dtype dt, char *buf, size_t cap) {
   char b[160];
   snprintf(buf, cap, "%s %s", nb_dtype_name(dt), nb_shape_str(s, b, sizeof b));
   return buf;
-}
-
-/* Zeros of a shape and dtype as a broadcast 0-d constant (nbi_zeros_like for
- * types that no tensor at hand has: rows of a scan, outputs of a pack). */
-static nb_tensor *zeros_of(const nb_shape *s, nb_dtype dt) {
-  nb_tensor *z = nb_scalar(0, dt);
-  return s->ndim ? nb_broadcast_to(z, *s) : z;
 }
 
 static nb_shape row_shape(const nb_shape *s) {
@@ -130,6 +116,8 @@ static nb_tensor *mask_for(nb_tensor *m, int64_t B, int rank) {
   return nb_reshape(m, s);
 }
 
+/* calloc of n + 1 elements, or NULL with *st set; nothing once *st is set, so
+ * a run of allocations is checked once. */
 static void *xcalloc(const char *fn, size_t n, size_t size, nb_status *st) {
   void *p = *st ? NULL : calloc(n + 1, size);
   if (!p && !*st) *st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
@@ -694,7 +682,7 @@ static nb_status cond_vjp(nb_tensor *p, nb_tensor *const *gys, const bool *need,
       if (gys[j])
         a_in(a, nops + nt + j, gpos[j]);
       else
-        a_in_held(a, nops + nt + j, zeros_of(&c->m.shape[j], c->m.dtype[j]));
+        a_in_held(a, nops + nt + j, nbi_zeros_of(&c->m.shape[j], c->m.dtype[j]));
     }
     for (int k = 1; k < p->n_in; k++) {
       if (!need[k]) continue;
@@ -1033,7 +1021,7 @@ static nb_status scan_jvp(nb_tensor *p, nb_tensor *const *tin, nb_tensor **touts
     for (int k = 0; k < nx; k++) {
       nb_shape rs = row_shape(&p->in[nc + k]->shape);
       a_in(a, nc + k, xo + k);
-      a_in_held(a, ni + nc + k, zeros_of(&rs, p->in[nc + k]->dtype));
+      a_in_held(a, ni + nc + k, nbi_zeros_of(&rs, p->in[nc + k]->dtype));
     }
     for (int i = 0; i < ntx; i++)
       a_in(a, ni + nc + tx[i], xo + nx + i);
@@ -1140,7 +1128,7 @@ static nb_status scan_vjp(nb_tensor *p, nb_tensor *const *gys, const bool *need,
       a_in_held(a, cap0 + i, p->in[cap0 + i]);
     for (int j = 0; j < ny; j++) {
       nb_shape rs = row_shape(&c->m.shape[nc + j]);
-      a_in_held(a, ni + nc + j, zeros_of(&rs, c->m.dtype[nc + j]));
+      a_in_held(a, ni + nc + j, nbi_zeros_of(&rs, c->m.dtype[nc + j]));
     }
     for (int i = 0; i < ngy; i++)
       a_in(a, ni + nc + gy[i], xo + nc + nx + i);

@@ -142,7 +142,6 @@ void nbi_sweep_free(nbi_sweep *s) {
   *s = (nbi_sweep){0};
 }
 
-
 /* Sources and nodes the walk did not enter are leaves: their value is given. */
 static bool stops(const nbi_sweep *s, int i) {
   return (s->kind[i] & SOURCE) || !(s->kind[i] & DEP);
