@@ -83,7 +83,7 @@ demo: deps
 	@$(MAKE) --no-print-directory all $(EXAMPLES)
 	@for e in $(EXAMPLES); do echo "==== $$e"; $$e || exit 1; done
 
-$(BUILD)/bench/%: bench/%.c $(LIB_A)
+$(BUILD)/bench/%: bench/%.c bench/bench_common.h $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS)
 

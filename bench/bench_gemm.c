@@ -21,14 +21,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
+
 enum { IMPL_NABLA, IMPL_ONEDNN, IMPL_OPENBLAS, N_IMPLS };
 static const char *const impl_names[N_IMPLS] = {"nabla", "onednn", "openblas"};
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 #define PASSES 3
 
@@ -36,11 +32,6 @@ static double now_s(void) {
 static void settle(void) {
   struct timespec ts = {0, 300 * 1000 * 1000};
   nanosleep(&ts, NULL);
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
 }
 
 /* The inputs of one size: nabla tensors and the same values as plain arrays. */

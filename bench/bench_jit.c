@@ -18,16 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
+#include "bench_common.h"
 
 static nb_status tiny(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
   (void)u, (void)n_in, (void)n_out;
@@ -50,6 +41,7 @@ static nb_status mlp_loss(void *u, nb_tensor *const *p, int n_in, nb_tensor **ou
 
 typedef struct result {
   double first_s, median_s;
+  double first_plan_s; /* of the first call: planning its realization (nb_stats.plan_ns) */
 } result;
 
 /* Times n calls of f on in (outputs realized each call). */
@@ -58,25 +50,27 @@ static result time_calls(nb_fn *f, nb_tensor *const *in, int n, double *t) {
   nb_tensor *out[16];
   result r = {0};
   for (int i = 0; i <= n; i++) {
+    uint64_t p0 = i == 0 ? nb_get_stats().plan_ns : 0;
     double t0 = now_s();
     nb_scope_begin();
     nb_call(f, in, out);
     nb_eval(out, n_out);
     nb_scope_end();
     double dt = now_s() - t0;
-    if (i == 0)
+    if (i == 0) {
       r.first_s = dt;
-    else
+      r.first_plan_s = 1e-9 * (double)(nb_get_stats().plan_ns - p0);
+    } else
       t[i - 1] = dt;
   }
-  qsort(t, (size_t)n, sizeof *t, cmp_double);
-  r.median_s = t[n / 2];
+  r.median_s = median(t, n);
   return r;
 }
 
 static void report(const char *c, const char *impl, result r, int n) {
-  printf("{\"case\":\"%s\",\"impl\":\"%s\",\"calls\":%d,\"first_call_s\":%.6g,\"median_s\":%.6g}\n",
-         c, impl, n, r.first_s, r.median_s);
+  printf("{\"case\":\"%s\",\"impl\":\"%s\",\"calls\":%d,\"first_call_s\":%.6g,"
+         "\"first_call_plan_s\":%.6g,\"median_s\":%.6g}\n",
+         c, impl, n, r.first_s, r.first_plan_s, r.median_s);
 }
 
 int main(int argc, char **argv) {
@@ -108,14 +102,14 @@ int main(int argc, char **argv) {
     return 1;
   }
   nb_stats s = nb_get_stats();
-  printf("\njit calls (first call, then median)\n%-22s %-22s %12s %12s\n", "case", "impl",
-         "first_us", "median_us");
+  printf("\njit calls (first call, its planning part, then median)\n%-22s %-22s %10s %10s %10s\n",
+         "case", "impl", "first_us", "plan_us", "median_us");
   const char *cases[4] = {"tiny_call", "tiny_call", "mlp_value_and_grad", "mlp_value_and_grad"};
   const char *impls[4] = {"nabla_jit", "nabla_eager", "nabla_jit", "nabla_traced_each_call"};
   result rs[4] = {tj, te, mj, me};
   for (int i = 0; i < 4; i++)
-    printf("%-22s %-22s %12.1f %12.2f\n", cases[i], impls[i], rs[i].first_s * 1e6,
-           rs[i].median_s * 1e6);
+    printf("%-22s %-22s %10.1f %10.1f %10.2f\n", cases[i], impls[i], rs[i].first_s * 1e6,
+           rs[i].first_plan_s * 1e6, rs[i].median_s * 1e6);
   printf("jit cache: %llu hits, %llu misses\n", (unsigned long long)s.jit_cache_hits,
          (unsigned long long)s.jit_cache_misses);
   nb_fn_release(jvg);

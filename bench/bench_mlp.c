@@ -17,16 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
+#include "bench_common.h"
 
 static const int64_t layers[5] = {1, 32, 64, 32, 1};
 
@@ -98,8 +89,7 @@ int main(int argc, char **argv) {
     nb_stats s1 = nb_get_stats();
     plan_frac[style] = (double)(s1.plan_ns - s0.plan_ns) * 1e-9 / total;
     exec_frac[style] = (double)(s1.exec_ns - s0.exec_ns) * 1e-9 / total;
-    qsort(t, (size_t)steps, sizeof *t, cmp_double);
-    med[style] = t[steps / 2];
+    med[style] = median(t, steps);
     printf("{\"case\":\"readme_mlp_step\",\"style\":\"%s\",\"impl\":\"nabla\",\"steps\":%d,"
            "\"median_s\":%.6g,\"plan_fraction\":%.3f,\"exec_fraction\":%.3f,"
            "\"realizations_per_step\":%.2f,\"kernels_per_step\":%.1f,\"final_loss\":%.6f}\n",
