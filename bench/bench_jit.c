@@ -26,19 +26,6 @@ static nb_status tiny(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, 
   return out[0] ? NB_OK : nb_last_status();
 }
 
-static const int64_t layers[5] = {1, 32, 64, 32, 1};
-
-static nb_status mlp_loss(void *u, nb_tensor *const *p, int n_in, nb_tensor **out, int n_out) {
-  (void)u, (void)n_in, (void)n_out;
-  nb_tensor *h = p[8];
-  for (int i = 0; i < 4; i++) {
-    h = nb_add(nb_matmul(h, p[2 * i]), p[2 * i + 1]);
-    if (i < 3) h = nb_relu(h);
-  }
-  out[0] = nb_mean(nb_square(nb_sub(h, p[9])), NB_ALL, false);
-  return out[0] ? NB_OK : nb_last_status();
-}
-
 typedef struct result {
   double first_s, median_s;
   double first_plan_s; /* of the first call: planning its realization (nb_stats.plan_ns) */
@@ -86,13 +73,8 @@ int main(int argc, char **argv) {
 
   nb_seed(0);
   nb_tensor *p[10];
-  for (int i = 0; i < 4; i++) {
-    p[2 * i] = nb_glorot_uniform(NB_SHAPE(layers[i], layers[i + 1]), NB_F32);
-    p[2 * i + 1] = nb_zeros(NB_SHAPE(1, layers[i + 1]), NB_F32);
-  }
-  p[8] = nb_rand(NB_SHAPE(256, 1), NB_F32);
-  p[9] = nb_rand(NB_SHAPE(256, 1), NB_F32);
-  nb_fn *loss = nb_fn_create(mlp_loss, NULL, 10, 1);
+  readme_mlp_init(p);
+  nb_fn *loss = nb_fn_create(readme_mlp_loss_fn, NULL, 10, 1);
   nb_fn *vg = nb_value_and_grad(loss, NB_AXES(0, 1, 2, 3, 4, 5, 6, 7)), *jvg = nb_jit(vg);
   result me = time_calls(vg, p, n_mlp, t), mj = time_calls(jvg, p, n_mlp, t);
   report("mlp_value_and_grad", "nabla_jit", mj, n_mlp);

@@ -19,23 +19,6 @@
 
 #include "bench_common.h"
 
-static const int64_t layers[5] = {1, 32, 64, 32, 1};
-
-static nb_tensor *forward_loss(nb_tensor *const *p, nb_tensor *x, nb_tensor *y) {
-  nb_tensor *h = x;
-  for (int i = 0; i < 4; i++) {
-    h = nb_add(nb_matmul(h, p[2 * i]), p[2 * i + 1]);
-    if (i < 3) h = nb_relu(h);
-  }
-  return nb_mean(nb_square(nb_sub(h, y)), NB_ALL, false);
-}
-
-static nb_status loss_fn(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
-  (void)u, (void)n_in, (void)n_out;
-  out[0] = forward_loss(in, in[8], in[9]);
-  return out[0] ? NB_OK : nb_last_status();
-}
-
 int main(int argc, char **argv) {
   bool smoke = argc > 1 && strcmp(argv[1], "--smoke") == 0;
   int warmup = smoke ? 2 : 50, steps = smoke ? 10 : 1000;
@@ -45,13 +28,8 @@ int main(int argc, char **argv) {
   for (int style = 0; style < 2; style++) {
     nb_seed(0);
     nb_tensor *p[10];
-    for (int i = 0; i < 4; i++) {
-      p[2 * i] = nb_glorot_uniform(NB_SHAPE(layers[i], layers[i + 1]), NB_F32);
-      p[2 * i + 1] = nb_zeros(NB_SHAPE(1, layers[i + 1]), NB_F32);
-    }
-    p[8] = nb_rand(NB_SHAPE(256, 1), NB_F32);
-    p[9] = nb_rand(NB_SHAPE(256, 1), NB_F32);
-    nb_fn *f = nb_fn_create(loss_fn, NULL, 10, 1);
+    readme_mlp_init(p);
+    nb_fn *f = nb_fn_create(readme_mlp_loss_fn, NULL, 10, 1);
     nb_fn *vg = nb_value_and_grad(f, NB_AXES(0, 1, 2, 3, 4, 5, 6, 7));
     if (style == 1)
       for (int i = 0; i < 8; i++)
@@ -70,7 +48,7 @@ int main(int argc, char **argv) {
           nb_assign(p[i], nb_sub(p[i], nb_mul_scalar(o[1 + i], 0.01)));
         loss = o[0];
       } else {
-        loss = forward_loss(p, p[8], p[9]);
+        loss = readme_mlp_loss(p, p[8], p[9]);
         nb_backward(loss);
         for (int i = 0; i < 8; i++) {
           nb_assign(p[i], nb_sub(p[i], nb_mul_scalar(nb_grad_of(p[i]), 0.01)));
