@@ -57,6 +57,11 @@ typedef struct plan {
   int *free_idx;   /* topological indices of intermediates dead after the step */
   uint64_t last_used;
   int pinned; /* realizations running it (nested ones may not evict it) */
+  /* Fused elementwise groups: runs of consecutive steps run as one kernel at
+   * the run's last step. group[i] = first step of i's group (i itself when
+   * alone); store[i]: the member's value is needed outside its group. */
+  int *group;
+  bool *store;
 } plan;
 
 #define PLAN_CACHE_SIZE 64
@@ -66,6 +71,8 @@ static uint64_t plan_clock;
 static void plan_clear(plan *p) {
   free(p->free_start);
   free(p->free_idx);
+  free(p->group);
+  free(p->store);
   *p = (plan){0};
 }
 
@@ -233,6 +240,76 @@ static void graph_hash(const graph *g, const int *uses, const bool *held, hasher
 }
 
 /* last[i]: the step after which node i's buffer is dead (or -1 if held/root). */
+/* Fusion on/off: on unless NABLA_NO_FUSION=1 (tests compare both). */
+static int fusion = -1;
+bool nbi_fusion_enabled(void) {
+  if (fusion < 0) {
+    const char *e = getenv("NABLA_NO_FUSION");
+    fusion = !(e && e[0] == '1');
+  }
+  return fusion;
+}
+void nbi_set_fusion(bool on) { fusion = on; }
+
+/* Groups consecutive fusible steps of one shape and dtype (nbi.h, "fusion"),
+ * at most NBI_FUSE_MAX members and NBI_FUSE_MAX distinct outside operands. */
+static void plan_groups(const graph *g, const bool *held, int *group, bool *store) {
+  const nb_tensor *ext[NBI_FUSE_MAX + 3];
+  int first = -1, n_ext = 0;
+  for (int i = 0; i < g->n; i++) {
+    const nb_tensor *t = g->nodes[i], *f = first >= 0 ? g->nodes[first] : NULL;
+    bool fuse = nbi_fusion_enabled() && nbi_cpu_elementwise_fusible(t);
+    int add = 0;
+    const nb_tensor *new_ext[3];
+    if (fuse && f && t->dtype == f->dtype && nbi_shape_eq(&t->shape, &f->shape) &&
+        i - first < NBI_FUSE_MAX) {
+      for (int k = 0; k < t->n_in; k++) {
+        const nb_tensor *x = t->in[k];
+        bool known = x->mark >= first && x->mark < i;
+        for (int e = 0; e < n_ext && !known; e++)
+          known = ext[e] == x;
+        for (int e = 0; e < add && !known; e++)
+          known = new_ext[e] == x;
+        if (!known) new_ext[add++] = x;
+      }
+      if (n_ext + add <= NBI_FUSE_MAX && (i - first + 1) + n_ext + add <= 16) {
+        for (int e = 0; e < add; e++)
+          ext[n_ext++] = new_ext[e];
+        group[i] = first;
+        continue;
+      }
+    }
+    group[i] = i; /* starts a group (or stays alone) */
+    first = fuse ? i : -1;
+    n_ext = 0;
+    for (int k = 0; fuse && k < t->n_in; k++) {
+      bool known = false;
+      for (int e = 0; e < n_ext; e++)
+        known |= ext[e] == t->in[k];
+      if (!known) ext[n_ext++] = t->in[k];
+    }
+  }
+  for (int i = 0; i < g->n; i++)
+    store[i] = held[i];
+  for (int i = 0; i < g->n; i++) {
+    const nb_tensor *t = g->nodes[i];
+    for (int k = 0; k < t->n_in; k++) {
+      int c = t->in[k]->mark;
+      if (c >= 0 && group[c] != group[i]) store[c] = true;
+    }
+  }
+}
+
+/* The step that runs step i: its group's last member. */
+static int group_end(const plan *p, int n, int i) {
+  int f = p->group[i];
+  while (i + 1 < n && p->group[i + 1] == f && f != i + 1)
+    i++;
+  return i;
+}
+
+/* last[i]: the step after which node i's buffer is dead (or -1 if held/root).
+ * A use inside a fused group counts at the group's last step, when it runs. */
 static plan *plan_build(const graph *g, const bool *held, uint64_t h1, uint64_t h2) {
   int *last = malloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
   int *count = calloc((size_t)g->n + 1, sizeof(int));
@@ -242,13 +319,17 @@ static plan *plan_build(const graph *g, const bool *held, uint64_t h1, uint64_t 
     free(count);
     return NULL;
   }
-  if (!last || !count) goto oom;
+  p->group = malloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
+  p->store = malloc(sizeof(bool) * (size_t)(g->n ? g->n : 1));
+  if (!last || !count || !p->group || !p->store) goto oom;
+  plan_groups(g, held, p->group, p->store);
   for (int i = 0; i < g->n; i++)
     last[i] = -1;
-  for (int i = 0; i < g->n; i++) {
+  for (int i = 0, end = -1; i < g->n; i++) {
+    if (i > end) end = group_end(p, g->n, i);
     const nb_tensor *t = g->nodes[i];
     for (int k = 0; k < t->n_in; k++)
-      if (t->in[k]->mark >= 0) last[t->in[k]->mark] = i;
+      if (t->in[k]->mark >= 0) last[t->in[k]->mark] = end;
   }
   int n_free = 0;
   for (int i = 0; i < g->n; i++)
@@ -312,6 +393,37 @@ static nb_status run_node(nb_tensor *t) {
   return NB_OK;
 }
 
+/* Runs steps first..end as one fused kernel: buffers only for the members whose
+ * value is needed outside the group. */
+static nb_status run_group(const graph *g, const plan *p, int first, int end) {
+  int m = end - first + 1;
+  nb_tensor *const *nodes = g->nodes + first;
+  nbi_view out[NBI_FUSE_MAX];
+  nb_status st = NB_OK;
+  for (int k = 0; k < m && !st; k++) {
+    if (!p->store[first + k]) continue;
+    nb_tensor *t = nodes[k];
+    nbi_buffer *b = nbi_buffer_alloc((size_t)nbi_numel(&t->shape) * nb_dtype_size(t->dtype));
+    if (!b) {
+      st = NB_ERR_OOM;
+      break;
+    }
+    t->shard0.buf = b;
+    t->shard0.offset = 0;
+    nbi_contig_strides(&t->shape, t->shard0.strides);
+    out[k] = nbi_tensor_view(t);
+  }
+  if (!st) st = nbi_cpu_elementwise_fused(nodes, m, p->store + first, out);
+  if (st)
+    for (int k = 0; k < m; k++) {
+      nbi_buffer_release(nodes[k]->shard0.buf);
+      nodes[k]->shard0.buf = NULL;
+    }
+  else
+    nbi_stats_kernel();
+  return st;
+}
+
 /* Depth of realizations running on this thread: a kernel may realize a nested
  * graph (control flow, checkpoint); only the outermost adds to the timers. */
 static _Thread_local int depth;
@@ -346,6 +458,7 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
 
   hasher h = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull};
   graph_hash(&g, uses, held, &h);
+  hash_i64(&h, nbi_fusion_enabled()); /* the grouping is part of the plan */
   p = plan_cache_lookup(h.a, h.b, g.n);
   if (p) {
     stats.plan_cache_hits++;
@@ -362,7 +475,12 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
   if (!depth) stats.plan_ns += t1 - t0;
   depth++;
   for (int i = 0; i < g.n && !st; i++) {
-    st = run_node(g.nodes[i]);
+    if (i + 1 < g.n && p->group[i + 1] == p->group[i])
+      ; /* a member of a fused group that runs at its last step */
+    else if (p->group[i] != i)
+      st = run_group(&g, p, p->group[i], i);
+    else
+      st = run_node(g.nodes[i]);
     for (int f = p->free_start[i]; f < p->free_start[i + 1]; f++) {
       nb_tensor *dead = g.nodes[p->free_idx[f]];
       nbi_buffer_release(dead->shard0.buf);

@@ -408,6 +408,20 @@ nb_status nbi_program_apply(const char *fn, const nbi_program *p, nb_tensor *con
 nb_status nbi_program_run(const char *fn, const nbi_program *p, nb_tensor *const *in,
                           nb_tensor **out);
 
+/* ---- fusion (the CPU backend's fused elementwise executor) -------------------------
+ * The planner (graph.c) runs consecutive elementwise nodes of one float dtype
+ * and one shape as one group: one pass over memory, values used only inside
+ * the group never materialized. */
+#define NBI_FUSE_MAX 12 /* members of a group; also its outside operands */
+/* On unless the environment sets NABLA_NO_FUSION=1; tests compare both. */
+bool nbi_fusion_enabled(void);
+void nbi_set_fusion(bool on);
+bool nbi_cpu_elementwise_fusible(const nb_tensor *n);
+/* nodes[0..m-1] in topological order; out[k] is member k's buffer view where
+ * store[k] (its value is needed outside the group), else unused. */
+nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *store,
+                                    nbi_view *out);
+
 /* ---- realization, stats ------------------------------------------------------ */
 /* Reentrant: a kernel may realize a new graph (nbi_program_run) while its
  * own realization runs; nested realizations count in nb_stats like any other

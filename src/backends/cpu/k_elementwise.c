@@ -598,3 +598,136 @@ nb_status nbi_cpu_cast(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
   run(&pl, out, in);
   return NB_OK;
 }
+
+/* ---- fused groups ------------------------------------------------------------------------
+ * A run of elementwise nodes of one float domain and one shape, evaluated in one
+ * pass: per chunk, each member's row goes into a chunk buffer that later
+ * members read, so values used only inside the group never reach memory; the
+ * members the planner marks `store` are written to their buffers (and read
+ * back from there by later members). Operands from outside the group are
+ * read through their views, as the single-op kernel does. */
+enum { FUSE_CHUNK = 256 };
+
+bool nbi_cpu_elementwise_fusible(const nb_tensor *n) {
+  if (nbi_op_table[n->op]->cpu != nbi_cpu_elementwise || is_pred[n->op]) return false;
+  nb_dtype cdt = (nb_dtype)n->attrs.i[0];
+  if ((cdt != NB_F32 && cdt != NB_F64) || n->dtype != cdt) return false;
+  if (n->op == NBI_OP_WHERE) return true;
+  return n->n_in == 1 ? unary_rows[domain_of(cdt)][n->op] != NULL
+                      : binary_rows[domain_of(cdt)][n->op] != NULL;
+}
+
+typedef struct fused_operand {
+  int member; /* >= 0: an earlier member; -1: external operand ext */
+  int ext;
+} fused_operand;
+
+typedef struct fused_plan {
+  int m, n_ext, n_store;
+  domain dom;
+  nb_tensor *const *nodes;
+  fused_operand op[NBI_FUSE_MAX][3];
+  int store_slot[NBI_FUSE_MAX]; /* iterator operand of a stored member, or -1 */
+  nb_dtype ext_dt[NBI_FUSE_MAX];
+} fused_plan;
+
+static void fused_chunk(const fused_plan *fp, char *const *ptr, const int64_t *s, int64_t n) {
+  size_t es = fp->dom == DOM_F32 ? 4 : 8;
+  _Alignas(64) char val[NBI_FUSE_MAX][FUSE_CHUNK * 8];
+  _Alignas(64) char tmp[3][FUSE_CHUNK * 8];
+  const void *mv[NBI_FUSE_MAX]; /* each member's values, contiguous */
+  ew_plan pl = {.dom = fp->dom, .cdt = domain_dtype[fp->dom]};
+  for (int k = 0; k < fp->m; k++) {
+    const nb_tensor *t = fp->nodes[k];
+    const void *p[3];
+    int64_t ps[3];
+    uint8_t cond[FUSE_CHUNK];
+    for (int q = 0; q < t->n_in; q++) {
+      const fused_operand *o = &fp->op[k][q];
+      if (o->member >= 0) {
+        p[q] = mv[o->member];
+        ps[q] = 1;
+        continue;
+      }
+      int slot = fp->n_store + o->ext;
+      if (t->op == NBI_OP_WHERE && q == 0) { /* the bool condition, as bytes */
+        for (int64_t j = 0; j < n; j++)
+          cond[j] = (uint8_t)(ptr[slot][j * s[slot]] != 0);
+        p[q] = cond;
+        ps[q] = 1;
+      } else {
+        ps[q] = operand(&pl, ptr[slot], fp->ext_dt[o->ext], s[slot], n, tmp[q], &p[q]);
+      }
+    }
+    void *o = fp->store_slot[k] >= 0 ? (void *)ptr[fp->store_slot[k]] : (void *)val[k];
+    if (t->op == NBI_OP_WHERE)
+      where_rows[fp->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], n);
+    else if (t->n_in == 1)
+      unary_rows[fp->dom][t->op](o, p[0], ps[0], n);
+    else
+      binary_rows[fp->dom][t->op](o, p[0], ps[0], p[1], ps[1], n);
+    mv[k] = o;
+  }
+  (void)es;
+}
+
+nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *store,
+                                    nbi_view *out) {
+  fused_plan fp = {.m = m, .nodes = nodes, .dom = domain_of(nodes[0]->dtype)};
+  const nb_shape *shape = &nodes[m - 1]->shape;
+  nbi_view ext[NBI_FUSE_MAX];
+  const nb_tensor *ext_t[NBI_FUSE_MAX];
+  const nbi_view *views[NBI_ITER_MAX_OPS];
+  for (int k = 0; k < m; k++) {
+    fp.store_slot[k] = -1;
+    if (store[k]) {
+      fp.store_slot[k] = fp.n_store;
+      views[fp.n_store++] = &out[k];
+    }
+  }
+  for (int k = 0; k < m; k++) {
+    const nb_tensor *t = nodes[k];
+    for (int q = 0; q < t->n_in; q++) {
+      const nb_tensor *x = t->in[q];
+      fused_operand o = {.member = -1, .ext = -1};
+      for (int j = 0; j < k; j++)
+        if (nodes[j] == x) o.member = j;
+      if (o.member < 0) {
+        for (int e = 0; e < fp.n_ext; e++)
+          if (ext_t[e] == x) o.ext = e;
+        if (o.ext < 0) {
+          if (fp.n_ext == NBI_FUSE_MAX || fp.n_store + fp.n_ext + 1 > NBI_ITER_MAX_OPS)
+            return nbi_error(NB_ERR_INTERNAL, "nb_eval: a fused group has too many operands");
+          nbi_view v = nbi_tensor_view(x);
+          ext[fp.n_ext] = nbi_view_broadcast(&v, shape);
+          ext_t[fp.n_ext] = x;
+          fp.ext_dt[fp.n_ext] = x->dtype;
+          o.ext = fp.n_ext++;
+        }
+      }
+      fp.op[k][q] = o;
+    }
+  }
+  for (int e = 0; e < fp.n_ext; e++)
+    views[fp.n_store + e] = &ext[e];
+  int n_ops = fp.n_store + fp.n_ext;
+  nbi_iter it;
+  nbi_iter_init(&it, n_ops, views);
+  int last = it.ndim - 1;
+  int64_t rows = nbi_iter_rows(&it), n = it.dims[last];
+  int64_t n_chunks = (n + FUSE_CHUNK - 1) / FUSE_CHUNK, units = rows * n_chunks;
+#pragma omp parallel for schedule(static) if (rows * n >= NBI_PAR_MIN && units > 1)
+  for (int64_t u = 0; u < units; u++) {
+    int64_t r = u / n_chunks, j0 = (u % n_chunks) * FUSE_CHUNK;
+    int64_t len = n - j0 < FUSE_CHUNK ? n - j0 : FUSE_CHUNK, off[NBI_ITER_MAX_OPS],
+            s[NBI_ITER_MAX_OPS];
+    char *ptr[NBI_ITER_MAX_OPS];
+    nbi_iter_row(&it, r, off);
+    for (int q = 0; q < n_ops; q++) {
+      s[q] = it.strides[q][last];
+      ptr[q] = views[q]->data + (off[q] + j0 * s[q]) * (int64_t)nb_dtype_size(views[q]->dtype);
+    }
+    fused_chunk(&fp, ptr, s, len);
+  }
+  return NB_OK;
+}
