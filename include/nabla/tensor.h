@@ -173,13 +173,18 @@ typedef struct nb_stats {
   uint64_t kernels_run;
   uint64_t n_all_reduce, n_all_gather, n_reduce_scatter, n_all_to_all, n_permute;
   uint64_t collective_bytes;
-  uint64_t live_bytes, peak_bytes; /* tensor buffers held, all devices */
+  uint64_t live_bytes, peak_bytes; /* bytes of tensor buffers held, all devices */
   uint64_t live_tensors;           /* tensor handles alive */
   uint64_t realizations;           /* graphs realized (nb_eval, reads, backward, assign) */
   uint64_t plan_ns;                /* realizing: collecting, hashing, planning (ns) */
   uint64_t exec_ns;                /* realizing: running kernels, freeing buffers (ns) */
   uint64_t jit_cache_hits;         /* nb_jit calls that reused a traced program */
   uint64_t jit_cache_misses;       /* nb_jit calls that traced (first call per signature) */
+  /* Buffer cache (env NABLA_CACHE_BYTES caps it, default 1 GiB, 0 disables): a
+   * released buffer is kept for the next request of its size class. */
+  uint64_t buffer_allocs;     /* buffer requests (node outputs, data leaves, ...) */
+  uint64_t buffer_cache_hits; /* requests served from the cache, no system allocation */
+  uint64_t cached_bytes;      /* bytes in free cached blocks (not part of live_bytes) */
 } nb_stats;
 nb_stats nb_get_stats(void);
 void nb_reset_stats(void); /* zeroes counters; peak = live */

@@ -29,12 +29,14 @@ static nb_stats stats;
 nb_stats nb_get_stats(void) {
   nb_stats s = stats;
   s.live_tensors = nbi_live_tensors();
+  nbi_buffer_cache_stats(&s);
   return s;
 }
 void nb_reset_stats(void) {
   uint64_t live = stats.live_bytes;
   stats = (nb_stats){0};
   stats.live_bytes = stats.peak_bytes = live;
+  nbi_buffer_cache_reset_stats();
 }
 void nbi_stats_alloc(size_t nbytes) {
   stats.live_bytes += nbytes;

@@ -84,9 +84,16 @@ typedef struct nbi_storage {
   int64_t strides[NB_MAX_DIMS];
 } nbi_storage;
 
+/* Buffers come from a caching allocator (src/core/alloc.c): size classes, one
+ * free list per class, a byte cap (env NABLA_CACHE_BYTES, default 1 GiB). */
 nbi_buffer *nbi_buffer_alloc(size_t nbytes); /* NULL + NB_ERR_OOM on failure */
 void nbi_buffer_retain(nbi_buffer *b);
-void nbi_buffer_release(nbi_buffer *b);
+void nbi_buffer_release(nbi_buffer *b);       /* at refcount 0: back to the cache or freed */
+size_t nbi_buffer_class_bytes(size_t nbytes); /* block size serving a request; 0: too big */
+void nbi_buffer_cache_trim(void);             /* frees every cached block */
+size_t nbi_buffer_cache_set_cap(size_t cap);  /* returns the old cap; evicts down to cap */
+void nbi_buffer_cache_stats(nb_stats *s);     /* fills buffer_allocs, _cache_hits, cached_bytes */
+void nbi_buffer_cache_reset_stats(void);      /* zeroes buffer_allocs and buffer_cache_hits */
 
 bool nbi_view_is_contiguous(const nbi_view *v);
 /* Copies src into dst elementwise (same dims), converting dtype; either may be

@@ -1,4 +1,5 @@
-/* src/backends/cpu/cpu.c — CPU backend: aligned buffers, thread setup, vtable. */
+/* src/backends/cpu/cpu.c — CPU backend: aligned blocks, thread setup, vtable.
+ * Tensor buffers come from these blocks through the cache in src/core/alloc.c. */
 #include "../backend.h"
 
 #include <stdlib.h>
@@ -26,30 +27,6 @@ const nbi_backend nbi_cpu_backend = {
     .gemm = nbi_cpu_gemm,
     .run_kernel = cpu_run_kernel,
 };
-
-nbi_buffer *nbi_buffer_alloc(size_t nbytes) {
-  nbi_buffer *b = malloc(sizeof *b);
-  void *data = b ? nbi_cpu_backend.alloc(nbytes) : NULL;
-  if (!data) {
-    free(b);
-    nbi_error(NB_ERR_OOM, "nabla: out of memory allocating %zu bytes", nbytes);
-    return NULL;
-  }
-  *b = (nbi_buffer){.refcount = 1, .device = 0, .nbytes = nbytes, .data = data};
-  nbi_stats_alloc(nbytes);
-  return b;
-}
-
-void nbi_buffer_retain(nbi_buffer *b) {
-  if (b) b->refcount++;
-}
-
-void nbi_buffer_release(nbi_buffer *b) {
-  if (!b || --b->refcount > 0) return;
-  nbi_stats_free(b->nbytes);
-  nbi_cpu_backend.free(b->data);
-  free(b);
-}
 
 /* Flush-to-zero and denormals-are-zero: denormals cost ~100x per operation on
  * this hardware and carry no useful precision for learning. Set in the calling

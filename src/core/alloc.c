@@ -1,0 +1,235 @@
+/* src/core/alloc.c — tensor buffers: a caching allocator over the CPU backend's
+ * 64-byte aligned alloc/free.
+ *
+ * A request is rounded up to a size class: multiples of 64 bytes up to 256,
+ * then four classes per power of two (2^k * 5/4, 6/4, 7/4, 8/4), so a block is
+ * at most 25% larger than asked for and always a multiple of 64. A released
+ * buffer (refcount 0) goes back on its class's free list, header and block
+ * together, instead of to the system; the next request of that class takes it
+ * (a cache hit: no malloc, no page faults). The free lists hold at most `cap`
+ * bytes of blocks (env NABLA_CACHE_BYTES, bytes with an optional K/M/G suffix,
+ * read at the first request; default 1 GiB; 0 disables caching; an unparsable
+ * value keeps the default); a release that would exceed it frees the block.
+ * Requests above 2^47 bytes bypass the cache. nbi_buffer_cache_trim() empties
+ * the lists; it runs at exit, after which releases free directly.
+ *
+ * Thread safety: one mutex guards the free lists, the counters and the live
+ * byte accounting (nbi_stats_alloc/free), so buffers may be allocated and
+ * released from any thread. A buffer's refcount is not atomic: one buffer is
+ * retained and released by one thread at a time, as tensors are.
+ *
+ * Under AddressSanitizer a cached block is poisoned, and the unused tail of a
+ * block beyond the requested bytes too, so use-after-release and overruns are
+ * still reported; handed-out blocks are filled with 0xff (NaN for floats), so a
+ * kernel that relies on fresh memory reading as zero fails there. */
+#include "../backends/backend.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define NBI_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define NBI_ASAN 1
+#endif
+#endif
+#ifdef NBI_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+/* A buffer header with its free-list link; nbi_buffer comes first, so the
+ * pointer handed out converts back. */
+typedef struct block {
+  nbi_buffer b;
+  struct block *next;
+} block;
+
+#define SMALL_BYTES 256 /* classes 64, 128, 192, 256 */
+#define MAX_LOG 47      /* requests above 2^MAX_LOG bytes are not cached */
+#define N_CLASSES (SMALL_BYTES / 64 + 4 * (MAX_LOG - 8))
+#define DEFAULT_CAP ((size_t)1 << 30)
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static block *free_list[N_CLASSES];
+static size_t cached_bytes, cap_bytes;
+static bool configured, closed;
+static uint64_t n_requests, n_hits;
+
+/* Class index of a request of n bytes and its block size in *bytes; -1 for an
+ * uncached request (*bytes = n rounded up to 64, or 0 when that overflows). */
+static int size_class(size_t n, size_t *bytes) {
+  if (n <= SMALL_BYTES) {
+    size_t c = n ? (n - 1) / 64 : 0;
+    *bytes = (c + 1) * 64;
+    return (int)c;
+  }
+  if (n > (size_t)1 << MAX_LOG) {
+    *bytes = n > SIZE_MAX - 63 ? 0 : (n + 63) & ~(size_t)63;
+    return -1;
+  }
+  int k = 63 - __builtin_clzll((unsigned long long)(n - 1)); /* 2^k < n <= 2^(k+1), k >= 8 */
+  size_t base = (size_t)1 << k, step = base >> 2;
+  size_t j = (n - base + step - 1) / step; /* 1..4 */
+  *bytes = base + j * step;
+  return SMALL_BYTES / 64 + 4 * (k - 8) + (int)(j - 1);
+}
+
+size_t nbi_buffer_class_bytes(size_t nbytes) {
+  size_t bytes;
+  size_class(nbytes, &bytes);
+  return bytes;
+}
+
+/* NABLA_CACHE_BYTES: decimal bytes, optional K/M/G (binary) suffix. */
+static size_t parse_cap(const char *s) {
+  if (!s || !*s) return DEFAULT_CAP;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (end == s || *s == '-') return DEFAULT_CAP;
+  int shift = 0;
+  switch (*end) {
+  case 'k':
+  case 'K': shift = 10, end++; break;
+  case 'm':
+  case 'M': shift = 20, end++; break;
+  case 'g':
+  case 'G': shift = 30, end++; break;
+  default: break;
+  }
+  if (*end || (shift && v > (SIZE_MAX >> shift))) return DEFAULT_CAP;
+  return (size_t)v << shift;
+}
+
+static void configure(void) {
+  if (configured) return;
+  configured = true;
+  cap_bytes = parse_cap(getenv("NABLA_CACHE_BYTES"));
+}
+
+static void block_free(block *k) {
+  size_t bytes;
+  size_class(k->b.nbytes, &bytes);
+  UNPOISON(k->b.data, bytes);
+  nbi_cpu_backend.free(k->b.data);
+  free(k);
+}
+
+/* Frees cached blocks, largest classes first, until at most limit bytes stay. */
+static void evict_to(size_t limit) {
+  for (int c = N_CLASSES - 1; c >= 0 && cached_bytes > limit; c--)
+    while (free_list[c] && cached_bytes > limit) {
+      block *k = free_list[c];
+      free_list[c] = k->next;
+      cached_bytes -= nbi_buffer_class_bytes(k->b.nbytes);
+      block_free(k);
+    }
+}
+
+nbi_buffer *nbi_buffer_alloc(size_t nbytes) {
+  size_t bytes;
+  int c = size_class(nbytes, &bytes);
+  block *k = NULL;
+  pthread_mutex_lock(&lock);
+  configure();
+  n_requests++;
+  if (c >= 0 && free_list[c]) {
+    k = free_list[c];
+    free_list[c] = k->next;
+    cached_bytes -= bytes;
+    n_hits++;
+  } else if (bytes) {
+    k = malloc(sizeof *k);
+    void *data = k ? nbi_cpu_backend.alloc(bytes) : NULL;
+    if (!data) {
+      free(k);
+      k = NULL;
+    } else {
+      k->b.data = data;
+    }
+  }
+  if (k) nbi_stats_alloc(nbytes);
+  pthread_mutex_unlock(&lock);
+  if (!k) {
+    nbi_error(NB_ERR_OOM, "nabla: out of memory allocating %zu bytes", nbytes);
+    return NULL;
+  }
+  k->b.refcount = 1;
+  k->b.device = 0;
+  k->b.nbytes = nbytes;
+  k->next = NULL;
+  UNPOISON(k->b.data, nbytes);
+  POISON((char *)k->b.data + nbytes, bytes - nbytes);
+#ifdef NBI_ASAN
+  memset(k->b.data, 0xff, nbytes);
+#endif
+  return &k->b;
+}
+
+void nbi_buffer_retain(nbi_buffer *b) {
+  if (b) b->refcount++;
+}
+
+void nbi_buffer_release(nbi_buffer *b) {
+  if (!b || --b->refcount > 0) return;
+  block *k = (block *)b;
+  size_t bytes;
+  int c = size_class(b->nbytes, &bytes);
+  pthread_mutex_lock(&lock);
+  nbi_stats_free(b->nbytes);
+  bool keep = !closed && c >= 0 && bytes <= cap_bytes - cached_bytes;
+  if (keep) {
+    POISON(b->data, bytes);
+    k->next = free_list[c];
+    free_list[c] = k;
+    cached_bytes += bytes;
+  } else {
+    block_free(k);
+  }
+  pthread_mutex_unlock(&lock);
+}
+
+void nbi_buffer_cache_trim(void) {
+  pthread_mutex_lock(&lock);
+  evict_to(0);
+  pthread_mutex_unlock(&lock);
+}
+
+size_t nbi_buffer_cache_set_cap(size_t cap) {
+  pthread_mutex_lock(&lock);
+  configure();
+  size_t old = cap_bytes;
+  cap_bytes = cap;
+  evict_to(cap);
+  pthread_mutex_unlock(&lock);
+  return old;
+}
+
+void nbi_buffer_cache_stats(nb_stats *s) {
+  pthread_mutex_lock(&lock);
+  s->buffer_allocs = n_requests;
+  s->buffer_cache_hits = n_hits;
+  s->cached_bytes = cached_bytes;
+  pthread_mutex_unlock(&lock);
+}
+
+void nbi_buffer_cache_reset_stats(void) {
+  pthread_mutex_lock(&lock);
+  n_requests = n_hits = 0;
+  pthread_mutex_unlock(&lock);
+}
+
+/* At exit: hand every cached block back, so leak checkers see none, and free
+ * whatever is released later (other destructors) directly. */
+__attribute__((destructor)) static void buffer_cache_cleanup(void) {
+  pthread_mutex_lock(&lock);
+  evict_to(0);
+  closed = true;
+  pthread_mutex_unlock(&lock);
+}
