@@ -87,9 +87,24 @@ $(BUILD)/bench/%: bench/%.c bench/bench_common.h $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS)
 
+# Runs every C bench and, when bench/peers/.venv exists (bench/peers/setup.sh makes
+# it), the PyTorch and JAX scripts, collecting their JSON lines in
+# $(BUILD)/bench/results.jsonl; then bench/report.py prints nabla vs the peers.
+PEERS_PY := bench/peers/.venv/bin/python
 bench: deps
 	@$(MAKE) --no-print-directory $(BENCHES)
-	@for b in $(BENCHES); do OPENBLAS_CORETYPE=SkylakeX $$b || exit 1; done
+	@out=$(BUILD)/bench/results.jsonl; log=$(BUILD)/bench/last.txt; : > $$out; \
+	for b in $(BENCHES); do \
+	  OPENBLAS_CORETYPE=SkylakeX $$b > $$log || { cat $$log; exit 1; }; \
+	  cat $$log; cat $$log >> $$out; \
+	done; \
+	if [ -x $(PEERS_PY) ]; then \
+	  for s in torch_bench jax_bench; do \
+	    OPENBLAS_CORETYPE=SkylakeX $(PEERS_PY) bench/peers/$$s.py > $$log || { cat $$log; exit 1; }; \
+	    cat $$log; cat $$log >> $$out; \
+	  done; \
+	  $(PEERS_PY) bench/report.py $$out; \
+	else echo "bench: no bench/peers/.venv (run bench/peers/setup.sh): PyTorch and JAX skipped"; fi
 
 bench-smoke: deps
 	@$(MAKE) --no-print-directory $(BENCHES)
