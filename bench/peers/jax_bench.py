@@ -8,13 +8,14 @@ call compiles). One JSON line per case on stdout.
 
   python jax_bench.py [--smoke]
 """
-import json
 import os
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import emit, time_steps  # noqa: E402
 
 LR = 0.01
 
@@ -133,22 +134,17 @@ def main():
             warmup, steps = 1, 3
         key, k = jax.random.split(key)
         ps, data, step_fn, update = build(k)
-        times = []
-        for step in range(-warmup, steps):
-            t0 = time.perf_counter()
-            loss, out = step_fn(ps, *data)
-            jax.block_until_ready(out)
-            value = float(loss)
-            if update:
-                ps = out
-            dt = time.perf_counter() - t0
-            if step >= 0:
-                times.append(dt)
-        times.sort()
-        print(json.dumps({"case": name, "impl": "jax", "steps": steps,
-                          "median_s": times[len(times) // 2], "final_loss": value,
-                          "setup": setup}), flush=True)
+        state = {"ps": ps}
 
+        def step():
+            loss, out = step_fn(state["ps"], *data)
+            jax.block_until_ready(out)
+            if update:
+                state["ps"] = out
+            return float(loss)
+
+        median, value = time_steps(step, warmup, steps)
+        emit(name, "jax", steps, median, value, setup)
 
 if __name__ == "__main__":
     main()

@@ -14,16 +14,17 @@ as nabla's benches do. One JSON line per case on stdout.
 
   python torch_bench.py [--smoke]
 """
-import json
 import os
 import sys
-import time
 
 # Debian's torch uses OpenBLAS, which must pick its kernels before it is loaded.
 os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import emit, time_steps  # noqa: E402
 
 THREADS = 2
 LR = 0.01
@@ -128,23 +129,17 @@ def main():
             warmup, steps = 1, 3
         ps, loss_fn, update = build()
         opt = torch.optim.SGD(ps, lr=LR, foreach=True)
-        times = []
-        for step in range(-warmup, steps):
-            t0 = time.perf_counter()
+
+        def step():
             opt.zero_grad(set_to_none=True)
             loss = loss_fn()
             loss.backward()
             if update:
                 opt.step()
-            value = loss.item()
-            dt = time.perf_counter() - t0
-            if step >= 0:
-                times.append(dt)
-        times.sort()
-        print(json.dumps({"case": name, "impl": "pytorch", "steps": steps,
-                          "median_s": times[len(times) // 2], "final_loss": value,
-                          "setup": setup}), flush=True)
+            return loss.item()
 
+        median, value = time_steps(step, warmup, steps)
+        emit(name, "pytorch", steps, median, value, setup)
 
 if __name__ == "__main__":
     main()

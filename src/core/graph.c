@@ -255,41 +255,37 @@ void nbi_set_fusion(bool on) { fusion = on; }
 
 /* Groups consecutive fusible steps of one shape and dtype (nbi.h, "fusion"),
  * at most NBI_FUSE_MAX members and NBI_FUSE_MAX distinct outside operands. */
+/* Adds t's inputs that are not members [first, i) nor already listed to ext;
+ * returns the new count. */
+static int group_operands(const nb_tensor *t, int first, int i, const nb_tensor **ext, int n) {
+  for (int k = 0; k < t->n_in; k++) {
+    const nb_tensor *x = t->in[k];
+    bool known = x->mark >= first && x->mark < i;
+    for (int e = 0; e < n && !known; e++)
+      known = ext[e] == x;
+    if (!known) ext[n++] = x;
+  }
+  return n;
+}
+
 static void plan_groups(const graph *g, const bool *held, int *group, bool *store) {
   const nb_tensor *ext[NBI_FUSE_MAX + 3];
   int first = -1, n_ext = 0;
   for (int i = 0; i < g->n; i++) {
     const nb_tensor *t = g->nodes[i], *f = first >= 0 ? g->nodes[first] : NULL;
     bool fuse = nbi_fusion_enabled() && nbi_cpu_elementwise_fusible(t);
-    int add = 0;
-    const nb_tensor *new_ext[3];
     if (fuse && f && t->dtype == f->dtype && nbi_shape_eq(&t->shape, &f->shape) &&
         i - first < NBI_FUSE_MAX) {
-      for (int k = 0; k < t->n_in; k++) {
-        const nb_tensor *x = t->in[k];
-        bool known = x->mark >= first && x->mark < i;
-        for (int e = 0; e < n_ext && !known; e++)
-          known = ext[e] == x;
-        for (int e = 0; e < add && !known; e++)
-          known = new_ext[e] == x;
-        if (!known) new_ext[add++] = x;
-      }
-      if (n_ext + add <= NBI_FUSE_MAX && (i - first + 1) + n_ext + add <= 16) {
-        for (int e = 0; e < add; e++)
-          ext[n_ext++] = new_ext[e];
+      int n = group_operands(t, first, i, ext, n_ext);
+      if (n <= NBI_FUSE_MAX && (i - first + 1) + n <= NBI_FUSE_OPERANDS) {
+        n_ext = n;
         group[i] = first;
         continue;
       }
     }
     group[i] = i; /* starts a group (or stays alone) */
     first = fuse ? i : -1;
-    n_ext = 0;
-    for (int k = 0; fuse && k < t->n_in; k++) {
-      bool known = false;
-      for (int e = 0; e < n_ext; e++)
-        known |= ext[e] == t->in[k];
-      if (!known) ext[n_ext++] = t->in[k];
-    }
+    n_ext = fuse ? group_operands(t, i, i, ext, 0) : 0;
   }
   for (int i = 0; i < g->n; i++)
     store[i] = held[i];

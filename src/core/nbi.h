@@ -419,7 +419,8 @@ nb_status nbi_program_run(const char *fn, const nbi_program *p, nb_tensor *const
  * The planner (graph.c) runs consecutive elementwise nodes of one float dtype
  * and one shape as one group: one pass over memory, values used only inside
  * the group never materialized. */
-#define NBI_FUSE_MAX 12 /* members of a group; also its outside operands */
+#define NBI_FUSE_MAX 12      /* members of a group; also its outside operands */
+#define NBI_FUSE_OPERANDS 16 /* stored members + outside operands (one row iterator) */
 /* On unless the environment sets NABLA_NO_FUSION=1; tests compare both. */
 bool nbi_fusion_enabled(void);
 void nbi_set_fusion(bool on);

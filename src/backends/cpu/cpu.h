@@ -17,7 +17,7 @@
  *     ... element j of op k is at off[k] + j * it.strides[k][it.ndim - 1]
  *   }
  */
-#define NBI_ITER_MAX_OPS 16
+#define NBI_ITER_MAX_OPS NBI_FUSE_OPERANDS
 typedef struct nbi_iter {
   int ndim; /* >= 1 */
   int n_ops;

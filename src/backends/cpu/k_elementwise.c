@@ -632,7 +632,6 @@ typedef struct fused_plan {
 } fused_plan;
 
 static void fused_chunk(const fused_plan *fp, char *const *ptr, const int64_t *s, int64_t n) {
-  size_t es = fp->dom == DOM_F32 ? 4 : 8;
   _Alignas(64) char val[NBI_FUSE_MAX][FUSE_CHUNK * 8];
   _Alignas(64) char tmp[3][FUSE_CHUNK * 8];
   const void *mv[NBI_FUSE_MAX]; /* each member's values, contiguous */
@@ -668,7 +667,6 @@ static void fused_chunk(const fused_plan *fp, char *const *ptr, const int64_t *s
       binary_rows[fp->dom][t->op](o, p[0], ps[0], p[1], ps[1], n);
     mv[k] = o;
   }
-  (void)es;
 }
 
 nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *store,
