@@ -242,62 +242,6 @@ static void graph_hash(const graph *g, const int *uses, const bool *held, hasher
 }
 
 /* last[i]: the step after which node i's buffer is dead (or -1 if held/root). */
-/* Fusion on/off: on unless NABLA_NO_FUSION=1 (tests compare both). */
-static int fusion = -1;
-bool nbi_fusion_enabled(void) {
-  if (fusion < 0) {
-    const char *e = getenv("NABLA_NO_FUSION");
-    fusion = !(e && e[0] == '1');
-  }
-  return fusion;
-}
-void nbi_set_fusion(bool on) { fusion = on; }
-
-/* Groups consecutive fusible steps of one shape and dtype (nbi.h, "fusion"),
- * at most NBI_FUSE_MAX members and NBI_FUSE_MAX distinct outside operands. */
-/* Adds t's inputs that are not members [first, i) nor already listed to ext;
- * returns the new count. */
-static int group_operands(const nb_tensor *t, int first, int i, const nb_tensor **ext, int n) {
-  for (int k = 0; k < t->n_in; k++) {
-    const nb_tensor *x = t->in[k];
-    bool known = x->mark >= first && x->mark < i;
-    for (int e = 0; e < n && !known; e++)
-      known = ext[e] == x;
-    if (!known) ext[n++] = x;
-  }
-  return n;
-}
-
-static void plan_groups(const graph *g, const bool *held, int *group, bool *store) {
-  const nb_tensor *ext[NBI_FUSE_MAX + 3];
-  int first = -1, n_ext = 0;
-  for (int i = 0; i < g->n; i++) {
-    const nb_tensor *t = g->nodes[i], *f = first >= 0 ? g->nodes[first] : NULL;
-    bool fuse = nbi_fusion_enabled() && nbi_cpu_elementwise_fusible(t);
-    if (fuse && f && t->dtype == f->dtype && nbi_shape_eq(&t->shape, &f->shape) &&
-        i - first < NBI_FUSE_MAX) {
-      int n = group_operands(t, first, i, ext, n_ext);
-      if (n <= NBI_FUSE_MAX && (i - first + 1) + n <= NBI_FUSE_OPERANDS) {
-        n_ext = n;
-        group[i] = first;
-        continue;
-      }
-    }
-    group[i] = i; /* starts a group (or stays alone) */
-    first = fuse ? i : -1;
-    n_ext = fuse ? group_operands(t, i, i, ext, 0) : 0;
-  }
-  for (int i = 0; i < g->n; i++)
-    store[i] = held[i];
-  for (int i = 0; i < g->n; i++) {
-    const nb_tensor *t = g->nodes[i];
-    for (int k = 0; k < t->n_in; k++) {
-      int c = t->in[k]->mark;
-      if (c >= 0 && group[c] != group[i]) store[c] = true;
-    }
-  }
-}
-
 /* The step that runs step i: its group's last member. */
 static int group_end(const plan *p, int n, int i) {
   int f = p->group[i];
@@ -320,7 +264,7 @@ static plan *plan_build(const graph *g, const bool *held, uint64_t h1, uint64_t 
   p->group = malloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
   p->store = malloc(sizeof(bool) * (size_t)(g->n ? g->n : 1));
   if (!last || !count || !p->group || !p->store) goto oom;
-  plan_groups(g, held, p->group, p->store);
+  nbi_fuse_plan(g->nodes, g->n, held, p->group, p->store);
   for (int i = 0; i < g->n; i++)
     last[i] = -1;
   for (int i = 0, end = -1; i < g->n; i++) {
@@ -391,37 +335,6 @@ static nb_status run_node(nb_tensor *t) {
   return NB_OK;
 }
 
-/* Runs steps first..end as one fused kernel: buffers only for the members whose
- * value is needed outside the group. */
-static nb_status run_group(const graph *g, const plan *p, int first, int end) {
-  int m = end - first + 1;
-  nb_tensor *const *nodes = g->nodes + first;
-  nbi_view out[NBI_FUSE_MAX];
-  nb_status st = NB_OK;
-  for (int k = 0; k < m && !st; k++) {
-    if (!p->store[first + k]) continue;
-    nb_tensor *t = nodes[k];
-    nbi_buffer *b = nbi_buffer_alloc((size_t)nbi_numel(&t->shape) * nb_dtype_size(t->dtype));
-    if (!b) {
-      st = NB_ERR_OOM;
-      break;
-    }
-    t->shard0.buf = b;
-    t->shard0.offset = 0;
-    nbi_contig_strides(&t->shape, t->shard0.strides);
-    out[k] = nbi_tensor_view(t);
-  }
-  if (!st) st = nbi_cpu_elementwise_fused(nodes, m, p->store + first, out);
-  if (st)
-    for (int k = 0; k < m; k++) {
-      nbi_buffer_release(nodes[k]->shard0.buf);
-      nodes[k]->shard0.buf = NULL;
-    }
-  else
-    nbi_stats_kernel();
-  return st;
-}
-
 /* Depth of realizations running on this thread: a kernel may realize a nested
  * graph (control flow, checkpoint); only the outermost adds to the timers. */
 static _Thread_local int depth;
@@ -476,7 +389,7 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
     if (i + 1 < g.n && p->group[i + 1] == p->group[i])
       ; /* a member of a fused group that runs at its last step */
     else if (p->group[i] != i)
-      st = run_group(&g, p, p->group[i], i);
+      st = nbi_fuse_run(g.nodes + p->group[i], i - p->group[i] + 1, p->store + p->group[i]);
     else
       st = run_node(g.nodes[i]);
     for (int f = p->free_start[i]; f < p->free_start[i + 1]; f++) {

@@ -424,6 +424,15 @@ nb_status nbi_program_run(const char *fn, const nbi_program *p, nb_tensor *const
 /* On unless the environment sets NABLA_NO_FUSION=1; tests compare both. */
 bool nbi_fusion_enabled(void);
 void nbi_set_fusion(bool on);
+/* src/core/fuse.c. nodes[0..n-1]: a realization's pending nodes in topological
+ * order, each node's mark = its index (inputs with mark < 0 are leaves);
+ * held[i]: node i's value must be kept after the realization. Writes group[i]
+ * (first step of i's group; groups are runs of consecutive steps that run as
+ * one kernel at their last step) and store[i] (i's value needs a buffer). */
+void nbi_fuse_plan(nb_tensor *const *nodes, int n, const bool *held, int *group, bool *store);
+/* Runs the group nodes[0..m-1] (m >= 2): allocates buffers of the stored
+ * members, runs the fused kernel; on failure no member keeps a buffer. */
+nb_status nbi_fuse_run(nb_tensor *const *nodes, int m, const bool *store);
 bool nbi_cpu_elementwise_fusible(const nb_tensor *n);
 /* nodes[0..m-1] in topological order; out[k] is member k's buffer view where
  * store[k] (its value is needed outside the group), else unused. */
