@@ -23,8 +23,11 @@ OPT := -O3 -g
 LDSAN :=
 endif
 
+# -ffp-contract=off -fno-trapping-math -fno-math-errno: kernels compile once per
+# ISA and must give the same bits on each (no FMA contraction); gcc vectorizes
+# float selects and sqrt only without trapping math and errno (src/backends/cpu/vmath.h).
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) -fPIC -fopenmp -Wall -Wextra -Werror \
-  -Wno-unknown-pragmas -Iinclude $(CFLAGS)
+  -Wno-unknown-pragmas -ffp-contract=off -fno-trapping-math -fno-math-errno -Iinclude $(CFLAGS)
 LIBS := -ldnnl -lopenblas -lm
 LDFLAGS_ALL := -fopenmp $(LDSAN) $(LDFLAGS)
 

@@ -30,16 +30,22 @@ const nbi_backend nbi_cpu_backend = {
 
 /* Flush-to-zero and denormals-are-zero: denormals cost ~100x per operation on
  * this hardware and carry no useful precision for learning. Set in the calling
- * thread and in every OpenMP worker (the pool persists, so once is enough). */
-static void set_ftz_daz(void) { _mm_setcsr(_mm_getcsr() | 0x8040); }
+ * thread (checked at every realization: cheap, and code between two may clear
+ * it) and in every OpenMP worker of its pool: again whenever the team size
+ * changed, since libgomp starts fresh workers when a team grows (and ends
+ * surplus ones when it shrinks). OpenBLAS's own threads (f64 GEMM) are not
+ * ours to set. */
+enum { FTZ_DAZ = 0x8040 };
+static void set_ftz_daz(void) { _mm_setcsr(_mm_getcsr() | FTZ_DAZ); }
 
-static _Thread_local bool cpu_ready;
+static _Thread_local int ftz_team; /* team size the workers were set for */
 
 void nbi_cpu_init(void) {
-  if (cpu_ready) return;
-  cpu_ready = true;
-  set_ftz_daz();
+  if ((_mm_getcsr() & FTZ_DAZ) != FTZ_DAZ) set_ftz_daz();
 #ifdef _OPENMP
+  int team = omp_get_max_threads();
+  if (team == ftz_team) return;
+  ftz_team = team;
 #pragma omp parallel
   set_ftz_daz();
 #endif

@@ -19,6 +19,8 @@
 
 #include <math.h>
 
+#include "vmath.h"
+
 /* ---- domains and conversions ---------------------------------------------------- */
 typedef enum domain { DOM_F32, DOM_F64, DOM_I64, DOM_COUNT } domain;
 
@@ -227,86 +229,104 @@ static inline float floor_modf(float a, float b) {
   return (r < 0) != (b < 0) ? r + b : r;
 }
 
+/* The double counterparts of vmath.h's functions: libm. */
+static inline double dm_exp(double x) { return exp(x); }
+static inline double dm_expm1(double x) { return expm1(x); }
+static inline double dm_log(double x) { return log(x); }
+static inline double dm_log1p(double x) { return log1p(x); }
+static inline double dm_tanh(double x) { return tanh(x); }
+static inline double dm_erf(double x) { return erf(x); }
+static inline double dm_sigmoid(double x) { return 1 / (1 + exp(-x)); }
+static inline double dm_silu(double x) { return x / (1 + exp(-x)); }
+/* x Phi(x), no cancellation for x << 0 */
+static inline double dm_gelu(double x) { return 0.5 * x * erfc(-x * M_SQRT1_2); }
+static inline double dm_softplus(double x) { return (x > 0 ? x : 0) + log1p(exp(-fabs(x))); }
+
 /* ---- the op lists: one expression per op and domain ------------------------------ */
 /* clang-format off */
-/* Float domains: x (unary) or a, b (binary) have type T; FN(f) is libm's f for T. */
-#define EW_UNARY_FLOAT(X)                                                                          \
-  X(NEG, -x)                                                                                       \
-  X(ABS, FN(fabs)(x))                                                                              \
-  X(SIGN, x > 0 ? (T)1 : x < 0 ? (T)-1 : x) /* keeps +-0 and NaN */                                \
-  X(EXP, FN(exp)(x))                                                                               \
-  X(EXPM1, FN(expm1)(x))                                                                           \
-  X(LOG, FN(log)(x))                                                                               \
-  X(LOG1P, FN(log1p)(x))                                                                           \
-  X(SQRT, FN(sqrt)(x))                                                                             \
-  X(RSQRT, (T)1 / FN(sqrt)(x))                                                                     \
-  X(SQUARE, x * x)                                                                                 \
-  X(SIN, FN(sin)(x))                                                                               \
-  X(COS, FN(cos)(x))                                                                               \
-  X(TAN, FN(tan)(x))                                                                               \
-  X(TANH, FN(tanh)(x))                                                                             \
-  X(SIGMOID, (T)1 / ((T)1 + FN(exp)(-x)))                                                          \
-  X(RELU, x < 0 ? (T)0 : x)                         /* NaN passes through */                       \
-  X(GELU, (T)0.5 * x * FN(erfc)(-x * (T)M_SQRT1_2)) /* x Phi(x), no cancellation for x << 0 */     \
-  X(SILU, x / ((T)1 + FN(exp)(-x)))                                                                \
-  X(SOFTPLUS, (x > 0 ? x : (T)0) + FN(log1p)(FN(exp)(-FN(fabs)(x))))                               \
-  X(ERF, FN(erf)(x))                                                                               \
-  X(FLOOR, FN(floor)(x))                                                                           \
-  X(CEIL, FN(ceil)(x))                                                                             \
-  X(ROUND, FN(nearbyint)(x)) /* default rounding mode: half to even */                             \
-  X(RECIPROCAL, (T)1 / x)
+/* Float domains: x (unary) or a, b (binary) have type T; FN(f) is libm's f for T;
+ * VM(f) is vmath.h's vectorizable vm_<f>f for float, libm's f (dm_<f> below) for
+ * double. Every list takes S, the ISA suffix its row functions are compiled for. */
+#define EW_UNARY_FLOAT(X, S)                                                                       \
+  X(S, NEG, -x)                                                                                    \
+  X(S, ABS, FN(fabs)(x))                                                                           \
+  X(S, SIGN, x > 0 ? (T)1 : x < 0 ? (T)-1 : x) /* keeps +-0 and NaN */                             \
+  X(S, EXP, VM(exp)(x))                                                                            \
+  X(S, EXPM1, VM(expm1)(x))                                                                        \
+  X(S, LOG, VM(log)(x))                                                                            \
+  X(S, LOG1P, VM(log1p)(x))                                                                        \
+  X(S, SQRT, FN(sqrt)(x))                                                                          \
+  X(S, RSQRT, (T)1 / FN(sqrt)(x))                                                                  \
+  X(S, SQUARE, x * x)                                                                              \
+  X(S, SIN, FN(sin)(x))                                                                            \
+  X(S, COS, FN(cos)(x))                                                                            \
+  X(S, TAN, FN(tan)(x))                                                                            \
+  X(S, TANH, VM(tanh)(x))                                                                          \
+  X(S, SIGMOID, VM(sigmoid)(x))                                                                    \
+  X(S, RELU, x < 0 ? (T)0 : x)                         /* NaN passes through */                    \
+  X(S, GELU, VM(gelu)(x))                                                                          \
+  X(S, SILU, VM(silu)(x))                                                                          \
+  X(S, SOFTPLUS, VM(softplus)(x))                                                                  \
+  X(S, ERF, VM(erf)(x))                                                                            \
+  X(S, FLOOR, FN(floor)(x))                                                                        \
+  X(S, CEIL, FN(ceil)(x))                                                                          \
+  X(S, ROUND, FN(nearbyint)(x)) /* default rounding mode: half to even */                          \
+  X(S, RECIPROCAL, (T)1 / x)
 
-#define EW_BINARY_FLOAT(X)                                                                         \
-  X(ADD, a + b)                                                                                    \
-  X(SUB, a - b)                                                                                    \
-  X(MUL, a * b)                                                                                    \
-  X(DIV, a / b)                                                                                    \
-  X(POW, FN(pow)(a, b))                                                                            \
-  X(MAXIMUM, (a > b || a != a) ? a : b) /* NaN in either propagates */                             \
-  X(MINIMUM, (a < b || a != a) ? a : b)                                                            \
-  X(ATAN2, FN(atan2)(a, b))                                                                        \
-  X(MOD, FN(floor_mod)(a, b))
+#define EW_BINARY_FLOAT(X, S)                                                                      \
+  X(S, ADD, a + b)                                                                                 \
+  X(S, SUB, a - b)                                                                                 \
+  X(S, MUL, a * b)                                                                                 \
+  X(S, DIV, a / b)                                                                                 \
+  X(S, POW, FN(pow)(a, b))                                                                         \
+  X(S, MAXIMUM, (a > b || a != a) ? a : b) /* NaN in either propagates */                          \
+  X(S, MINIMUM, (a < b || a != a) ? a : b)                                                         \
+  X(S, ATAN2, FN(atan2)(a, b))                                                                     \
+  X(S, MOD, FN(floor_mod)(a, b))
 
 /* int64 domain (i32, i64 and bool; the store wraps to i32 or tests != 0 for
  * bool, so add/mul/maximum/minimum on bool act as or/and/or/and). Ops missing
  * here are float-only: the op layer gives them an f32 compute dtype. */
-#define EW_UNARY_INT(X)                                                                            \
-  X(NEG, wrap_sub(0, x))                                                                           \
-  X(ABS, x < 0 ? wrap_sub(0, x) : x)                                                               \
-  X(SIGN, (int64_t)((x > 0) - (x < 0)))                                                            \
-  X(SQUARE, wrap_mul(x, x))                                                                        \
-  X(RELU, x < 0 ? 0 : x)                                                                           \
-  X(FLOOR, x)                                                                                      \
-  X(CEIL, x)                                                                                       \
-  X(ROUND, x)
+#define EW_UNARY_INT(X, S)                                                                         \
+  X(S, NEG, wrap_sub(0, x))                                                                        \
+  X(S, ABS, x < 0 ? wrap_sub(0, x) : x)                                                            \
+  X(S, SIGN, (int64_t)((x > 0) - (x < 0)))                                                         \
+  X(S, SQUARE, wrap_mul(x, x))                                                                     \
+  X(S, RELU, x < 0 ? 0 : x)                                                                        \
+  X(S, FLOOR, x)                                                                                   \
+  X(S, CEIL, x)                                                                                    \
+  X(S, ROUND, x)
 
-#define EW_BINARY_INT(X)                                                                           \
-  X(ADD, wrap_add(a, b))                                                                           \
-  X(SUB, wrap_sub(a, b))                                                                           \
-  X(MUL, wrap_mul(a, b))                                                                           \
-  X(POW, int_pow(a, b))                                                                            \
-  X(MAXIMUM, a > b ? a : b)                                                                        \
-  X(MINIMUM, a < b ? a : b)                                                                        \
-  X(MOD, int_mod(a, b))
+#define EW_BINARY_INT(X, S)                                                                        \
+  X(S, ADD, wrap_add(a, b))                                                                        \
+  X(S, SUB, wrap_sub(a, b))                                                                        \
+  X(S, MUL, wrap_mul(a, b))                                                                        \
+  X(S, POW, int_pow(a, b))                                                                         \
+  X(S, MAXIMUM, a > b ? a : b)                                                                     \
+  X(S, MINIMUM, a < b ? a : b)                                                                     \
+  X(S, MOD, int_mod(a, b))
 
 /* Predicates, every domain: the result is written as bool (0 or 1). */
-#define EW_UNARY_PRED(X) X(LOGICAL_NOT, x == 0)
+#define EW_UNARY_PRED(X, S) X(S, LOGICAL_NOT, x == 0)
 
-#define EW_BINARY_PRED(X)                                                                          \
-  X(EQ, a == b)                                                                                    \
-  X(NE, a != b)                                                                                    \
-  X(LT, a < b)                                                                                     \
-  X(LE, a <= b)                                                                                    \
-  X(GT, a > b)                                                                                     \
-  X(GE, a >= b)                                                                                    \
-  X(LOGICAL_AND, a != 0 && b != 0)                                                                 \
-  X(LOGICAL_OR, a != 0 || b != 0)
+#define EW_BINARY_PRED(X, S)                                                                       \
+  X(S, EQ, a == b)                                                                                 \
+  X(S, NE, a != b)                                                                                 \
+  X(S, LT, a < b)                                                                                  \
+  X(S, LE, a <= b)                                                                                 \
+  X(S, GT, a > b)                                                                                  \
+  X(S, GE, a >= b)                                                                                 \
+  X(S, LOGICAL_AND, a != 0 && b != 0)                                                              \
+  X(S, LOGICAL_OR, a != 0 || b != 0)
 /* clang-format on */
 
 /* ---- row functions ----------------------------------------------------------------- */
 /* Operands are unit-stride (s = 1) or one broadcast value (s = 0); o is
  * contiguous; n elements. The stride cases are separate loops so each one
- * vectorizes. */
+ * vectorizes. Every row function is compiled once per ISA (suffix S: portable,
+ * avx2, avx512; NBI_FOR_ISAS) and the tables below pick the active ISA's. The
+ * same operations run in every variant (no FMA contraction), so results do not
+ * depend on the ISA. */
 typedef void (*unary_row)(void *restrict o, const void *restrict a, int64_t sa, int64_t n);
 typedef void (*binary_row)(void *restrict o, const void *restrict a, int64_t sa,
                            const void *restrict b, int64_t sb, int64_t n);
@@ -314,8 +334,9 @@ typedef void (*where_row)(void *restrict o, const uint8_t *restrict c, int64_t s
                           const void *restrict a, int64_t sa, const void *restrict b, int64_t sb,
                           int64_t n);
 
-#define DEF_UNARY(NAME, TO, TI, EXPR)                                                              \
-  static void NAME(void *restrict ov, const void *restrict av, int64_t sa, int64_t n) {            \
+#define DEF_UNARY(NAME, S, TO, TI, EXPR)                                                           \
+  NBI_ISA_ATTR_##S static void NAME(void *restrict ov, const void *restrict av, int64_t sa,        \
+                                    int64_t n) {                                                   \
     TO *restrict o = ov;                                                                           \
     const TI *restrict pa = av;                                                                    \
     if (sa == 0) {                                                                                 \
@@ -331,9 +352,9 @@ typedef void (*where_row)(void *restrict o, const uint8_t *restrict c, int64_t s
     }                                                                                              \
   }
 
-#define DEF_BINARY(NAME, TO, TI, EXPR)                                                             \
-  static void NAME(void *restrict ov, const void *restrict av, int64_t sa,                         \
-                   const void *restrict bv, int64_t sb, int64_t n) {                               \
+#define DEF_BINARY(NAME, S, TO, TI, EXPR)                                                          \
+  NBI_ISA_ATTR_##S static void NAME(void *restrict ov, const void *restrict av, int64_t sa,        \
+                                    const void *restrict bv, int64_t sb, int64_t n) {              \
     TO *restrict o = ov;                                                                           \
     const TI *restrict pa = av, *restrict pb = bv;                                                 \
     if (sa && sb) {                                                                                \
@@ -361,10 +382,10 @@ typedef void (*where_row)(void *restrict o, const uint8_t *restrict c, int64_t s
     }                                                                                              \
   }
 
-#define DEF_WHERE(NAME, T)                                                                         \
-  static void NAME(void *restrict ov, const uint8_t *restrict c, int64_t sc,                       \
-                   const void *restrict av, int64_t sa, const void *restrict bv, int64_t sb,       \
-                   int64_t n) {                                                                    \
+#define DEF_WHERE(NAME, S, T)                                                                      \
+  NBI_ISA_ATTR_##S static void NAME(void *restrict ov, const uint8_t *restrict c, int64_t sc,      \
+                                    const void *restrict av, int64_t sa, const void *restrict bv,  \
+                                    int64_t sb, int64_t n) {                                       \
     T *restrict o = ov;                                                                            \
     const T *restrict a = av, *restrict b = bv;                                                    \
     for (int64_t j = 0; j < n; j++)                                                                \
@@ -374,78 +395,104 @@ typedef void (*where_row)(void *restrict o, const uint8_t *restrict c, int64_t s
 /* float */
 #define T float
 #define FN(name) name##f
-#define UN(ID, EXPR) DEF_UNARY(un_##ID##_f32, float, float, EXPR)
-#define BIN(ID, EXPR) DEF_BINARY(bin_##ID##_f32, float, float, EXPR)
-#define UNP(ID, EXPR) DEF_UNARY(un_##ID##_f32, uint8_t, float, EXPR)
-#define BINP(ID, EXPR) DEF_BINARY(bin_##ID##_f32, uint8_t, float, EXPR)
-EW_UNARY_FLOAT(UN)
-EW_BINARY_FLOAT(BIN)
-EW_UNARY_PRED(UNP)
-EW_BINARY_PRED(BINP)
-DEF_WHERE(where_f32, float)
+#define VM(name) vm_##name##f
+#define UN(S, ID, EXPR) DEF_UNARY(un_##ID##_f32_##S, S, float, float, EXPR)
+#define BIN(S, ID, EXPR) DEF_BINARY(bin_##ID##_f32_##S, S, float, float, EXPR)
+#define UNP(S, ID, EXPR) DEF_UNARY(un_##ID##_f32_##S, S, uint8_t, float, EXPR)
+#define BINP(S, ID, EXPR) DEF_BINARY(bin_##ID##_f32_##S, S, uint8_t, float, EXPR)
+#define ROWS(S, ISA)                                                                               \
+  EW_UNARY_FLOAT(UN, S)                                                                            \
+  EW_BINARY_FLOAT(BIN, S)                                                                          \
+  EW_UNARY_PRED(UNP, S)                                                                            \
+  EW_BINARY_PRED(BINP, S)                                                                          \
+  DEF_WHERE(where_f32_##S, S, float)
+NBI_FOR_ISAS(ROWS)
 #undef T
 #undef FN
+#undef VM
 #undef UN
 #undef BIN
 #undef UNP
 #undef BINP
+#undef ROWS
 
 /* double */
 #define T double
 #define FN(name) name
-#define UN(ID, EXPR) DEF_UNARY(un_##ID##_f64, double, double, EXPR)
-#define BIN(ID, EXPR) DEF_BINARY(bin_##ID##_f64, double, double, EXPR)
-#define UNP(ID, EXPR) DEF_UNARY(un_##ID##_f64, uint8_t, double, EXPR)
-#define BINP(ID, EXPR) DEF_BINARY(bin_##ID##_f64, uint8_t, double, EXPR)
-EW_UNARY_FLOAT(UN)
-EW_BINARY_FLOAT(BIN)
-EW_UNARY_PRED(UNP)
-EW_BINARY_PRED(BINP)
-DEF_WHERE(where_f64, double)
+#define VM(name) dm_##name
+#define UN(S, ID, EXPR) DEF_UNARY(un_##ID##_f64_##S, S, double, double, EXPR)
+#define BIN(S, ID, EXPR) DEF_BINARY(bin_##ID##_f64_##S, S, double, double, EXPR)
+#define UNP(S, ID, EXPR) DEF_UNARY(un_##ID##_f64_##S, S, uint8_t, double, EXPR)
+#define BINP(S, ID, EXPR) DEF_BINARY(bin_##ID##_f64_##S, S, uint8_t, double, EXPR)
+#define ROWS(S, ISA)                                                                               \
+  EW_UNARY_FLOAT(UN, S)                                                                            \
+  EW_BINARY_FLOAT(BIN, S)                                                                          \
+  EW_UNARY_PRED(UNP, S)                                                                            \
+  EW_BINARY_PRED(BINP, S)                                                                          \
+  DEF_WHERE(where_f64_##S, S, double)
+NBI_FOR_ISAS(ROWS)
 #undef T
 #undef FN
+#undef VM
 #undef UN
 #undef BIN
 #undef UNP
 #undef BINP
+#undef ROWS
 
 /* int64 */
-#define UN(ID, EXPR) DEF_UNARY(un_##ID##_i64, int64_t, int64_t, EXPR)
-#define BIN(ID, EXPR) DEF_BINARY(bin_##ID##_i64, int64_t, int64_t, EXPR)
-#define UNP(ID, EXPR) DEF_UNARY(un_##ID##_i64, uint8_t, int64_t, EXPR)
-#define BINP(ID, EXPR) DEF_BINARY(bin_##ID##_i64, uint8_t, int64_t, EXPR)
-EW_UNARY_INT(UN)
-EW_BINARY_INT(BIN)
-EW_UNARY_PRED(UNP)
-EW_BINARY_PRED(BINP)
-DEF_WHERE(where_i64, int64_t)
+#define UN(S, ID, EXPR) DEF_UNARY(un_##ID##_i64_##S, S, int64_t, int64_t, EXPR)
+#define BIN(S, ID, EXPR) DEF_BINARY(bin_##ID##_i64_##S, S, int64_t, int64_t, EXPR)
+#define UNP(S, ID, EXPR) DEF_UNARY(un_##ID##_i64_##S, S, uint8_t, int64_t, EXPR)
+#define BINP(S, ID, EXPR) DEF_BINARY(bin_##ID##_i64_##S, S, uint8_t, int64_t, EXPR)
+#define ROWS(S, ISA)                                                                               \
+  EW_UNARY_INT(UN, S)                                                                              \
+  EW_BINARY_INT(BIN, S)                                                                            \
+  EW_UNARY_PRED(UNP, S)                                                                            \
+  EW_BINARY_PRED(BINP, S)                                                                          \
+  DEF_WHERE(where_i64_##S, S, int64_t)
+NBI_FOR_ISAS(ROWS)
 #undef UN
 #undef BIN
 #undef UNP
 #undef BINP
+#undef ROWS
 
-/* ---- dispatch tables, indexed [domain][op] ----------------------------------------- */
-#define ENTRY_UN_F32(ID, EXPR) [NBI_OP_##ID] = un_##ID##_f32,
-#define ENTRY_UN_F64(ID, EXPR) [NBI_OP_##ID] = un_##ID##_f64,
-#define ENTRY_UN_I64(ID, EXPR) [NBI_OP_##ID] = un_##ID##_i64,
-#define ENTRY_BIN_F32(ID, EXPR) [NBI_OP_##ID] = bin_##ID##_f32,
-#define ENTRY_BIN_F64(ID, EXPR) [NBI_OP_##ID] = bin_##ID##_f64,
-#define ENTRY_BIN_I64(ID, EXPR) [NBI_OP_##ID] = bin_##ID##_i64,
-#define ENTRY_PRED(ID, EXPR) [NBI_OP_##ID] = true,
+/* ---- dispatch tables, indexed [isa] then [domain][op] -------------------------------- */
+#define ENTRY_UN_F32(S, ID, EXPR) [NBI_OP_##ID] = un_##ID##_f32_##S,
+#define ENTRY_UN_F64(S, ID, EXPR) [NBI_OP_##ID] = un_##ID##_f64_##S,
+#define ENTRY_UN_I64(S, ID, EXPR) [NBI_OP_##ID] = un_##ID##_i64_##S,
+#define ENTRY_BIN_F32(S, ID, EXPR) [NBI_OP_##ID] = bin_##ID##_f32_##S,
+#define ENTRY_BIN_F64(S, ID, EXPR) [NBI_OP_##ID] = bin_##ID##_f64_##S,
+#define ENTRY_BIN_I64(S, ID, EXPR) [NBI_OP_##ID] = bin_##ID##_i64_##S,
+#define ENTRY_PRED(S, ID, EXPR) [NBI_OP_##ID] = true,
 
-static const unary_row unary_rows[DOM_COUNT][NBI_OP_COUNT] = {
-    [DOM_F32] = {EW_UNARY_FLOAT(ENTRY_UN_F32) EW_UNARY_PRED(ENTRY_UN_F32)},
-    [DOM_F64] = {EW_UNARY_FLOAT(ENTRY_UN_F64) EW_UNARY_PRED(ENTRY_UN_F64)},
-    [DOM_I64] = {EW_UNARY_INT(ENTRY_UN_I64) EW_UNARY_PRED(ENTRY_UN_I64)},
-};
-static const binary_row binary_rows[DOM_COUNT][NBI_OP_COUNT] = {
-    [DOM_F32] = {EW_BINARY_FLOAT(ENTRY_BIN_F32) EW_BINARY_PRED(ENTRY_BIN_F32)},
-    [DOM_F64] = {EW_BINARY_FLOAT(ENTRY_BIN_F64) EW_BINARY_PRED(ENTRY_BIN_F64)},
-    [DOM_I64] = {EW_BINARY_INT(ENTRY_BIN_I64) EW_BINARY_PRED(ENTRY_BIN_I64)},
-};
-static const where_row where_rows[DOM_COUNT] = {where_f32, where_f64, where_i64};
+typedef struct ew_rows {
+  unary_row un[DOM_COUNT][NBI_OP_COUNT];
+  binary_row bin[DOM_COUNT][NBI_OP_COUNT];
+  where_row where[DOM_COUNT];
+} ew_rows;
+
+#define ROWS_OF(S, ISA)                                                                            \
+  [ISA] = {                                                                                        \
+      .un = {[DOM_F32] = {EW_UNARY_FLOAT(ENTRY_UN_F32, S) EW_UNARY_PRED(ENTRY_UN_F32, S)},         \
+             [DOM_F64] = {EW_UNARY_FLOAT(ENTRY_UN_F64, S) EW_UNARY_PRED(ENTRY_UN_F64, S)},         \
+             [DOM_I64] = {EW_UNARY_INT(ENTRY_UN_I64, S) EW_UNARY_PRED(ENTRY_UN_I64, S)}},          \
+      .bin = {[DOM_F32] = {EW_BINARY_FLOAT(ENTRY_BIN_F32, S) EW_BINARY_PRED(ENTRY_BIN_F32, S)},    \
+              [DOM_F64] = {EW_BINARY_FLOAT(ENTRY_BIN_F64, S) EW_BINARY_PRED(ENTRY_BIN_F64, S)},    \
+              [DOM_I64] = {EW_BINARY_INT(ENTRY_BIN_I64, S) EW_BINARY_PRED(ENTRY_BIN_I64, S)}},     \
+      .where = {where_f32_##S, where_f64_##S, where_i64_##S}},
+static const ew_rows rows_by_isa[NBI_ISA_COUNT] = {NBI_FOR_ISAS(ROWS_OF)};
+#undef ROWS_OF
+
+/* The active ISA's tables, [domain][op] (where_rows: [domain]); looked up at
+ * each use, so nbi_isa_select takes effect at once. */
+#define unary_rows (rows_by_isa[nbi_isa_active()].un)
+#define binary_rows (rows_by_isa[nbi_isa_active()].bin)
+#define where_rows (rows_by_isa[nbi_isa_active()].where)
 /* Ops whose row function writes bool directly. */
-static const bool is_pred[NBI_OP_COUNT] = {EW_UNARY_PRED(ENTRY_PRED) EW_BINARY_PRED(ENTRY_PRED)};
+static const bool is_pred[NBI_OP_COUNT] = {EW_UNARY_PRED(ENTRY_PRED, portable)
+                                               EW_BINARY_PRED(ENTRY_PRED, portable)};
 
 /* ---- driver ---------------------------------------------------------------------------- */
 enum { CHUNK = 512 };
@@ -536,36 +583,57 @@ static void run_chunk(const ew_plan *pl, char *out, const char *const *src, cons
   if (!pl->direct_out) store(pl->dom, out, pl->out_dt, o, n);
 }
 
+/* One kernel's walk: out and the broadcast inputs v, rows of n elements cut
+ * into n_chunks chunks each. */
+typedef struct ew_walk {
+  const ew_plan *pl;
+  nbi_iter it;
+  nbi_view v[3];
+  const nbi_view *out;
+  int64_t n, n_chunks;
+} ew_walk;
+
+/* Unit u of the walk: chunk u % n_chunks of row u / n_chunks. */
+static void run_unit(const ew_walk *w, int64_t u) {
+  const ew_plan *pl = w->pl;
+  int last = w->it.ndim - 1;
+  int64_t r = u / w->n_chunks, j0 = (u % w->n_chunks) * CHUNK;
+  int64_t len = w->n - j0 < CHUNK ? w->n - j0 : CHUNK, off[4], s[3];
+  const char *src[3];
+  nbi_iter_row(&w->it, r, off);
+  for (int k = 0; k < pl->n_in; k++) {
+    s[k] = w->it.strides[k + 1][last];
+    src[k] = w->v[k].data + (off[k + 1] + j0 * s[k]) * (int64_t)nb_dtype_size(w->v[k].dtype);
+  }
+  /* out is contiguous, so its inner stride is 1 */
+  run_chunk(pl, w->out->data + (off[0] + j0) * (int64_t)nb_dtype_size(w->out->dtype), src, s, len);
+}
+
 /* Broadcasts the inputs to out, iterates rows, and runs chunks of rows in
- * parallel when the work is large. */
+ * parallel when the work is large. Small work never enters an OpenMP region
+ * (even one with a false if clause costs about a microsecond). */
 static void run(const ew_plan *pl, nbi_view *out, const nbi_view *in) {
   nb_shape shape = {.ndim = out->ndim};
   memcpy(shape.dims, out->dims, sizeof shape.dims);
-  nbi_view v[3];
+  ew_walk w = {.pl = pl, .out = out};
   const nbi_view *views[4] = {out};
   for (int k = 0; k < pl->n_in; k++) {
-    v[k] = nbi_view_broadcast(&in[k], &shape);
-    views[k + 1] = &v[k];
+    w.v[k] = nbi_view_broadcast(&in[k], &shape);
+    views[k + 1] = &w.v[k];
   }
-  nbi_iter it;
-  nbi_iter_init(&it, pl->n_in + 1, views);
-  int last = it.ndim - 1;
-  int64_t rows = nbi_iter_rows(&it), n = it.dims[last];
-  int64_t n_chunks = (n + CHUNK - 1) / CHUNK, units = rows * n_chunks;
-  size_t out_es = nb_dtype_size(out->dtype);
-#pragma omp parallel for schedule(static) if (rows * n >= NBI_PAR_MIN && units > 1)
-  for (int64_t u = 0; u < units; u++) {
-    int64_t r = u / n_chunks, j0 = (u % n_chunks) * CHUNK;
-    int64_t len = n - j0 < CHUNK ? n - j0 : CHUNK, off[4], s[3];
-    const char *src[3];
-    nbi_iter_row(&it, r, off);
-    for (int k = 0; k < pl->n_in; k++) {
-      s[k] = it.strides[k + 1][last];
-      src[k] = v[k].data + (off[k + 1] + j0 * s[k]) * (int64_t)nb_dtype_size(v[k].dtype);
-    }
-    /* out is contiguous, so its inner stride is 1 */
-    run_chunk(pl, out->data + (off[0] + j0) * (int64_t)out_es, src, s, len);
+  nbi_iter_init(&w.it, pl->n_in + 1, views);
+  int64_t rows = nbi_iter_rows(&w.it);
+  w.n = w.it.dims[w.it.ndim - 1];
+  w.n_chunks = (w.n + CHUNK - 1) / CHUNK;
+  int64_t units = rows * w.n_chunks;
+  if (rows * w.n < NBI_PAR_MIN || units < 2) {
+    for (int64_t u = 0; u < units; u++)
+      run_unit(&w, u);
+    return;
   }
+#pragma omp parallel for schedule(static)
+  for (int64_t u = 0; u < units; u++)
+    run_unit(&w, u);
 }
 
 nb_status nbi_cpu_elementwise(const nb_tensor *n, nbi_view *out, const nbi_view *in) {

@@ -27,6 +27,8 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "vmath.h"
+
 #if defined(__GNUC__) && !defined(__clang__)
 /* Under -ftrapping-math (its default) gcc will not vectorize loops holding
  * float selects, such as exp's range clamp; nothing here reads FP flags. */
@@ -128,28 +130,6 @@ static inline void istep(fold_op op, int64_t *a, int64_t *ix, int64_t x, int64_t
   }
 }
 
-/* e^x for x <= 0 (or NaN), within 1 ulp (Cephes expf); branch-free so loops
- * over it vectorize. Results below FLT_MIN flush to 0, as FTZ does anyway. */
-static inline float exp_nonpos_f32(float x) {
-  const float lo = -87.33654f, magic = 12582912.0f; /* 1.5 * 2^23: rounds to int */
-  float xc = x < lo ? lo : x;
-  float t = xc * 1.44269504088896341f + magic, nf = t - magic;
-  uint32_t tb;
-  memcpy(&tb, &t, 4);
-  uint32_t sb = (tb - 0x4B400000u + 127u) << 23; /* 2^n as float bits */
-  float scale;
-  memcpy(&scale, &sb, 4);
-  float r = xc - nf * 0.693359375f + nf * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  float y = (p * r * r + r + 1.0f) * scale;
-  return x < lo ? 0.0f : y;
-}
-
 /* ---- row and column folds, per float compute type -------------------------------- */
 /* Loops meant to vectorize: sums carry `omp simd` (which allows reassociating
  * them); exp maps carry MAP_SIMD, `omp simd` where exp is inline (f32) and
@@ -164,7 +144,10 @@ static inline float exp_nonpos_f32(float x) {
  *   It compares keys because compilers vectorize an integer max but not a
  *   float one, and tracks the largest |x| bits to detect NaN.
  * sum_exp_T: sum of exp(x[j] - c) over j < n, every x[j] - c <= 0 or NaN; e
- *   (if not NULL) receives the n exponentials.
+ *   (if not NULL) receives the n exponentials. Each block of COL_BLOCK terms is
+ *   summed in 16 lanes of T (lane k takes terms k, k + 16, ...), the lanes
+ *   pairwise, and the blocks in double: the same order on every ISA, and for
+ *   f32 a relative error within 20 units of 2^-24 (terms are positive).
  * fold_row_T: folds x[0..n) (unit stride, n >= 1; x[0] has reduced index i0)
  *   into the single state *acc / *ix; c is the centre of F_SQDEV / F_SUMEXP.
  * fold_rows_T: fold_row_T on `rows` rows back to back, into consecutive states
@@ -205,14 +188,24 @@ static inline float exp_nonpos_f32(float x) {
     memcpy(&r, &u, sizeof r);                                                                      \
     return r;                                                                                      \
   }                                                                                                \
-  static inline double sum_exp_##SUF(const T *restrict x, T c, int64_t n, T *restrict e) {         \
+  static inline __attribute__((always_inline)) double sum_exp_##SUF(const T *restrict x, T c,      \
+                                                                    int64_t n, T *restrict e) {    \
     T buf[COL_BLOCK];                                                                              \
     double s = 0;                                                                                  \
     for (int64_t j0 = 0; j0 < n; j0 += COL_BLOCK) {                                                \
-      int64_t w = min64(COL_BLOCK, n - j0);                                                        \
+      int64_t w = min64(COL_BLOCK, n - j0), w16 = w & ~(int64_t)15;                                \
       T *restrict d = e ? e + j0 : buf;                                                            \
       MAP_SIMD for (int64_t j = 0; j < w; j++) d[j] = EXP(x[j0 + j] - c);                          \
-      SIMD_SUM for (int64_t j = 0; j < w; j++) s += (double)d[j];                                  \
+      T lane[16] = {0};                                                                            \
+      for (int64_t j = 0; j < w16; j += 16)                                                        \
+        for (int k = 0; k < 16; k++)                                                               \
+          lane[k] += d[j + k];                                                                     \
+      for (int64_t k = 0; k < w - w16; k++)                                                        \
+        lane[k] += d[w16 + k];                                                                     \
+      for (int h = 8; h > 0; h >>= 1)                                                              \
+        for (int k = 0; k < h; k++)                                                                \
+          lane[k] += lane[k + h];                                                                  \
+      s += (double)lane[0];                                                                        \
     }                                                                                              \
     return s;                                                                                      \
   }                                                                                                \
@@ -301,7 +294,7 @@ static inline float exp_nonpos_f32(float x) {
     }                                                                                              \
   }
 
-DEF_FLOAT_FOLDS(f32, float, uint32_t, int32_t, exp_nonpos_f32, SIMD_MAP)
+DEF_FLOAT_FOLDS(f32, float, uint32_t, int32_t, vm_expf, SIMD_MAP)
 DEF_FLOAT_FOLDS(f64, double, uint64_t, int64_t, exp, NO_SIMD)
 
 /* The integer counterparts of fold_rows_T and fold_col_T, reading elements of
@@ -826,24 +819,30 @@ nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
  * row of N contiguous elements. B > 1: one task is a block of w <= COL_BLOCK
  * columns of an (N, B) slab, walked row by row (unit stride inside a row). */
 
+enum { ROW_PREFETCH = 16384 }; /* rows up to this many bytes prefetch the next */
+
 /* softmax_row_T: y[0..n) = softmax (lg: log_softmax) of x[0..n), max-shifted; a
  *   NaN anywhere (or a row of -inf) makes the row NaN, as JAX.
  * softmax_cols_T: the same down each of the w columns of (n, B) slabs x, y. */
-#define DEF_SOFTMAX(SUF, T, EXP)                                                                   \
-  HOT static void softmax_row_##SUF(const T *restrict x, T *restrict y, int64_t n, bool lg) {      \
-    T mx = row_extreme_##SUF(x, n, true);                                                          \
+#define DEF_SOFTMAX(SUF, FS, T, EXP, ATTR)                                                         \
+  ATTR static void softmax_row_##SUF(const T *restrict x, T *restrict y, int64_t n, bool lg) {     \
+    T mx = row_extreme_##FS(x, n, true);                                                           \
+    /* the next row (if any, and short) streams in while this one computes */                      \
+    if (n * (int64_t)sizeof(T) <= ROW_PREFETCH)                                                    \
+      for (int64_t j = 0; j < n; j += 64 / (int64_t)sizeof(T))                                     \
+        __builtin_prefetch(x + n + j);                                                             \
     if (lg) {                                                                                      \
-      T ls = (T)log(sum_exp_##SUF(x, mx, n, NULL));                                                \
+      T ls = (T)log(sum_exp_##FS(x, mx, n, NULL));                                                 \
       for (int64_t j = 0; j < n; j++)                                                              \
         y[j] = (x[j] - mx) - ls;                                                                   \
       return;                                                                                      \
     }                                                                                              \
-    T inv = (T)(1.0 / sum_exp_##SUF(x, mx, n, y));                                                 \
+    T inv = (T)(1.0 / sum_exp_##FS(x, mx, n, y));                                                  \
     for (int64_t j = 0; j < n; j++)                                                                \
       y[j] *= inv;                                                                                 \
   }                                                                                                \
-  HOT static void softmax_cols_##SUF(const T *restrict x, T *restrict y, int64_t n, int64_t B,     \
-                                     int64_t w, bool lg) {                                         \
+  ATTR static void softmax_cols_##SUF(const T *restrict x, T *restrict y, int64_t n, int64_t B,    \
+                                      int64_t w, bool lg) {                                        \
     T m[COL_BLOCK], f[COL_BLOCK];                                                                  \
     double s[COL_BLOCK];                                                                           \
     for (int64_t j = 0; j < w; j++)                                                                \
@@ -866,8 +865,19 @@ nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
     }                                                                                              \
   }
 
-DEF_SOFTMAX(f32, float, exp_nonpos_f32)
-DEF_SOFTMAX(f64, double, exp)
+/* f32: one variant per ISA (vmath.h), picked at each call; f64 (libm's exp):
+ * the load-time clones of HOT. */
+#define DEF_SOFTMAX_F32(S, ISA) DEF_SOFTMAX(f32_##S, f32, float, vm_expf, NBI_ISA_ATTR_##S)
+NBI_FOR_ISAS(DEF_SOFTMAX_F32)
+DEF_SOFTMAX(f64, f64, double, exp, HOT)
+
+typedef struct softmax_f32_fns {
+  void (*row)(const float *restrict x, float *restrict y, int64_t n, bool lg);
+  void (*cols)(const float *restrict x, float *restrict y, int64_t n, int64_t B, int64_t w,
+               bool lg);
+} softmax_f32_fns;
+#define SOFTMAX_F32_ENTRY(S, ISA) [ISA] = {softmax_row_f32_##S, softmax_cols_f32_##S},
+static const softmax_f32_fns softmax_f32[NBI_ISA_COUNT] = {NBI_FOR_ISAS(SOFTMAX_F32_ENTRY)};
 
 /* cumsum_row_T: y[j] = x[0] + ... + x[j] (floats accumulate in double).
  * cumsum_cols_T: the same down each of the w columns of (n, B) slabs. */
@@ -913,9 +923,9 @@ static void axis_task(int op, nb_dtype ct, const void *x, void *y, int64_t off, 
     else if (op == NBI_OP_CUMSUM)
       cumsum_cols_f32(xf, yf, n, B, w);
     else if (rows)
-      softmax_row_f32(xf, yf, n, lg);
+      softmax_f32[nbi_isa_active()].row(xf, yf, n, lg);
     else
-      softmax_cols_f32(xf, yf, n, B, w, lg);
+      softmax_f32[nbi_isa_active()].cols(xf, yf, n, B, w, lg);
   } else {
     const double *xd = (const double *)x + off;
     double *yd = (double *)y + off;
@@ -951,10 +961,17 @@ static nb_status run_axis_op(const nb_tensor *nd, nbi_view *out, const nbi_view 
   for (int d = axis + 1; d < in->ndim; d++)
     B *= in->dims[d];
   int64_t nb = ceil_div(B, COL_BLOCK), tasks = A * nb;
-#pragma omp parallel for schedule(static) if (numel >= NBI_PAR_MIN && tasks > 1)
-  for (int64_t t = 0; t < tasks; t++) {
-    int64_t c0 = t % nb * COL_BLOCK;
-    axis_task(nd->op, ct, x, y, t / nb * N * B + c0, N, B, min64(COL_BLOCK, B - c0));
+  if (numel < NBI_PAR_MIN || tasks < 2) { /* no OpenMP region (one costs ~1 us) */
+    for (int64_t t = 0; t < tasks; t++) {
+      int64_t c0 = t % nb * COL_BLOCK;
+      axis_task(nd->op, ct, x, y, t / nb * N * B + c0, N, B, min64(COL_BLOCK, B - c0));
+    }
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tasks; t++) {
+      int64_t c0 = t % nb * COL_BLOCK;
+      axis_task(nd->op, ct, x, y, t / nb * N * B + c0, N, B, min64(COL_BLOCK, B - c0));
+    }
   }
   write_out(out, y, ct, numel);
   if (y != out->data) free(y);
