@@ -241,6 +241,94 @@ done:
   return NB_OK;
 }
 
+/* ---- constant folding -------------------------------------------------------------------
+ * A node recorded during the trace (seq >= seq0) whose inputs are all
+ * constants of the trace has the same value at every call: constants are the
+ * realized tensors the trace made (nb_full, nb_scalar, nb_arange, nb_from_data
+ * in the body, the ones a gradient starts from) and the untraced nodes built
+ * only from them. Tensors from outside the trace are not constants (nb_assign
+ * on them is seen by later calls). The constant nodes that the rest of the
+ * graph reads are realized here, once, and become captures of the program:
+ * a replay runs none of their kernels. */
+enum { FOLD_NO = 1, FOLD_CONST, FOLD_FRONTIER }; /* ptrmap values */
+
+static bool fold_candidate(const nb_tensor *t, uint64_t seq0) {
+  return !(t->flags & (NBI_T_REALIZED | NBI_T_TRACED)) && t->seq >= seq0 && t->n_in > 0 &&
+         t->op != NBI_OP_CUSTOM;
+}
+
+static nb_status fold_constants(const char *fn, nb_tensor *const *y, int n_y, uint64_t seq0) {
+  ptrmap seen = {0};
+  nb_tensor **stack = NULL, **frontier = NULL;
+  int *next = NULL, n = 0, cap = 0, cap_next = 0, n_front = 0, cap_front = 0;
+  nb_status st = NB_OK;
+  for (int j = 0; j < n_y && !st; j++) {
+    int32_t v;
+    if (!grow((void **)&stack, &cap, n + 1, sizeof *stack) ||
+        !grow((void **)&next, &cap_next, n + 1, sizeof *next)) {
+      st = NB_ERR_OOM;
+      break;
+    }
+    stack[n] = y[j], next[n++] = 0;
+    while (n && !st) {
+      nb_tensor *t = stack[n - 1];
+      if (ptr_get(&seen, t, &v)) {
+        n--;
+        continue;
+      }
+      if ((t->flags & NBI_T_REALIZED) || t->seq < seq0 || t->n_in == 0) { /* a leaf */
+        bool c = (t->flags & NBI_T_REALIZED) && t->seq >= seq0;
+        if (!ptr_put(&seen, t, c ? FOLD_CONST : FOLD_NO)) st = NB_ERR_OOM;
+        n--;
+        continue;
+      }
+      if (next[n - 1] < t->n_in) {
+        nb_tensor *c = t->in[next[n - 1]++];
+        if (ptr_get(&seen, c, &v)) continue;
+        if (!grow((void **)&stack, &cap, n + 1, sizeof *stack) ||
+            !grow((void **)&next, &cap_next, n + 1, sizeof *next)) {
+          st = NB_ERR_OOM;
+          break;
+        }
+        stack[n] = c, next[n++] = 0;
+        continue;
+      }
+      /* post-order: every input is classified */
+      bool c = fold_candidate(t, seq0);
+      for (int k = 0; k < t->n_in && c; k++)
+        c = ptr_get(&seen, t->in[k], &v) && v != FOLD_NO;
+      if (!ptr_put(&seen, t, c ? FOLD_CONST : FOLD_NO)) st = NB_ERR_OOM;
+      for (int k = 0; k < t->n_in && !c && !st; k++) { /* constant inputs of a variable node */
+        nb_tensor *x = t->in[k];
+        if (!(ptr_get(&seen, x, &v) && v == FOLD_CONST) || (x->flags & NBI_T_REALIZED)) continue;
+        if (!grow((void **)&frontier, &cap_front, n_front + 1, sizeof *frontier) ||
+            !ptr_put(&seen, x, FOLD_FRONTIER))
+          st = NB_ERR_OOM;
+        else
+          frontier[n_front++] = x;
+      }
+      n--;
+    }
+  }
+  for (int j = 0; j < n_y && !st; j++) { /* constant outputs */
+    int32_t v;
+    if (!ptr_get(&seen, y[j], &v) || v != FOLD_CONST || (y[j]->flags & NBI_T_REALIZED)) continue;
+    if (!grow((void **)&frontier, &cap_front, n_front + 1, sizeof *frontier) ||
+        !ptr_put(&seen, y[j], FOLD_FRONTIER))
+      st = NB_ERR_OOM;
+    else
+      frontier[n_front++] = y[j];
+  }
+  free(stack);
+  free(next);
+  free(seen.key);
+  free(seen.val);
+  if (st) st = nbi_error(st, "%s: out of memory folding constants", fn);
+  if (!st && n_front) st = nbi_realize(frontier, n_front);
+  free(frontier);
+  return st;
+}
+
 static void hash_shape(uint64_t *a, uint64_t *b, const nb_shape *s, nb_dtype dt) {
   nbi_hash_mix(a, b, (uint64_t)dt);
   nbi_hash_mix(a, b, (uint64_t)s->ndim);
@@ -278,6 +366,10 @@ nb_status nbi_program_build(const char *fn, nb_tensor *const *x, int n_x, nb_ten
   *prog = NULL;
   *capt = NULL;
   *n_capt = 0;
+  if (nbi_simplify_enabled()) {
+    nb_status st = fold_constants(fn, y, n_y, seq0);
+    if (st) return st;
+  }
   builder b = {.fn = fn, .seq0 = seq0, .n_x = n_x};
   nbi_program *p = calloc(1, sizeof *p);
   int32_t *out = malloc(sizeof *out * (size_t)(n_y ? n_y : 1));
