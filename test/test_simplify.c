@@ -324,3 +324,53 @@ Test(simplify, jitted_gradients_equal_the_unsimplified_ones_bitwise) {
   for (int s = 0; s < 2; s++)
     free(got[s][0]), free(got[s][1]);
 }
+
+/* y0 = (x * 1) @ w, y1 = x + (+0), y2 = x + (-0), y3 = x / 1 - 0 with the
+ * constants made in the body. */
+static nb_status unit_ops(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  nb_tensor *x = in[0];
+  out[0] = nb_matmul(nb_mul(nb_ones(NB_SHAPE(2, 3), NB_F32), x), in[1]);
+  out[1] = nb_add(x, nb_zeros(NB_SHAPE(3), NB_F32));
+  out[2] = nb_add(x, nb_full(NB_SHAPE(2, 3), -0.0, NB_F32));
+  out[3] = nb_sub_scalar(nb_div_scalar(x, 1.0), 0.0);
+  for (int j = 0; j < 4; j++)
+    if (!out[j]) return nb_last_status();
+  return NB_OK;
+}
+
+Test(simplify, jit_drops_exact_unit_operations_only) {
+  double xs[6] = {-0.0, 0.0, 1.5, -2.25, 3, -4}, ws[12];
+  uint64_t seed = 11;
+  tc_fill(ws, 12, -1, 1, &seed);
+  nb_tensor *in[2] = {tc_tensor(xs, NB_SHAPE(2, 3), NB_F32), tc_tensor(ws, NB_SHAPE(3, 4), NB_F32)};
+  double *got[2][4];
+  uint64_t kernels[2];
+  for (int simp = 0; simp < 2; simp++) {
+    nbi_set_simplify(simp);
+    nb_fn *f = nb_fn_create(unit_ops, NULL, 2, 4);
+    nb_fn *j = nb_jit(f);
+    nb_tensor *o[4];
+    for (int call = 0; call < 2; call++) {
+      nb_stats s0 = nb_get_stats();
+      cr_assert(nb_call(j, in, o) == NB_OK, "%s", nb_last_error());
+      kernels[simp] = nb_get_stats().kernels_run - s0.kernels_run;
+    }
+    got[simp][0] = host(o[0], 8);
+    for (int k = 1; k < 4; k++)
+      got[simp][k] = host(o[k], 6);
+    nb_fn_release(j), nb_fn_release(f);
+  }
+  nbi_set_simplify(true);
+  cr_assert(kernels[1] < kernels[0], "x * 1 and x / 1 - 0 run no kernel (%llu vs %llu)",
+            (unsigned long long)kernels[1], (unsigned long long)kernels[0]);
+  for (int k = 0; k < 4; k++) {
+    int n = k ? 6 : 8;
+    cr_assert(memcmp(got[0][k], got[1][k], sizeof(double) * (size_t)n) == 0, "output %d", k);
+  }
+  cr_assert(!signbit(got[1][1][0]), "-0 + 0 is +0: x + 0 is not dropped");
+  cr_assert(signbit(got[1][2][0]) && signbit(got[1][3][0]), "-0 + -0 and -0 / 1 - 0 are -0");
+  for (int s = 0; s < 2; s++)
+    for (int k = 0; k < 4; k++)
+      free(got[s][k]);
+}

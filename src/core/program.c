@@ -2,6 +2,7 @@
  * are applied to new inputs). See nbi.h for the contracts. */
 #include "nbi.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 /* ---- multi-output nodes -------------------------------------------------------------- */
@@ -170,6 +171,47 @@ static bool is_capture(const builder *b, const nb_tensor *t) {
          t->op == NBI_OP_CONST;
 }
 
+/* Every element of the trace's constant c is exactly v (signs of zeros
+ * included). Constants are small or broadcast; at most 2^20 are read. */
+static bool constant_all(const builder *b, const nb_tensor *c, double v) {
+  if (!(c->flags & NBI_T_REALIZED) || c->seq < b->seq0 || !c->shard0.buf) return false;
+  int64_t n = nbi_numel(&c->shape);
+  if (n > ((int64_t)1 << 20)) return false;
+  nbi_view w = nbi_tensor_view(c);
+  int64_t ix[NB_MAX_DIMS] = {0};
+  for (int64_t i = 0; i < n; i++) {
+    int64_t off = 0;
+    for (int d = 0; d < w.ndim; d++)
+      off += ix[d] * w.strides[d];
+    double x = nbi_load_f64(w.data, w.dtype, off);
+    if (x != v || signbit(x) != signbit(v)) return false;
+    for (int d = w.ndim - 1; d >= 0 && ++ix[d] == w.dims[d]; d--)
+      ix[d] = 0;
+  }
+  return true;
+}
+
+/* The operand t's value equals bit for bit, when t is x * 1, 1 * x, x / 1,
+ * x - (+0) or x + (-0) with a constant of the trace (x + 0 is not exact: -0
+ * + 0 = +0), x of t's shape and dtype and the op computing in that dtype. */
+static nb_tensor *exact_operand(const builder *b, const nb_tensor *t) {
+  if (t->n_in != 2 || (nb_dtype)t->attrs.i[0] != t->dtype) return NULL;
+  for (int k = 0; k < 2; k++) {
+    nb_tensor *x = t->in[k], *c = t->in[1 - k];
+    if (x->dtype != t->dtype || !nbi_shape_eq(&x->shape, &t->shape)) continue;
+    bool ok = false;
+    switch (t->op) {
+    case NBI_OP_MUL: ok = constant_all(b, c, 1.0); break;
+    case NBI_OP_DIV: ok = k == 0 && constant_all(b, c, 1.0); break;
+    case NBI_OP_SUB: ok = k == 0 && constant_all(b, c, 0.0); break;
+    case NBI_OP_ADD: ok = constant_all(b, c, -0.0); break;
+    default: break;
+    }
+    if (ok) return x;
+  }
+  return NULL;
+}
+
 /* The ref of t, adding it (and, iteratively, everything it needs) first. */
 static nb_status build_ref(builder *b, nb_tensor *root, int32_t *ref) {
   if (ptr_get(&b->map, root, ref)) return NB_OK;
@@ -210,6 +252,16 @@ static nb_status build_ref(builder *b, nb_tensor *root, int32_t *ref) {
       continue;
     }
     /* post-order: every input has a ref */
+    nb_tensor *same = nbi_simplify_enabled() ? exact_operand(b, t) : NULL;
+    int32_t same_ref = 0;
+    if (same && ptr_get(&b->map, same, &same_ref)) { /* x * 1 and the like: t's ref is x's */
+      if (!ptr_put(&b->map, t, same_ref)) {
+        st = NB_ERR_OOM;
+        goto done;
+      }
+      n--;
+      continue;
+    }
     if (!grow((void **)&b->nodes, &b->cap, b->n + 1, sizeof *b->nodes)) {
       st = NB_ERR_OOM;
       goto done;
