@@ -19,8 +19,9 @@
  *    started from, a permutation of a permutation composing to the identity,
  *    neg of neg, logical_not of logical_not on bools, and a cast round trip
  *    through a dtype that holds every value of the source (f32 -> f64 -> f32).
- * x * 1 and x + 0 need the constants' values, which plans do not see: the jit
- * folds those (nbi_program_fold, src/core/program.c). */
+ * x * 1 and x + (-0) need the constants' values, which plans do not see (a
+ * plan serves every value of its leaves): programs drop those when they are
+ * built, and fold subgraphs of trace constants (src/core/program.c). */
 #include "nbi.h"
 
 #include <stdlib.h>
