@@ -166,6 +166,14 @@ double nb_item(nb_tensor *t);
 /* Realizes and prints t (NumPy-like layout, summarized when large). */
 void nb_print(nb_tensor *t);
 void nb_fprint(FILE *f, nb_tensor *t);
+/* Writes the pending graph of ts, as nb_eval(ts, n) would plan it, to f as
+ * Graphviz DOT (`dot -Tsvg g.dot > g.svg`): one node per step (op, dtype,
+ * shape), realized inputs as ellipses, fused kernels as clusters (a dashed
+ * member lives in the kernel's tiles only), steps the simplifier drops
+ * (aliases of an equal value, dead code) grey and dotted. Realizes nothing,
+ * changes nothing. NB_ERR_NULL for a NULL f, ts or tensor; NB_ERR_ARG for
+ * n < 0 or when f cannot be written. */
+nb_status nb_graph_dot(FILE *f, nb_tensor *const *ts, int n);
 
 /* ---- statistics ------------------------------------------------------------------- */
 typedef struct nb_stats {

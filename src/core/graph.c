@@ -64,6 +64,19 @@ typedef struct plan {
    * alone); store[i]: the member's value is needed outside its group. */
   int *group;
   bool *store;
+  /* Simplification (simplify.c): only the steps run[0..n_run-1] compute;
+   * group, store and the free lists are indexed by run position. alias[i]:
+   * the step or leaf (its mark) whose value step i has. While the plan runs,
+   * input k of step s reads its alias source instead: swap holds (s, k, the
+   * original input's mark) triples. Held aliased steps get their source's
+   * storage when it exists: mat_idx[mat_start[c] ..] before run position c
+   * (c = 0: before any, c + 1: after position c). */
+  int n_run;
+  int *run;
+  int *alias;
+  int n_swap;
+  int *swap;
+  int *mat_start, *mat_idx;
 } plan;
 
 #define PLAN_CACHE_SIZE 64
@@ -75,6 +88,11 @@ static void plan_clear(plan *p) {
   free(p->free_idx);
   free(p->group);
   free(p->store);
+  free(p->run);
+  free(p->alias);
+  free(p->swap);
+  free(p->mat_start);
+  free(p->mat_idx);
   *p = (plan){0};
 }
 
@@ -241,8 +259,7 @@ static void graph_hash(const graph *g, const int *uses, const bool *held, hasher
   }
 }
 
-/* last[i]: the step after which node i's buffer is dead (or -1 if held/root). */
-/* The step that runs step i: its group's last member. */
+/* The step that runs run position i: its group's last member. */
 static int group_end(const plan *p, int n, int i) {
   int f = p->group[i];
   while (i + 1 < n && p->group[i + 1] == f && f != i + 1)
@@ -250,54 +267,152 @@ static int group_end(const plan *p, int n, int i) {
   return i;
 }
 
-/* last[i]: the step after which node i's buffer is dead (or -1 if held/root).
- * A use inside a fused group counts at the group's last step, when it runs. */
+/* The tensor a mark names: a step (>= 0) or a leaf (-3 - k). */
+static nb_tensor *mark_tensor(const graph *g, int m) {
+  return m >= 0 ? g->nodes[m] : g->leaves[-3 - m];
+}
+
+/* Points every swapped input at its alias source (on) or back (off). */
+static void swap_inputs(const plan *p, const graph *g, bool on) {
+  for (int e = 0; e < p->n_swap; e++) {
+    const int *w = p->swap + 3 * e;
+    g->nodes[w[0]]->in[w[1]] = on ? mark_tensor(g, p->alias[w[2]]) : g->nodes[w[2]];
+  }
+}
+
+/* Fills p (all zero) for g: simplification, grouping, liveness. A last use
+ * (last[c]: the run position after which c's buffer is dead) inside a fused
+ * group counts at the group's last step, when it runs; uses of an aliased
+ * step count as uses of its source. On failure p keeps what it allocated
+ * (plan_clear frees it). */
+static bool plan_fill(plan *p, const graph *g, const bool *held) {
+  int n = g->n, m = n ? n : 1;
+  bool *needed = malloc(sizeof(bool) * (size_t)m), *held_run = calloc((size_t)m, sizeof(bool));
+  int *pos = malloc(sizeof(int) * (size_t)m), *last = malloc(sizeof(int) * (size_t)m);
+  int *count = calloc((size_t)m + 2, sizeof(int));
+  nb_tensor **cn = malloc(sizeof *cn * (size_t)m);
+  p->alias = malloc(sizeof(int) * (size_t)m);
+  p->run = malloc(sizeof(int) * (size_t)m);
+  p->group = malloc(sizeof(int) * (size_t)m);
+  p->store = malloc(sizeof(bool) * (size_t)m);
+  p->free_start = malloc(sizeof(int) * ((size_t)n + 1));
+  p->mat_start = calloc((size_t)n + 2, sizeof(int));
+  bool ok = needed && held_run && pos && last && count && cn && p->alias && p->run && p->group &&
+            p->store && p->free_start && p->mat_start;
+  if (!ok) goto done;
+  nbi_simplify_plan(g->nodes, n, held, p->alias, needed);
+  int n_run = 0, n_swap = 0, n_mat = 0, n_free = 0;
+  for (int i = 0; i < n; i++) {
+    pos[i] = -1;
+    if (needed[i] && p->alias[i] == i) pos[i] = n_run, p->run[n_run++] = i;
+    if (held[i] && p->alias[i] != i) n_mat++;
+  }
+  for (int c = 0; c < n_run; c++) {
+    const nb_tensor *t = g->nodes[p->run[c]];
+    for (int k = 0; k < t->n_in; k++)
+      if (t->in[k]->mark >= 0 && p->alias[t->in[k]->mark] != t->in[k]->mark) n_swap++;
+  }
+  p->n_run = n_run;
+  p->swap = malloc(sizeof(int) * 3 * (size_t)(n_swap ? n_swap : 1));
+  p->mat_idx = malloc(sizeof(int) * (size_t)(n_mat ? n_mat : 1));
+  if (!(ok = p->swap && p->mat_idx)) goto done;
+  for (int c = 0; c < n_run; c++) {
+    const nb_tensor *t = g->nodes[p->run[c]];
+    for (int k = 0; k < t->n_in; k++) {
+      int x = t->in[k]->mark;
+      if (x >= 0 && p->alias[x] != x) {
+        int *w = p->swap + 3 * p->n_swap++;
+        w[0] = p->run[c], w[1] = k, w[2] = x;
+      }
+    }
+    cn[c] = g->nodes[p->run[c]];
+    held_run[c] = held[p->run[c]];
+  }
+  for (int i = 0; i < n; i++) /* a held alias takes its source's buffer: it needs one */
+    if (held[i] && p->alias[i] != i && p->alias[i] >= 0) held_run[pos[p->alias[i]]] = true;
+
+  /* Group and find last uses on the simplified graph: inputs swapped to their
+   * sources, marks = run positions; then everything back. */
+  swap_inputs(p, g, true);
+  for (int c = 0; c < n_run; c++)
+    cn[c]->mark = c;
+  nbi_fuse_plan(cn, n_run, held_run, p->group, p->store);
+  for (int c = 0; c < n_run; c++)
+    last[c] = -1;
+  for (int c = 0, end = -1; c < n_run; c++) {
+    if (c > end) end = group_end(p, n_run, c);
+    for (int k = 0; k < cn[c]->n_in; k++)
+      if (cn[c]->in[k]->mark >= 0) last[cn[c]->in[k]->mark] = end;
+  }
+  for (int c = 0; c < n_run; c++)
+    cn[c]->mark = p->run[c];
+  swap_inputs(p, g, false);
+
+  /* Held aliases get their source's storage at the end of its group; the
+   * source may die there. */
+  for (int i = 0; i < n; i++) {
+    if (!held[i] || p->alias[i] == i) continue;
+    int a = p->alias[i], slot = 0;
+    if (a >= 0) {
+      int e = group_end(p, n_run, pos[a]);
+      slot = e + 1;
+      if (last[pos[a]] < e) last[pos[a]] = e;
+    }
+    count[slot]++;
+  }
+  for (int c = 0; c <= n_run; c++)
+    p->mat_start[c + 1] = p->mat_start[c] + count[c];
+  for (int c = 0; c <= n_run; c++)
+    count[c] = p->mat_start[c];
+  for (int i = 0; i < n; i++)
+    if (held[i] && p->alias[i] != i) {
+      int a = p->alias[i];
+      p->mat_idx[count[a >= 0 ? group_end(p, n_run, pos[a]) + 1 : 0]++] = i;
+    }
+
+  memset(count, 0, sizeof(int) * ((size_t)m + 2));
+  for (int c = 0; c < n_run; c++)
+    if (!held[p->run[c]] && last[c] >= 0) count[last[c]]++, n_free++;
+  p->free_idx = malloc(sizeof(int) * (size_t)(n_free ? n_free : 1));
+  if (!(ok = p->free_idx != NULL)) goto done;
+  p->free_start[0] = 0;
+  for (int c = 0; c < n_run; c++)
+    p->free_start[c + 1] = p->free_start[c] + count[c];
+  for (int c = 0; c < n_run; c++)
+    count[c] = p->free_start[c];
+  for (int c = 0; c < n_run; c++)
+    if (!held[p->run[c]] && last[c] >= 0) p->free_idx[count[last[c]]++] = p->run[c];
+  p->n_steps = n;
+done:
+  free(needed);
+  free(held_run);
+  free(pos);
+  free(last);
+  free(count);
+  free(cn);
+  return ok;
+}
+
 static plan *plan_build(const graph *g, const bool *held, uint64_t h1, uint64_t h2) {
-  int *last = malloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
-  int *count = calloc((size_t)g->n + 1, sizeof(int));
   plan *p = plan_cache_slot();
-  if (!p) {
-    free(last);
-    free(count);
+  if (!p) return NULL;
+  if (!plan_fill(p, g, held)) {
+    plan_clear(p);
     return NULL;
   }
-  p->group = malloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
-  p->store = malloc(sizeof(bool) * (size_t)(g->n ? g->n : 1));
-  if (!last || !count || !p->group || !p->store) goto oom;
-  nbi_fuse_plan(g->nodes, g->n, held, p->group, p->store);
-  for (int i = 0; i < g->n; i++)
-    last[i] = -1;
-  for (int i = 0, end = -1; i < g->n; i++) {
-    if (i > end) end = group_end(p, g->n, i);
-    const nb_tensor *t = g->nodes[i];
-    for (int k = 0; k < t->n_in; k++)
-      if (t->in[k]->mark >= 0) last[t->in[k]->mark] = end;
-  }
-  int n_free = 0;
-  for (int i = 0; i < g->n; i++)
-    if (!held[i] && last[i] >= 0) count[last[i]]++, n_free++;
-  p->free_start = malloc(sizeof(int) * ((size_t)g->n + 1));
-  p->free_idx = malloc(sizeof(int) * (size_t)(n_free ? n_free : 1));
-  if (!p->free_start || !p->free_idx) goto oom;
-  p->free_start[0] = 0;
-  for (int i = 0; i < g->n; i++)
-    p->free_start[i + 1] = p->free_start[i] + count[i];
-  for (int i = 0; i < g->n; i++)
-    count[i] = p->free_start[i];
-  for (int i = 0; i < g->n; i++)
-    if (!held[i] && last[i] >= 0) p->free_idx[count[last[i]]++] = i;
   p->h1 = h1;
   p->h2 = h2;
-  p->n_steps = g->n;
   p->last_used = ++plan_clock;
-  free(last);
-  free(count);
   return p;
-oom:
-  free(last);
-  free(count);
-  plan_clear(p);
-  return NULL;
+}
+
+/* Held aliased steps of materialization slot c take their source's storage. */
+static void share_sources(const plan *p, const graph *g, int c) {
+  for (int a = p->mat_start[c]; a < p->mat_start[c + 1]; a++) {
+    nb_tensor *t = g->nodes[p->mat_idx[a]], *src = mark_tensor(g, p->alias[p->mat_idx[a]]);
+    if (src->shard0.buf) nbi_buffer_retain(src->shard0.buf);
+    t->shard0 = src->shard0;
+  }
 }
 
 /* ---- execution ---------------------------------------------------------------------------- */
@@ -335,6 +450,18 @@ static nb_status run_node(nb_tensor *t) {
   return NB_OK;
 }
 
+/* uses[i]: step i's readers in g; held[i]: its value must outlive the
+ * realization (a root, or referenced from outside g). */
+static void count_held(const graph *g, nb_tensor *const *ts, int n, int *uses, bool *held) {
+  for (int i = 0; i < g->n; i++)
+    for (int k = 0; k < g->nodes[i]->n_in; k++)
+      if (g->nodes[i]->in[k]->mark >= 0) uses[g->nodes[i]->in[k]->mark]++;
+  for (int i = 0; i < g->n; i++)
+    held[i] = g->nodes[i]->refcount > uses[i];
+  for (int r = 0; r < n; r++)
+    if (ts[r]->mark >= 0) held[ts[r]->mark] = true;
+}
+
 /* Depth of realizations running on this thread: a kernel may realize a nested
  * graph (control flow, checkpoint); only the outermost adds to the timers. */
 static _Thread_local int depth;
@@ -359,17 +486,12 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
     st = nbi_error(NB_ERR_OOM, "nb_eval: out of memory planning %d nodes", g.n);
     goto done;
   }
-  for (int i = 0; i < g.n; i++)
-    for (int k = 0; k < g.nodes[i]->n_in; k++)
-      if (g.nodes[i]->in[k]->mark >= 0) uses[g.nodes[i]->in[k]->mark]++;
-  for (int i = 0; i < g.n; i++)
-    held[i] = g.nodes[i]->refcount > uses[i];
-  for (int r = 0; r < n; r++)
-    if (ts[r]->mark >= 0) held[ts[r]->mark] = true;
+  count_held(&g, ts, n, uses, held);
 
   hasher h = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull};
   graph_hash(&g, uses, held, &h);
   hash_i64(&h, nbi_fusion_enabled()); /* the grouping is part of the plan */
+  hash_i64(&h, nbi_simplify_enabled());
   p = plan_cache_lookup(h.a, h.b, g.n);
   if (p) {
     stats.plan_cache_hits++;
@@ -385,18 +507,31 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
   t1 = now_ns();
   if (!depth) stats.plan_ns += t1 - t0;
   depth++;
-  for (int i = 0; i < g.n && !st; i++) {
-    if (i + 1 < g.n && p->group[i + 1] == p->group[i])
+  /* the steps that compute, in order; aliased inputs read their sources */
+  nb_tensor **cn = g.nodes;
+  if (p->n_run < g.n && !(cn = malloc(sizeof *cn * (size_t)(p->n_run ? p->n_run : 1))))
+    st = nbi_error(NB_ERR_OOM, "nb_eval: out of memory running %d nodes", g.n);
+  for (int c = 0; c < p->n_run && !st; c++)
+    cn[c] = g.nodes[p->run[c]];
+  if (!st) swap_inputs(p, &g, true);
+  if (!st) share_sources(p, &g, 0);
+  for (int c = 0; c < p->n_run && !st; c++) {
+    if (c + 1 < p->n_run && p->group[c + 1] == p->group[c])
       ; /* a member of a fused group that runs at its last step */
-    else if (p->group[i] != i)
-      st = nbi_fuse_run(g.nodes + p->group[i], i - p->group[i] + 1, p->store + p->group[i]);
+    else if (p->group[c] != c)
+      st = nbi_fuse_run(cn + p->group[c], c - p->group[c] + 1, p->store + p->group[c]);
     else
-      st = run_node(g.nodes[i]);
-    for (int f = p->free_start[i]; f < p->free_start[i + 1]; f++) {
+      st = run_node(cn[c]);
+    if (!st) share_sources(p, &g, c + 1);
+    for (int f = p->free_start[c]; f < p->free_start[c + 1] && !st; f++) {
       nb_tensor *dead = g.nodes[p->free_idx[f]];
       nbi_buffer_release(dead->shard0.buf);
       dead->shard0.buf = NULL;
     }
+  }
+  if (cn != g.nodes) {
+    swap_inputs(p, &g, false);
+    free(cn);
   }
   depth--;
   p->pinned--;
@@ -432,4 +567,51 @@ done:
   graph_unmark_free(&g);
   if (t1 && !depth) stats.exec_ns += now_ns() - t1;
   return st;
+}
+
+/* ---- description (nb_graph_dot) --------------------------------------------------------- */
+typedef struct describe {
+  graph g;
+  plan p;
+  int *uses;
+} describe;
+
+nb_status nbi_plan_describe(nb_tensor *const *ts, int n, nbi_plan_desc *d) {
+  *d = (nbi_plan_desc){0};
+  describe *x = calloc(1, sizeof *x);
+  if (!x) return nbi_error(NB_ERR_OOM, "nb_graph_dot: out of memory");
+  d->internal = x;
+  nb_status st = graph_collect(&x->g, ts, n);
+  int m = x->g.n ? x->g.n : 1;
+  x->uses = calloc((size_t)m, sizeof(int));
+  d->held = calloc((size_t)m, sizeof(bool));
+  if (!st && (!x->uses || !d->held)) st = NB_ERR_OOM;
+  if (!st) count_held(&x->g, ts, n, x->uses, d->held);
+  if (!st && !plan_fill(&x->p, &x->g, d->held)) st = NB_ERR_OOM;
+  if (st) {
+    nbi_plan_describe_free(d);
+    return nbi_error(st, "nb_graph_dot: out of memory planning the graph");
+  }
+  d->n = x->g.n;
+  d->n_leaves = x->g.n_leaves;
+  d->nodes = x->g.nodes;
+  d->leaves = x->g.leaves;
+  d->alias = x->p.alias;
+  d->n_run = x->p.n_run;
+  d->run = x->p.run;
+  d->group = x->p.group;
+  d->store = x->p.store;
+  return NB_OK;
+}
+
+void nbi_plan_describe_free(nbi_plan_desc *d) {
+  describe *x = d->internal;
+  if (x) {
+    graph_unmark_free(&x->g);
+    plan_clear(&x->p);
+    free(x->uses);
+    free(x);
+  }
+  free(d->held);
+  *d = (nbi_plan_desc){0};
 }

@@ -439,6 +439,35 @@ bool nbi_cpu_elementwise_fusible(const nb_tensor *n);
 nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *store,
                                     nbi_view *out);
 
+/* ---- simplification (src/core/simplify.c) -------------------------------------------
+ * Before grouping, the planner finds steps whose value another step or leaf
+ * already has (common subexpressions, no-op views and casts); they do not run
+ * and share their source's storage. Same arguments as nbi_fuse_plan; writes
+ * alias[i] (the mark of the step or leaf whose value step i has; i when i
+ * computes) and needed[i] (held, or read by a needed step that computes).
+ * On unless the environment sets NABLA_NO_SIMPLIFY=1; tests compare both. */
+bool nbi_simplify_enabled(void);
+void nbi_set_simplify(bool on);
+void nbi_simplify_plan(nb_tensor *const *nodes, int n, const bool *held, int *alias, bool *needed);
+
+/* The plan nbi_realize would run for ts, built fresh (nothing is cached, run
+ * or changed) for nb_graph_dot. nodes and leaves are in topological order;
+ * while the description lives, every node's mark is its index and every
+ * leaf's is -3 - its index. Release with nbi_plan_describe_free. */
+typedef struct nbi_plan_desc {
+  int n, n_leaves;
+  nb_tensor **nodes, **leaves;
+  bool *held;      /* [n] */
+  int *alias;      /* [n] as nbi_simplify_plan */
+  int n_run;       /* steps that compute, in the order they run: */
+  int *run;        /* [n_run] step index */
+  int *group;      /* [n_run] first run position of its fused group */
+  bool *store;     /* [n_run] the value gets a buffer (else it lives in tiles) */
+  void *internal;
+} nbi_plan_desc;
+nb_status nbi_plan_describe(nb_tensor *const *ts, int n, nbi_plan_desc *d);
+void nbi_plan_describe_free(nbi_plan_desc *d);
+
 /* ---- realization, stats ------------------------------------------------------ */
 /* Reentrant: a kernel may realize a new graph (nbi_program_run) while its
  * own realization runs; nested realizations count in nb_stats like any other

@@ -2,6 +2,7 @@
  * are applied to new inputs). See nbi.h for the contracts. */
 #include "nbi.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 /* ---- multi-output nodes -------------------------------------------------------------- */
@@ -170,6 +171,47 @@ static bool is_capture(const builder *b, const nb_tensor *t) {
          t->op == NBI_OP_CONST;
 }
 
+/* Every element of the trace's constant c is exactly v (signs of zeros
+ * included). Constants are small or broadcast; at most 2^20 are read. */
+static bool constant_all(const builder *b, const nb_tensor *c, double v) {
+  if (!(c->flags & NBI_T_REALIZED) || c->seq < b->seq0 || !c->shard0.buf) return false;
+  int64_t n = nbi_numel(&c->shape);
+  if (n > ((int64_t)1 << 20)) return false;
+  nbi_view w = nbi_tensor_view(c);
+  int64_t ix[NB_MAX_DIMS] = {0};
+  for (int64_t i = 0; i < n; i++) {
+    int64_t off = 0;
+    for (int d = 0; d < w.ndim; d++)
+      off += ix[d] * w.strides[d];
+    double x = nbi_load_f64(w.data, w.dtype, off);
+    if (x != v || signbit(x) != signbit(v)) return false;
+    for (int d = w.ndim - 1; d >= 0 && ++ix[d] == w.dims[d]; d--)
+      ix[d] = 0;
+  }
+  return true;
+}
+
+/* The operand t's value equals bit for bit, when t is x * 1, 1 * x, x / 1,
+ * x - (+0) or x + (-0) with a constant of the trace (x + 0 is not exact: -0
+ * + 0 = +0), x of t's shape and dtype and the op computing in that dtype. */
+static nb_tensor *exact_operand(const builder *b, const nb_tensor *t) {
+  if (t->n_in != 2 || (nb_dtype)t->attrs.i[0] != t->dtype) return NULL;
+  for (int k = 0; k < 2; k++) {
+    nb_tensor *x = t->in[k], *c = t->in[1 - k];
+    if (x->dtype != t->dtype || !nbi_shape_eq(&x->shape, &t->shape)) continue;
+    bool ok = false;
+    switch (t->op) {
+    case NBI_OP_MUL: ok = constant_all(b, c, 1.0); break;
+    case NBI_OP_DIV: ok = k == 0 && constant_all(b, c, 1.0); break;
+    case NBI_OP_SUB: ok = k == 0 && constant_all(b, c, 0.0); break;
+    case NBI_OP_ADD: ok = constant_all(b, c, -0.0); break;
+    default: break;
+    }
+    if (ok) return x;
+  }
+  return NULL;
+}
+
 /* The ref of t, adding it (and, iteratively, everything it needs) first. */
 static nb_status build_ref(builder *b, nb_tensor *root, int32_t *ref) {
   if (ptr_get(&b->map, root, ref)) return NB_OK;
@@ -210,6 +252,16 @@ static nb_status build_ref(builder *b, nb_tensor *root, int32_t *ref) {
       continue;
     }
     /* post-order: every input has a ref */
+    nb_tensor *same = nbi_simplify_enabled() ? exact_operand(b, t) : NULL;
+    int32_t same_ref = 0;
+    if (same && ptr_get(&b->map, same, &same_ref)) { /* x * 1 and the like: t's ref is x's */
+      if (!ptr_put(&b->map, t, same_ref)) {
+        st = NB_ERR_OOM;
+        goto done;
+      }
+      n--;
+      continue;
+    }
     if (!grow((void **)&b->nodes, &b->cap, b->n + 1, sizeof *b->nodes)) {
       st = NB_ERR_OOM;
       goto done;
@@ -239,6 +291,94 @@ done:
   if (st) return nbi_error(st, "%s: out of memory recording the program", b->fn);
   ptr_get(&b->map, root, ref);
   return NB_OK;
+}
+
+/* ---- constant folding -------------------------------------------------------------------
+ * A node recorded during the trace (seq >= seq0) whose inputs are all
+ * constants of the trace has the same value at every call: constants are the
+ * realized tensors the trace made (nb_full, nb_scalar, nb_arange, nb_from_data
+ * in the body, the ones a gradient starts from) and the untraced nodes built
+ * only from them. Tensors from outside the trace are not constants (nb_assign
+ * on them is seen by later calls). The constant nodes that the rest of the
+ * graph reads are realized here, once, and become captures of the program:
+ * a replay runs none of their kernels. */
+enum { FOLD_NO = 1, FOLD_CONST, FOLD_FRONTIER }; /* ptrmap values */
+
+static bool fold_candidate(const nb_tensor *t, uint64_t seq0) {
+  return !(t->flags & (NBI_T_REALIZED | NBI_T_TRACED)) && t->seq >= seq0 && t->n_in > 0 &&
+         t->op != NBI_OP_CUSTOM;
+}
+
+static nb_status fold_constants(const char *fn, nb_tensor *const *y, int n_y, uint64_t seq0) {
+  ptrmap seen = {0};
+  nb_tensor **stack = NULL, **frontier = NULL;
+  int *next = NULL, n = 0, cap = 0, cap_next = 0, n_front = 0, cap_front = 0;
+  nb_status st = NB_OK;
+  for (int j = 0; j < n_y && !st; j++) {
+    int32_t v;
+    if (!grow((void **)&stack, &cap, n + 1, sizeof *stack) ||
+        !grow((void **)&next, &cap_next, n + 1, sizeof *next)) {
+      st = NB_ERR_OOM;
+      break;
+    }
+    stack[n] = y[j], next[n++] = 0;
+    while (n && !st) {
+      nb_tensor *t = stack[n - 1];
+      if (ptr_get(&seen, t, &v)) {
+        n--;
+        continue;
+      }
+      if ((t->flags & NBI_T_REALIZED) || t->seq < seq0 || t->n_in == 0) { /* a leaf */
+        bool c = (t->flags & NBI_T_REALIZED) && t->seq >= seq0;
+        if (!ptr_put(&seen, t, c ? FOLD_CONST : FOLD_NO)) st = NB_ERR_OOM;
+        n--;
+        continue;
+      }
+      if (next[n - 1] < t->n_in) {
+        nb_tensor *c = t->in[next[n - 1]++];
+        if (ptr_get(&seen, c, &v)) continue;
+        if (!grow((void **)&stack, &cap, n + 1, sizeof *stack) ||
+            !grow((void **)&next, &cap_next, n + 1, sizeof *next)) {
+          st = NB_ERR_OOM;
+          break;
+        }
+        stack[n] = c, next[n++] = 0;
+        continue;
+      }
+      /* post-order: every input is classified */
+      bool c = fold_candidate(t, seq0);
+      for (int k = 0; k < t->n_in && c; k++)
+        c = ptr_get(&seen, t->in[k], &v) && v != FOLD_NO;
+      if (!ptr_put(&seen, t, c ? FOLD_CONST : FOLD_NO)) st = NB_ERR_OOM;
+      for (int k = 0; k < t->n_in && !c && !st; k++) { /* constant inputs of a variable node */
+        nb_tensor *x = t->in[k];
+        if (!(ptr_get(&seen, x, &v) && v == FOLD_CONST) || (x->flags & NBI_T_REALIZED)) continue;
+        if (!grow((void **)&frontier, &cap_front, n_front + 1, sizeof *frontier) ||
+            !ptr_put(&seen, x, FOLD_FRONTIER))
+          st = NB_ERR_OOM;
+        else
+          frontier[n_front++] = x;
+      }
+      n--;
+    }
+  }
+  for (int j = 0; j < n_y && !st; j++) { /* constant outputs */
+    int32_t v;
+    if (!ptr_get(&seen, y[j], &v) || v != FOLD_CONST || (y[j]->flags & NBI_T_REALIZED)) continue;
+    if (!grow((void **)&frontier, &cap_front, n_front + 1, sizeof *frontier) ||
+        !ptr_put(&seen, y[j], FOLD_FRONTIER))
+      st = NB_ERR_OOM;
+    else
+      frontier[n_front++] = y[j];
+  }
+  free(stack);
+  free(next);
+  free(seen.key);
+  free(seen.val);
+  if (st) st = nbi_error(st, "%s: out of memory folding constants", fn);
+  if (!st && n_front) st = nbi_realize(frontier, n_front);
+  free(frontier);
+  return st;
 }
 
 static void hash_shape(uint64_t *a, uint64_t *b, const nb_shape *s, nb_dtype dt) {
@@ -278,6 +418,10 @@ nb_status nbi_program_build(const char *fn, nb_tensor *const *x, int n_x, nb_ten
   *prog = NULL;
   *capt = NULL;
   *n_capt = 0;
+  if (nbi_simplify_enabled()) {
+    nb_status st = fold_constants(fn, y, n_y, seq0);
+    if (st) return st;
+  }
   builder b = {.fn = fn, .seq0 = seq0, .n_x = n_x};
   nbi_program *p = calloc(1, sizeof *p);
   int32_t *out = malloc(sizeof *out * (size_t)(n_y ? n_y : 1));
