@@ -10,6 +10,12 @@
  * in[0] is any shape with any strides; the reduced axes are the bits of
  * n->attrs.i[0]; out holds the kept axes in order (keepdims or not). */
 nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in);
+/* Fused row groups (nbi.h, nbi_cpu_reduce_row_fusible): the value (before the
+ * conversion to n's dtype) that nbi_cpu_reduce gives an output whose reduced
+ * elements are x[0..len), contiguous of n's dtype, in an input of n_out outputs
+ * that reduces its trailing axes: the same folds in the same order, so fused and
+ * unfused results agree bit for bit. */
+double nbi_cpu_reduce_row(const nb_tensor *n, const void *x, int64_t len, int64_t n_out);
 /* SOFTMAX / LOG_SOFTMAX along axis n->attrs.i[0]; out has in[0]'s shape. */
 nb_status nbi_cpu_softmax(const nb_tensor *n, nbi_view *out, const nbi_view *in);
 /* CUMSUM (inclusive) along axis n->attrs.i[0]; out has in[0]'s shape. */
