@@ -92,13 +92,21 @@ static int row_reduction(const nb_tensor *t) {
 }
 
 /* Whether step i (node t) can join group g, given its kind: elementwise
- * (fusible) or a row reduction (ra >= 0). */
+ * (fusible), a row reduction (ra >= 0), or a view (reshape, broadcast_to,
+ * identity: a copy inside the group, which views join but never start). */
 static bool joins(const fgroup *g, nb_tensor *const *nodes, int i, bool ew, int ra) {
   const nb_tensor *t = nodes[i], *f = nodes[g->first];
   if (t->dtype != f->dtype || i - g->first >= NBI_FUSE_MAX) return false;
   if (ra >= 0) /* reduces F's trailing axes, as the group's others do */
     return nbi_shape_eq(&t->in[0]->shape, &g->full) && (g->ra < 0 || g->ra == ra);
-  if (!ew) return false;
+  if (nbi_fuse_view(t)) { /* a reshape only between per-row shapes (or to its own shape) */
+    if (t->in[0]->dtype != t->dtype) return false;
+    if (t->op == NBI_OP_RESHAPE && !nbi_shape_eq(&t->shape, &t->in[0]->shape) &&
+        !(g->ra >= 0 && per_row(g, &t->shape, false)))
+      return false;
+  } else if (!ew) {
+    return false;
+  }
   if (!nbi_shape_eq(&t->shape, &g->full)) return g->ra >= 0 && per_row(g, &t->shape, false);
   for (int k = 0; k < t->n_in; k++) { /* per-row members broadcast back as keepdims */
     const nb_tensor *x = t->in[k];
@@ -140,6 +148,11 @@ void nbi_fuse_plan(nb_tensor *const *nodes, int n_nodes, const bool *held, int *
       if (c >= 0 && group[c] != group[i]) store[c] = true;
     }
   }
+}
+
+bool nbi_fuse_view(const nb_tensor *t) {
+  return t->op == NBI_OP_RESHAPE || t->op == NBI_OP_BROADCAST_TO || t->op == NBI_OP_IDENTITY ||
+         t->op == NBI_OP_STOP_GRADIENT;
 }
 
 /* Runs steps first..end as one fused kernel: buffers only for the members whose

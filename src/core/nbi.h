@@ -424,6 +424,7 @@ nb_status nbi_program_run(const char *fn, const nbi_program *p, nb_tensor *const
  *    keepdims or not) and elementwise nodes on the reduced "per-row" shape, whose
  *    values later members broadcast back over F (keepdims shape). Evaluated row
  *    by row: full members in scratch rows, per-row members as scalars.
+ * View ops (reshape, broadcast_to, identity) join a group as copies.
  * Values used only inside a group are never materialized; results are bitwise
  * those of the nodes run one by one. */
 #define NBI_FUSE_MAX 12      /* members of a group; also its outside operands */
@@ -442,6 +443,9 @@ void nbi_fuse_plan(nb_tensor *const *nodes, int n, const bool *held, int *group,
  * members, runs the fused kernel; on failure no member keeps a buffer. */
 nb_status nbi_fuse_run(nb_tensor *const *nodes, int m, const bool *store);
 bool nbi_cpu_elementwise_fusible(const nb_tensor *n);
+/* A view op (reshape, broadcast_to, identity, stop_gradient) that may join a
+ * group as a copy of its input (src/core/fuse.c). */
+bool nbi_fuse_view(const nb_tensor *n);
 /* A reduction a row group can hold (src/backends/cpu/k_reduce.c). */
 bool nbi_cpu_reduce_row_fusible(const nb_tensor *n);
 /* nodes[0..m-1] in topological order; out[k] is member k's buffer view where

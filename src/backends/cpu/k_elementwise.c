@@ -610,6 +610,7 @@ nb_status nbi_cpu_cast(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
  * read through their views, as the single-op kernel does. */
 enum { FUSE_CHUNK = 256 };
 
+/* (View members, nbi_fuse_view, are copies in both executors.) */
 bool nbi_cpu_elementwise_fusible(const nb_tensor *n) {
   if (nbi_op_table[n->op]->cpu != nbi_cpu_elementwise || is_pred[n->op]) return false;
   nb_dtype cdt = (nb_dtype)n->attrs.i[0];
@@ -632,6 +633,17 @@ typedef struct fused_plan {
   int store_slot[NBI_FUSE_MAX]; /* iterator operand of a stored member, or -1 */
   nb_dtype ext_dt[NBI_FUSE_MAX];
 } fused_plan;
+
+/* o[0..n) = p[0..n) (s = 1) or n copies of p[0] (s = 0): a view member. */
+static void copy_row(domain dom, void *restrict o, const void *restrict p, int64_t s, int64_t n) {
+  size_t es = nb_dtype_size(domain_dtype[dom]);
+  if (s) {
+    memcpy(o, p, (size_t)n * es);
+    return;
+  }
+  for (int64_t j = 0; j < n; j++)
+    memcpy((char *)o + (size_t)j * es, p, es);
+}
 
 static void fused_chunk(const fused_plan *fp, char *const *ptr, const int64_t *s, int64_t n) {
   _Alignas(64) char val[NBI_FUSE_MAX][FUSE_CHUNK * 8];
@@ -661,7 +673,9 @@ static void fused_chunk(const fused_plan *fp, char *const *ptr, const int64_t *s
       }
     }
     void *o = fp->store_slot[k] >= 0 ? (void *)ptr[fp->store_slot[k]] : (void *)val[k];
-    if (t->op == NBI_OP_WHERE)
+    if (nbi_fuse_view(t))
+      copy_row(fp->dom, o, p[0], ps[0], n);
+    else if (t->op == NBI_OP_WHERE)
       where_rows[fp->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], n);
     else if (t->n_in == 1)
       unary_rows[fp->dom][t->op](o, p[0], ps[0], n);
@@ -872,6 +886,8 @@ static void fused_row(const row_plan *rp, int64_t r, char *scr) {
         *(float *)o = (float)v;
       else
         *(double *)o = v;
+    } else if (nbi_fuse_view(t)) {
+      copy_row(rp->dom, o, p[0], ps[0], n);
     } else if (t->op == NBI_OP_WHERE) {
       where_rows[rp->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], n);
     } else if (t->n_in == 1) {
@@ -911,9 +927,11 @@ nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, 
       if (j >= 0) {
         last[j] = k;
       } else {
+        /* per-row: broadcast to the member's shape; a reshape reads its input's
+         * elements in order (the row index is the linear index of both) */
         bool per_row = !rp.full[k] && !nbi_cpu_reduce_row_fusible(t);
-        rp.ext[n_ext] = row_ext_of(t->in[q], per_row ? &t->shape : full,
-                                   per_row ? t->shape.ndim : ra);
+        const nb_shape *ts = t->op == NBI_OP_RESHAPE ? &t->in[0]->shape : &t->shape;
+        rp.ext[n_ext] = row_ext_of(t->in[q], per_row ? ts : full, per_row ? ts->ndim : ra);
         j = -1 - n_ext++;
       }
       rp.src[k][q] = j;
@@ -940,7 +958,7 @@ nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, 
 #pragma omp atomic write
       oom = true;
     }
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
     for (int64_t b = 0; b < n_blocks; b++)
       for (int64_t r = b * rb; scr && r < rp.rows && r < (b + 1) * rb; r++)
         fused_row(&rp, r, scr);
