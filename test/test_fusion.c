@@ -182,7 +182,7 @@ static int build_rows(rng *r, const row_case *c, nb_dtype dt, nb_tensor **out) {
   nb_tensor *t = NULL;
   int steps = 6 + pick(r, 16);
   for (int s = 0; s < steps; s++) {
-    int kind = pick(r, 7);
+    int kind = pick(r, 8);
     if (kind == 0) { /* a reduction of a full value */
       bool kdim = pick(r, 2);
       t = reduce(pick(r, 7), full[pick(r, nf)], axes, kdim);
@@ -199,6 +199,11 @@ static int build_rows(rng *r, const row_case *c, nb_dtype dt, nb_tensor **out) {
       pool[kdim ? nk++ : nr++] = t;
     } else if (kind == 2) { /* a per-row value broadcast back over the row */
       t = binary(pick(r, N_BINARY), full[pick(r, nf)], keep[pick(r, nk)]);
+      full[nf++] = t;
+    } else if (kind == 4) { /* axis ops along the last axis */
+      nb_tensor *x = full[pick(r, nf)];
+      int op = pick(r, 3);
+      t = op == 0 ? nb_softmax(x, -1) : op == 1 ? nb_log_softmax(x, -1) : nb_cumsum(x, -1);
       full[nf++] = t;
     } else if (kind == 3) { /* views: flat per-row to keepdims, keepdims to full */
       t = pick(r, 2) ? nb_reshape(row[pick(r, nr)], kd) : nb_broadcast_to(keep[pick(r, nk)], f);
@@ -314,6 +319,11 @@ static nb_tensor *cross_entropy_rows(nb_tensor *const *in) {
   return nb_neg(nb_sum(nb_mul(in[1], log_softmax(in)), NB_AXES(-1), false));
 }
 
+/* the same with the log_softmax op */
+static nb_tensor *cross_entropy_op_rows(nb_tensor *const *in) {
+  return nb_neg(nb_sum(nb_mul(in[1], nb_log_softmax(in[0], -1)), NB_AXES(-1), false));
+}
+
 /* softmax's backward: y * (g - sum(g * y)) with y the softmax of in[0] */
 static nb_tensor *softmax_backward(nb_tensor *const *in) {
   nb_tensor *y = softmax(in);
@@ -330,6 +340,7 @@ Test(fusion, row_compositions_are_one_kernel) {
     one_kernel(log_softmax, &x, 1, dt, "log_softmax");
     one_kernel(cross_entropy_rows, (nb_shape[]){x, x}, 2, dt, "cross_entropy rows");
     one_kernel(softmax_backward, (nb_shape[]){x, x}, 2, dt, "softmax backward");
+    one_kernel(cross_entropy_op_rows, (nb_shape[]){x, x}, 2, dt, "log_softmax op cross_entropy");
   }
 }
 

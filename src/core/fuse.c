@@ -74,17 +74,22 @@ static bool per_row(const fgroup *g, const nb_shape *s, bool bcast) {
   return nbi_shape_eq(&a, &k) || (!bcast && nbi_shape_eq(&a, &f));
 }
 
-/* If t is a reduction a row group can hold, ra = the first of the trailing
- * axes it reduces (its input's rows are axes [0, ra)), else -1. Rows must have
- * 2 to NBI_FUSE_ROW_MAX elements and the input must not be empty. */
-static int row_reduction(const nb_tensor *t) {
-  if (!nbi_cpu_reduce_row_fusible(t)) return -1;
+/* If t is a reduction or an axis op a row group can hold, ra = the first of
+ * the trailing axes it works along (its input's rows are axes [0, ra)), else
+ * -1. Rows must have 2 to NBI_FUSE_ROW_MAX elements and the input must not be
+ * empty. */
+static int row_op(const nb_tensor *t) {
   const nb_shape *s = &t->in[0]->shape;
-  uint32_t mask = (uint32_t)t->attrs.i[0];
   int ra = s->ndim;
-  while (ra > 0 && (mask >> (ra - 1)) & 1u)
-    ra--;
-  if (ra == s->ndim || (mask & ((1u << ra) - 1u))) return -1;
+  if (nbi_cpu_axis_row_fusible(t)) {
+    ra = s->ndim - 1;
+  } else if (nbi_cpu_reduce_row_fusible(t)) {
+    uint32_t mask = (uint32_t)t->attrs.i[0];
+    while (ra > 0 && (mask >> (ra - 1)) & 1u)
+      ra--;
+    if (mask & ((1u << ra) - 1u)) return -1;
+  }
+  if (ra == s->ndim) return -1;
   int64_t n = 1;
   for (int d = ra; d < s->ndim; d++)
     n *= s->dims[d];
@@ -92,12 +97,12 @@ static int row_reduction(const nb_tensor *t) {
 }
 
 /* Whether step i (node t) can join group g, given its kind: elementwise
- * (fusible), a row reduction (ra >= 0), or a view (reshape, broadcast_to,
+ * (fusible), a row op (ra >= 0), or a view (reshape, broadcast_to,
  * identity: a copy inside the group, which views join but never start). */
 static bool joins(const fgroup *g, nb_tensor *const *nodes, int i, bool ew, int ra) {
   const nb_tensor *t = nodes[i], *f = nodes[g->first];
   if (t->dtype != f->dtype || i - g->first >= NBI_FUSE_MAX) return false;
-  if (ra >= 0) /* reduces F's trailing axes, as the group's others do */
+  if (ra >= 0) /* works along F's trailing axes, as the group's others do */
     return nbi_shape_eq(&t->in[0]->shape, &g->full) && (g->ra < 0 || g->ra == ra);
   if (nbi_fuse_view(t)) { /* a reshape only between per-row shapes (or to its own shape) */
     if (t->in[0]->dtype != t->dtype) return false;
@@ -123,7 +128,7 @@ void nbi_fuse_plan(nb_tensor *const *nodes, int n_nodes, const bool *held, int *
   for (int i = 0; i < n_nodes; i++) {
     const nb_tensor *t = nodes[i];
     bool on = nbi_fusion_enabled(), ew = on && nbi_cpu_elementwise_fusible(t);
-    int ra = on ? row_reduction(t) : -1;
+    int ra = on ? row_op(t) : -1;
     if (g.first >= 0 && joins(&g, nodes, i, ew, ra)) {
       int n = group_operands(t, g.first, i, g.ext, g.n_ext);
       if (n <= NBI_FUSE_MAX && (i - g.first + 1) + n <= NBI_FUSE_OPERANDS) {
@@ -173,9 +178,9 @@ nb_status nbi_fuse_run(nb_tensor *const *nodes, int m, const bool *store) {
     nbi_contig_strides(&t->shape, t->shard0.strides);
     out[k] = nbi_tensor_view(t);
   }
-  int ra = -1; /* a row group: its reductions' first reduced axis */
+  int ra = -1; /* a row group: its row ops' first trailing axis */
   for (int k = 0; k < m && ra < 0; k++)
-    ra = row_reduction(nodes[k]);
+    ra = row_op(nodes[k]);
   if (!st && ra >= 0)
     st = nbi_cpu_rows_fused(nodes, m, store, out, ra);
   else if (!st)

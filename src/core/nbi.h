@@ -423,7 +423,8 @@ nb_status nbi_program_run(const char *fn, const nbi_program *p, nb_tensor *const
  *    shape F (nbi_cpu_reduce_row_fusible: sum, mean, prod, max, min, var, std;
  *    keepdims or not) and elementwise nodes on the reduced "per-row" shape, whose
  *    values later members broadcast back over F (keepdims shape). Evaluated row
- *    by row: full members in scratch rows, per-row members as scalars.
+ *    by row: full members in scratch rows, per-row members as scalars. Axis
+ *    ops along the last axis (softmax, log_softmax, cumsum) are full members.
  * View ops (reshape, broadcast_to, identity) join a group as copies.
  * Values used only inside a group are never materialized; results are bitwise
  * those of the nodes run one by one. */
@@ -448,6 +449,9 @@ bool nbi_cpu_elementwise_fusible(const nb_tensor *n);
 bool nbi_fuse_view(const nb_tensor *n);
 /* A reduction a row group can hold (src/backends/cpu/k_reduce.c). */
 bool nbi_cpu_reduce_row_fusible(const nb_tensor *n);
+/* An axis op a row group can hold as a full member: softmax, log_softmax,
+ * cumsum along the last axis (rows of one axis). */
+bool nbi_cpu_axis_row_fusible(const nb_tensor *n);
 /* nodes[0..m-1] in topological order; out[k] is member k's buffer view where
  * store[k] (its value is needed outside the group), else unused. */
 nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *store,

@@ -751,7 +751,9 @@ nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *
  * gets its row of N (F's trailing elements) in a scratch row, or straight in
  * its buffer when stored; a reduction folds its input's row with the kernel's
  * own row routine (nbi_cpu_reduce_row); a per-row member is one scalar per
- * row. Outside operands are read through their broadcast views: per row, an
+ * row; an axis op along the last axis (softmax, log_softmax, cumsum) is a full
+ * member computed by its kernel's row routine (nbi_cpu_axis_row). Outside
+ * operands are read through their broadcast views: per row, an
  * offset from the row index and the strides of the row dims, then either one
  * stride over the row (read in place when it is 0 or 1 and of the domain's
  * type) or a gather of its trailing dims. Blocks of rows go to the threads;
@@ -872,9 +874,10 @@ static void fused_row(const row_plan *rp, int64_t r, char *scr) {
       if (src >= 0) {
         p[q] = rp->full[src] ? row[src] : (const void *)val[src];
         ps[q] = rp->full[src] ? 1 : 0;
-      } else {
-        bool red = nbi_cpu_reduce_row_fusible(t);
-        ps[q] = row_ext_row(rp, &rp->ext[-1 - src], r, red ? rp->n : n, buf, cond, red, &p[q]);
+      } else { /* a row op reads its input's row as n contiguous values */
+        bool row_op = nbi_cpu_reduce_row_fusible(t) || nbi_cpu_axis_row_fusible(t);
+        ps[q] = row_ext_row(rp, &rp->ext[-1 - src], r, row_op ? rp->n : n, buf, cond, row_op,
+                            &p[q]);
       }
     }
     void *o = rp->full[k] ? (rp->out[k] ? rp->out[k] + (size_t)r * rowbytes
@@ -886,6 +889,8 @@ static void fused_row(const row_plan *rp, int64_t r, char *scr) {
         *(float *)o = (float)v;
       else
         *(double *)o = v;
+    } else if (nbi_cpu_axis_row_fusible(t)) {
+      nbi_cpu_axis_row(t, p[0], o, n);
     } else if (nbi_fuse_view(t)) {
       copy_row(rp->dom, o, p[0], ps[0], n);
     } else if (t->op == NBI_OP_WHERE) {
@@ -908,7 +913,8 @@ nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, 
   rp.es = nb_dtype_size(domain_dtype[rp.dom]);
   const nb_shape *full = NULL;
   for (int k = 0; k < m && !full; k++)
-    if (nbi_cpu_reduce_row_fusible(nodes[k])) full = &nodes[k]->in[0]->shape;
+    if (nbi_cpu_reduce_row_fusible(nodes[k]) || nbi_cpu_axis_row_fusible(nodes[k]))
+      full = &nodes[k]->in[0]->shape;
   rp.n = nbi_numel(full);
   for (int d = 0; d < ra; d++)
     rp.rows *= full->dims[d];

@@ -1038,3 +1038,14 @@ nb_status nbi_cpu_softmax(const nb_tensor *n, nbi_view *out, const nbi_view *in)
 nb_status nbi_cpu_cumsum(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
   return run_axis_op(n, out, in, compute_dtype(in->dtype, false, true));
 }
+
+/* ---- one row of an axis op, for fused groups ---------------------------------------- */
+bool nbi_cpu_axis_row_fusible(const nb_tensor *n) {
+  if (n->op != NBI_OP_SOFTMAX && n->op != NBI_OP_LOG_SOFTMAX && n->op != NBI_OP_CUMSUM) return false;
+  return (n->dtype == NB_F32 || n->dtype == NB_F64) && n->in[0]->dtype == n->dtype &&
+         n->attrs.i[0] == n->shape.ndim - 1;
+}
+
+void nbi_cpu_axis_row(const nb_tensor *n, const void *x, void *y, int64_t len) {
+  axis_task(n->op, n->dtype, x, y, 0, len, 1, 1); /* run_axis_op's task for one row */
+}
