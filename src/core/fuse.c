@@ -79,17 +79,19 @@ static bool per_row(const fgroup *g, const nb_shape *s, bool bcast) {
  * -1. Rows must have 2 to NBI_FUSE_ROW_MAX elements and the input must not be
  * empty. */
 static int row_op(const nb_tensor *t) {
+  bool axis_op = nbi_cpu_axis_row_fusible(t);
+  if (!axis_op && !nbi_cpu_reduce_row_fusible(t)) return -1;
   const nb_shape *s = &t->in[0]->shape;
   int ra = s->ndim;
-  if (nbi_cpu_axis_row_fusible(t)) {
+  if (axis_op) {
     ra = s->ndim - 1;
-  } else if (nbi_cpu_reduce_row_fusible(t)) {
+  } else {
     uint32_t mask = (uint32_t)t->attrs.i[0];
     while (ra > 0 && (mask >> (ra - 1)) & 1u)
       ra--;
     if (mask & ((1u << ra) - 1u)) return -1;
   }
-  if (ra == s->ndim) return -1;
+  if (ra < 0 || ra == s->ndim) return -1;
   int64_t n = 1;
   for (int d = ra; d < s->ndim; d++)
     n *= s->dims[d];
