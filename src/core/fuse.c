@@ -133,7 +133,10 @@ void nbi_fuse_plan(nb_tensor *const *nodes, int n_nodes, const bool *held, int *
     int ra = on ? row_op(t) : -1;
     if (g.first >= 0 && joins(&g, nodes, i, ew, ra)) {
       int n = group_operands(t, g.first, i, g.ext, g.n_ext);
-      if (n <= NBI_FUSE_MAX && (i - g.first + 1) + n <= NBI_FUSE_OPERANDS) {
+      /* the elementwise executor walks stored members and operands with one
+       * iterator; the row executor indexes each operand itself */
+      bool rows = g.ra >= 0 || ra >= 0;
+      if (n <= NBI_FUSE_MAX && (rows || (i - g.first + 1) + n <= NBI_FUSE_OPERANDS)) {
         g.n_ext = n;
         group[i] = g.first;
         if (ra >= 0) g.ra = ra;

@@ -428,8 +428,8 @@ nb_status nbi_program_run(const char *fn, const nbi_program *p, nb_tensor *const
  * View ops (reshape, broadcast_to, identity) join a group as copies.
  * Values used only inside a group are never materialized; results are bitwise
  * those of the nodes run one by one. */
-#define NBI_FUSE_MAX 12      /* members of a group; also its outside operands */
-#define NBI_FUSE_OPERANDS 16 /* stored members + outside operands (one row iterator) */
+#define NBI_FUSE_MAX 16      /* members of a group; also its outside operands */
+#define NBI_FUSE_OPERANDS 16 /* elementwise groups: stored members + outside operands */
 #define NBI_FUSE_ROW_MAX 16384 /* elements of one row of a row group (scratch per thread) */
 /* On unless the environment sets NABLA_NO_FUSION=1; tests compare both. */
 bool nbi_fusion_enabled(void);
