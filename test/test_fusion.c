@@ -200,6 +200,11 @@ static int build_rows(rng *r, const row_case *c, nb_dtype dt, nb_tensor **out) {
     } else if (kind == 2) { /* a per-row value broadcast back over the row */
       t = binary(pick(r, N_BINARY), full[pick(r, nf)], keep[pick(r, nk)]);
       full[nf++] = t;
+    } else if (kind == 5 && pick(r, 2)) { /* one value from all rows, then ops on it */
+      bool kdim = pick(r, 2);
+      t = reduce(pick(r, 4), kdim ? keep[pick(r, nk)] : row[pick(r, nr)], NB_ALL, false);
+      if (t && pick(r, 2)) t = unary(pick(r, N_UNARY), t);
+      if (t && pick(r, 2)) t = binary(pick(r, N_BINARY), t, nb_reshape(t, NB_SHAPE(1, 1)));
     } else if (kind == 4) { /* axis ops along the last axis */
       nb_tensor *x = full[pick(r, nf)];
       int op = pick(r, 3);
@@ -315,6 +320,8 @@ static nb_tensor *log_softmax(nb_tensor *const *in) {
 }
 
 /* cross-entropy of each row against probability labels in[1] */
+static nb_tensor *cross_entropy(nb_tensor *const *in) { return nb_cross_entropy(in[0], in[1]); }
+
 static nb_tensor *cross_entropy_rows(nb_tensor *const *in) {
   return nb_neg(nb_sum(nb_mul(in[1], log_softmax(in)), NB_AXES(-1), false));
 }
@@ -341,6 +348,7 @@ Test(fusion, row_compositions_are_one_kernel) {
     one_kernel(cross_entropy_rows, (nb_shape[]){x, x}, 2, dt, "cross_entropy rows");
     one_kernel(softmax_backward, (nb_shape[]){x, x}, 2, dt, "softmax backward");
     one_kernel(cross_entropy_op_rows, (nb_shape[]){x, x}, 2, dt, "log_softmax op cross_entropy");
+    one_kernel(cross_entropy, (nb_shape[]){x, x}, 2, dt, "cross_entropy");
   }
 }
 

@@ -30,6 +30,7 @@ void nbi_set_fusion(bool on) { fusion = on; }
  * At most NBI_FUSE_MAX members and NBI_FUSE_MAX distinct outside operands. */
 typedef struct fgroup {
   int first, n_ext, ra; /* ra < 0: no reduction yet (an elementwise group) */
+  uint32_t global;      /* members (bit i - first) that come after the rows */
   nb_shape full;
   const nb_tensor *ext[NBI_FUSE_MAX + 3];
 } fgroup;
@@ -98,12 +99,41 @@ static int row_op(const nb_tensor *t) {
   return n >= 2 && n <= NBI_FUSE_ROW_MAX && nbi_numel(s) > 0 ? ra : -1;
 }
 
+/* Whether step i (node t, elementwise when ew) is a global member of row group
+ * g: computed once after the rows, from a reduction of all of a per-row
+ * member (a loss's mean over the batch) and elementwise ops or views on such
+ * single values. Needs rows >= 2, so that single values and per-row values
+ * differ. */
+static bool global_member(const fgroup *g, nb_tensor *const *nodes, int i, bool ew) {
+  const nb_tensor *t = nodes[i];
+  if (g->ra < 0 || nbi_numel(&t->shape) != 1 || t->n_in < 1) return false;
+  int64_t rows = 1;
+  for (int d = 0; d < g->ra; d++)
+    rows *= g->full.dims[d];
+  if (rows < 2) return false;
+  const nb_tensor *x = t->in[0];
+  bool member = x->mark >= g->first && x->mark < i;
+  if (nbi_cpu_reduce_row_fusible(t)) /* of a per-row member */
+    return member && !((g->global >> (x->mark - g->first)) & 1u) && per_row(g, &x->shape, false);
+  if (!ew && !(nbi_fuse_view(t) && x->dtype == t->dtype)) return false;
+  int n_member = 0; /* every member input is global, at least one unless already after the rows */
+  for (int k = 0; k < t->n_in; k++) {
+    int c = t->in[k]->mark;
+    if (c < g->first || c >= i) continue;
+    if (!((g->global >> (c - g->first)) & 1u)) return false;
+    n_member++;
+  }
+  return n_member > 0 || g->global;
+}
+
 /* Whether step i (node t) can join group g, given its kind: elementwise
- * (fusible), a row op (ra >= 0), or a view (reshape, broadcast_to,
- * identity: a copy inside the group, which views join but never start). */
-static bool joins(const fgroup *g, nb_tensor *const *nodes, int i, bool ew, int ra) {
+ * (fusible), a row op (ra >= 0), a view (reshape, broadcast_to, identity: a
+ * copy inside the group, which views join but never start), or a global
+ * member. */
+static bool joins(const fgroup *g, nb_tensor *const *nodes, int i, bool ew, int ra, bool global) {
   const nb_tensor *t = nodes[i], *f = nodes[g->first];
   if (t->dtype != f->dtype || i - g->first >= NBI_FUSE_MAX) return false;
+  if (global || g->global) return global; /* after the first global member, only those */
   if (ra >= 0) /* works along F's trailing axes, as the group's others do */
     return nbi_shape_eq(&t->in[0]->shape, &g->full) && (g->ra < 0 || g->ra == ra);
   if (nbi_fuse_view(t)) { /* a reshape only between per-row shapes (or to its own shape) */
@@ -127,11 +157,14 @@ static bool joins(const fgroup *g, nb_tensor *const *nodes, int i, bool ew, int 
 void nbi_fuse_plan(nb_tensor *const *nodes, int n_nodes, const bool *held, int *group,
                    bool *store) {
   fgroup g = {.first = -1};
+  for (int i = 0; i < n_nodes; i++)
+    store[i] = held[i];
   for (int i = 0; i < n_nodes; i++) {
     const nb_tensor *t = nodes[i];
     bool on = nbi_fusion_enabled(), ew = on && nbi_cpu_elementwise_fusible(t);
     int ra = on ? row_op(t) : -1;
-    if (g.first >= 0 && joins(&g, nodes, i, ew, ra)) {
+    bool global = g.first >= 0 && global_member(&g, nodes, i, ew);
+    if (g.first >= 0 && joins(&g, nodes, i, ew, ra, global)) {
       int n = group_operands(t, g.first, i, g.ext, g.n_ext);
       /* the elementwise executor walks stored members and operands with one
        * iterator; the row executor indexes each operand itself */
@@ -139,18 +172,23 @@ void nbi_fuse_plan(nb_tensor *const *nodes, int n_nodes, const bool *held, int *
       if (n <= NBI_FUSE_MAX && (rows || (i - g.first + 1) + n <= NBI_FUSE_OPERANDS)) {
         g.n_ext = n;
         group[i] = g.first;
-        if (ra >= 0) g.ra = ra;
+        if (global) {
+          g.global |= 1u << (i - g.first);
+          if (nbi_cpu_reduce_row_fusible(t)) /* reads all rows after the row loop */
+            store[t->in[0]->mark] = true;
+        } else if (ra >= 0) {
+          g.ra = ra;
+        }
         continue;
       }
     }
     group[i] = i; /* starts a group (or stays alone) */
     g.first = ew || ra >= 0 ? i : -1;
     g.ra = ra;
+    g.global = 0;
     g.full = ra >= 0 ? t->in[0]->shape : t->shape;
     g.n_ext = g.first >= 0 ? group_operands(t, i, i, g.ext, 0) : 0;
   }
-  for (int i = 0; i < n_nodes; i++)
-    store[i] = held[i];
   for (int i = 0; i < n_nodes; i++) {
     const nb_tensor *t = nodes[i];
     for (int k = 0; k < t->n_in; k++) {

@@ -776,7 +776,8 @@ typedef struct row_plan {
   int64_t rows, n;
   size_t pitch; /* bytes between scratch rows (n elements, 64-byte aligned) */
   nb_tensor *const *nodes;
-  bool full[NBI_FUSE_MAX]; /* member has the full shape (else one value per row) */
+  bool full[NBI_FUSE_MAX];   /* member has the full shape (else one value per row) */
+  bool global[NBI_FUSE_MAX]; /* member is one value computed after the rows */
   int slot[NBI_FUSE_MAX];  /* scratch row of an unstored full member, or -1 */
   char *out[NBI_FUSE_MAX]; /* buffer of a stored member, or NULL */
   int src[NBI_FUSE_MAX][3]; /* operand: member index, or -1 - its index in ext */
@@ -867,6 +868,7 @@ static void fused_row(const row_plan *rp, int64_t r, char *scr) {
     int64_t n = rp->full[k] ? rp->n : 1;
     const void *p[3];
     int64_t ps[3];
+    if (rp->global[k]) continue;
     for (int q = 0; q < t->n_in; q++) {
       int src = rp->src[k][q];
       char *buf = scr + (size_t)(rp->n_slots + q) * rp->pitch;
@@ -907,6 +909,45 @@ static void fused_row(const row_plan *rp, int64_t r, char *scr) {
   }
 }
 
+/* The global members, in order, after every row: a reduction of all rows of
+ * a (stored) per-row member, elementwise ops and views on single values. */
+static void fused_global(const row_plan *rp) {
+  _Alignas(8) char val[NBI_FUSE_MAX][8], tmp[3][8];
+  for (int k = 0; k < rp->m; k++) {
+    const nb_tensor *t = rp->nodes[k];
+    if (!rp->global[k]) continue;
+    const void *p[3];
+    int64_t ps[3];
+    for (int q = 0; q < t->n_in; q++) {
+      int src = rp->src[k][q];
+      if (src >= 0) {
+        p[q] = rp->global[src] ? (const void *)val[src] : (const void *)rp->out[src];
+        ps[q] = 0;
+      } else {
+        ps[q] = row_ext_row(rp, &rp->ext[-1 - src], 0, 1, tmp[q], t->op == NBI_OP_WHERE && q == 0,
+                            false, &p[q]);
+      }
+    }
+    void *o = val[k];
+    if (nbi_cpu_reduce_row_fusible(t)) {
+      double v = nbi_cpu_reduce_row(t, p[0], rp->rows, 1);
+      if (rp->dom == DOM_F32)
+        *(float *)o = (float)v;
+      else
+        *(double *)o = v;
+    } else if (nbi_fuse_view(t)) {
+      copy_row(rp->dom, o, p[0], ps[0], 1);
+    } else if (t->op == NBI_OP_WHERE) {
+      where_rows[rp->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], 1);
+    } else if (t->n_in == 1) {
+      unary_rows[rp->dom][t->op](o, p[0], ps[0], 1);
+    } else {
+      binary_rows[rp->dom][t->op](o, p[0], ps[0], p[1], ps[1], 1);
+    }
+    if (rp->out[k]) memcpy(rp->out[k], o, rp->es);
+  }
+}
+
 nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out,
                              int ra) {
   row_plan rp = {.m = m, .ra = ra, .nodes = nodes, .dom = domain_of(nodes[0]->dtype), .rows = 1};
@@ -926,6 +967,9 @@ nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, 
     last[k] = k;
     rp.full[k] = nbi_shape_eq(&t->shape, full);
     rp.out[k] = store[k] ? out[k].data : NULL;
+    /* global (nbi.h): a reduction to one value of a per-row member, or an op on
+     * global members (the planner keeps them after every other member) */
+    rp.global[k] = rp.rows >= 2 && nbi_numel(&t->shape) == 1;
     for (int q = 0; q < t->n_in; q++) {
       int j = k - 1;
       while (j >= 0 && nodes[j] != t->in[q])
@@ -973,5 +1017,6 @@ nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, 
   if (oom)
     return nbi_error(NB_ERR_OOM, "nb_eval: out of memory for a fused group's rows (%lld bytes)",
                      (long long)scr_bytes);
+  fused_global(&rp);
   return NB_OK;
 }
