@@ -2,10 +2,10 @@
  * run together as one kernel, and running such a group.
  *
  * A group is a run of consecutive steps (topological order): elementwise
- * steps of one shape, or a row group (elementwise steps and reductions of
- * trailing axes; nbi.h, "fusion"); group[i] is the
- * first step of i's group (i itself when alone) and the group runs at its
- * last step. store[i]: member i's value is needed outside its group (held,
+ * steps of one shape, or a row group (elementwise steps, reductions and axis
+ * ops along trailing axes, per-row and global values; nbi.h, "fusion");
+ * group[i] is the first step of i's group (i itself when alone) and the group
+ * runs at its last step. store[i]: member i's value is needed outside its group (held,
  * or read by a later step), so it gets a buffer; the others live in the
  * executor's tiles only.
  */
@@ -25,11 +25,13 @@ bool nbi_fusion_enabled(void) {
 void nbi_set_fusion(bool on) { fusion = on; }
 
 /* Groups consecutive fusible steps (nbi.h, "fusion"): elementwise steps of one
- * dtype and one full shape F, and, once a reduction of F's trailing axes
- * [ra, ndim) joins, such reductions and elementwise steps on the per-row shape.
- * At most NBI_FUSE_MAX members and NBI_FUSE_MAX distinct outside operands. */
+ * dtype and one full shape F, and, once a row op along F's trailing axes
+ * [ra, ndim) joins, such row ops, steps on the per-row shape and then global
+ * members. At most NBI_FUSE_MAX members and NBI_FUSE_MAX distinct outside
+ * operands. The grouping reads only the graph's structure (ops, shapes,
+ * dtypes, attributes, edges), so it is part of the cached plan. */
 typedef struct fgroup {
-  int first, n_ext, ra; /* ra < 0: no reduction yet (an elementwise group) */
+  int first, n_ext, ra; /* ra < 0: no row op yet (an elementwise group) */
   uint32_t global;      /* members (bit i - first) that come after the rows */
   nb_shape full;
   const nb_tensor *ext[NBI_FUSE_MAX + 3];

@@ -425,6 +425,9 @@ nb_status nbi_program_run(const char *fn, const nbi_program *p, nb_tensor *const
  *    values later members broadcast back over F (keepdims shape). Evaluated row
  *    by row: full members in scratch rows, per-row members as scalars. Axis
  *    ops along the last axis (softmax, log_softmax, cumsum) are full members.
+ *    A row group may end with global members, computed once after the rows: a
+ *    reduction of all rows of a per-row member (a loss's mean over the batch)
+ *    and elementwise ops on such single values.
  * View ops (reshape, broadcast_to, identity) join a group as copies.
  * Values used only inside a group are never materialized; results are bitwise
  * those of the nodes run one by one. */
@@ -456,8 +459,8 @@ bool nbi_cpu_axis_row_fusible(const nb_tensor *n);
  * store[k] (its value is needed outside the group), else unused. */
 nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *store,
                                     nbi_view *out);
-/* The same for a row group whose reductions reduce axes [ra, ndim) of the full
- * shape (their input's). */
+/* The same for a row group whose row ops work along axes [ra, ndim) of the
+ * full shape (their input's). */
 nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out,
                              int ra);
 

@@ -757,7 +757,8 @@ nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *
  * offset from the row index and the strides of the row dims, then either one
  * stride over the row (read in place when it is 0 or 1 and of the domain's
  * type) or a gather of its trailing dims. Blocks of rows go to the threads;
- * each thread allocates its scratch once per call. */
+ * each thread allocates its scratch once per call. Global members (single
+ * values from all rows) run after the row loop, on the stored per-row values. */
 
 /* An outside operand broadcast to its consumer's shape: dims [0, ra) index
  * rows, dims [ra, nd) the row (none for a per-row consumer). */
