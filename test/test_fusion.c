@@ -200,7 +200,7 @@ static int build_rows(rng *r, const row_case *c, nb_dtype dt, nb_tensor **out) {
     } else if (kind == 2) { /* a per-row value broadcast back over the row */
       t = binary(pick(r, N_BINARY), full[pick(r, nf)], keep[pick(r, nk)]);
       full[nf++] = t;
-    } else if (kind == 5 && pick(r, 2)) { /* one value from all rows, then ops on it */
+    } else if (kind == 5) { /* one value from all rows, then ops on it */
       bool kdim = pick(r, 2);
       t = reduce(pick(r, 4), kdim ? keep[pick(r, nk)] : row[pick(r, nr)], NB_ALL, false);
       if (t && pick(r, 2)) t = unary(pick(r, N_UNARY), t);
