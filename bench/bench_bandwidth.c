@@ -10,6 +10,9 @@
  *   softmax        nb_softmax(x, -1), x [4096, 1024] f32; bytes = read + write once
  *   layer_norm     nb_layer_norm(x, w, b, 1e-5), x [4096, 1024] f32, w and b [1024];
  *                  bytes = x read + y written once (w and b are 8 KiB, not counted)
+ *   cross_entropy  nb_cross_entropy(x, p), x [4096, 1024] f32 logits, p probability
+ *                  labels of the same shape; bytes = x and p read once (the result is
+ *                  one number)
  *
  * A nabla repetition records the ops and realizes them (nb_eval) inside a
  * scope, so it includes the graph, the plan-cache lookup and fresh buffers.
@@ -35,10 +38,11 @@
 #define PASSES 3
 #define PER_PASS 10
 
-enum { C_TRIAD, C_COPY, C_CHAIN, C_SOFTMAX, C_LAYER_NORM, N_CASES };
-static const char *const case_names[N_CASES] = {"stream_triad", "stream_copy", "chain", "softmax",
-                                                "layer_norm"};
-static const char *const impl_names[N_CASES] = {"c_openmp", "c_openmp", "nabla", "nabla", "nabla"};
+enum { C_TRIAD, C_COPY, C_CHAIN, C_SOFTMAX, C_LAYER_NORM, C_CROSS_ENTROPY, N_CASES };
+static const char *const case_names[N_CASES] = {"stream_triad", "stream_copy", "chain",
+                                                "softmax",      "layer_norm",  "cross_entropy"};
+static const char *const impl_names[N_CASES] = {"c_openmp", "c_openmp", "nabla",
+                                                "nabla",    "nabla",    "nabla"};
 
 /* Inputs of every case: plain arrays for the peers, realized tensors for nabla. */
 typedef struct bw_data {
@@ -47,6 +51,7 @@ typedef struct bw_data {
   float *a, *b, *c;
   nb_tensor *x, *w;        /* chain: [n] each */
   nb_tensor *rx, *lw, *lb; /* rows: [rows, cols]; layer_norm weight, bias [cols] */
+  nb_tensor *rp;           /* cross_entropy labels: [rows, cols], rows sum to 1 */
 } bw_data;
 
 static void triad(float *restrict a, const float *restrict b, const float *restrict c, float s,
@@ -68,6 +73,7 @@ static nb_tensor *record(int k, const bw_data *d) {
   case C_CHAIN:
     return nb_sub_scalar(nb_mul_scalar(nb_relu(nb_add(nb_mul_scalar(d->x, 1.5), d->w)), 0.5), 0.25);
   case C_SOFTMAX: return nb_softmax(d->rx, -1);
+  case C_CROSS_ENTROPY: return nb_cross_entropy(d->rx, d->rp);
   default: return nb_layer_norm(d->rx, d->lw, d->lb, 1e-5);
   }
 }
@@ -95,7 +101,7 @@ static double case_bytes(int k, const bw_data *d) {
   case C_TRIAD: return 3 * flat;
   case C_COPY: return 2 * flat;
   case C_CHAIN: return 3 * flat;
-  default: return 2 * rows;
+  default: return 2 * rows; /* softmax, layer_norm: x and y; cross_entropy: x and p */
   }
 }
 
@@ -141,8 +147,10 @@ int main(int argc, char **argv) {
   d.rx = nb_randn((nb_shape){2, {d.rows, d.cols}}, NB_F32);
   d.lw = nb_rand((nb_shape){1, {d.cols}}, NB_F32);
   d.lb = nb_rand((nb_shape){1, {d.cols}}, NB_F32);
-  nb_tensor *inputs[] = {d.x, d.w, d.rx, d.lw, d.lb};
-  if (!d.a || !d.b || !d.c || !d.x || !d.w || !d.rx || !d.lw || !d.lb || nb_eval(inputs, 5)) {
+  d.rp = nb_softmax(nb_randn((nb_shape){2, {d.rows, d.cols}}, NB_F32), -1);
+  nb_tensor *inputs[] = {d.x, d.w, d.rx, d.lw, d.lb, d.rp};
+  if (!d.a || !d.b || !d.c || !d.x || !d.w || !d.rx || !d.lw || !d.lb || !d.rp ||
+      nb_eval(inputs, 6)) {
     fprintf(stderr, "bench_bandwidth: setup failed: %s\n", nb_last_error());
     return 1;
   }

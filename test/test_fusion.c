@@ -1,7 +1,9 @@
-/* test/test_fusion.c — fused elementwise groups compute exactly what the
- * unfused kernels compute: a property test over random elementwise DAGs
- * (random ops, broadcasting inputs, f32 and f64, some intermediates held),
- * realized with fusion on and off; plus the kernel count a chain needs. */
+/* test/test_fusion.c — fused groups compute exactly what the unfused kernels
+ * compute: property tests over random elementwise DAGs and over random DAGs of
+ * elementwise ops and trailing-axis reductions (random ops, broadcasting and
+ * strided inputs, f32 and f64, some intermediates held), realized with fusion
+ * on and off; plus the kernel counts of a chain, layer_norm, softmax,
+ * log_softmax and cross-entropy written as compositions. */
 #include "common.h"
 
 typedef struct rng {
@@ -124,4 +126,267 @@ Test(fusion, a_chain_is_one_kernel_and_needs_no_intermediate_buffers) {
   }
   free(v), free(xs), free(ws);
   nb_scope_end();
+}
+
+/* ---- row groups: elementwise ops and reductions over trailing axes ------------ */
+typedef struct row_case {
+  nb_shape full;
+  int ra; /* rows are dims [0, ra) */
+} row_case;
+
+static const row_case row_cases[] = {
+    {{3, {4, 5, 6}}, 2}, {{3, {2, 3, 7}}, 1}, {{2, {5, 2}}, 1}, {{2, {64, 600}}, 1}, /* threads */
+    {{2, {4, 9000}}, 1}, /* few long rows (the reduction kernel's split path) */
+};
+
+static nb_tensor *reduce(int k, nb_tensor *x, nb_axes axes, bool keep) {
+  switch (k) {
+  case 0: return nb_sum(x, axes, keep);
+  case 1: return nb_max(x, axes, keep);
+  case 2: return nb_min(x, axes, keep);
+  case 3: return nb_mean(x, axes, keep);
+  case 4: return nb_var(x, axes, keep);
+  case 5: return nb_std(x, axes, keep);
+  default: return nb_prod(x, axes, keep);
+  }
+}
+
+static nb_tensor *input(rng *r, nb_shape s, nb_dtype dt, bool strided) {
+  int64_t numel = tc_numel(s);
+  double *x = malloc(sizeof *x * (size_t)numel);
+  tc_fill(x, numel, -2, 2, &r->s);
+  nb_tensor *t = strided ? tc_strided_tensor(x, s, dt) : tc_tensor(x, s, dt);
+  free(x);
+  return t;
+}
+
+/* A random DAG over full values (shape F), per-row values in keepdims form
+ * (broadcast back over F) and per-row values without the reduced dims; returns
+ * up to 4 outputs (the last node and some held intermediates). */
+static int build_rows(rng *r, const row_case *c, nb_dtype dt, nb_tensor **out) {
+  nb_shape f = c->full, kd = f, flat = {.ndim = c->ra}, last = {1, {f.dims[f.ndim - 1]}};
+  for (int d = 0; d < f.ndim; d++) {
+    if (d >= c->ra) kd.dims[d] = 1;
+    if (d < c->ra) flat.dims[d] = f.dims[d];
+  }
+  nb_axes axes = {0};
+  for (int d = c->ra; d < f.ndim; d++)
+    axes.v[axes.n++] = d;
+  nb_tensor *full[40], *keep[40], *row[40];
+  int nf = 0, nk = 0, nr = 0, n_out = 0;
+  full[nf++] = input(r, f, dt, false);
+  full[nf++] = input(r, f, dt, true);          /* read through strides */
+  nb_tensor *bias = input(r, last, dt, false); /* broadcast over the rows */
+  keep[nk++] = input(r, kd, dt, false);        /* broadcast over the row */
+  row[nr++] = input(r, flat, dt, false);
+  nb_tensor *t = NULL;
+  int steps = 6 + pick(r, 16);
+  for (int s = 0; s < steps; s++) {
+    int kind = pick(r, 8);
+    if (kind == 0) { /* a reduction of a full value */
+      bool kdim = pick(r, 2);
+      t = reduce(pick(r, 7), full[pick(r, nf)], axes, kdim);
+      if (kdim)
+        keep[nk++] = t;
+      else
+        row[nr++] = t;
+    } else if (kind == 1) { /* per-row arithmetic */
+      bool kdim = pick(r, 2);
+      nb_tensor **pool = kdim ? keep : row;
+      int n = kdim ? nk : nr;
+      t = pick(r, 2) ? unary(pick(r, N_UNARY), pool[pick(r, n)])
+                     : binary(pick(r, N_BINARY), pool[pick(r, n)], pool[pick(r, n)]);
+      pool[kdim ? nk++ : nr++] = t;
+    } else if (kind == 2) { /* a per-row value broadcast back over the row */
+      t = binary(pick(r, N_BINARY), full[pick(r, nf)], keep[pick(r, nk)]);
+      full[nf++] = t;
+    } else if (kind == 5) { /* one value from all rows, then ops on it */
+      bool kdim = pick(r, 2);
+      t = reduce(pick(r, 4), kdim ? keep[pick(r, nk)] : row[pick(r, nr)], NB_ALL, false);
+      if (t && pick(r, 2)) t = unary(pick(r, N_UNARY), t);
+      if (t && pick(r, 2)) t = binary(pick(r, N_BINARY), t, nb_reshape(t, NB_SHAPE(1, 1)));
+    } else if (kind == 4) { /* axis ops along the last axis */
+      nb_tensor *x = full[pick(r, nf)];
+      int op = pick(r, 3);
+      t = op == 0 ? nb_softmax(x, -1) : op == 1 ? nb_log_softmax(x, -1) : nb_cumsum(x, -1);
+      full[nf++] = t;
+    } else if (kind == 3) { /* views: flat per-row to keepdims, keepdims to full */
+      t = pick(r, 2) ? nb_reshape(row[pick(r, nr)], kd) : nb_broadcast_to(keep[pick(r, nk)], f);
+      if (t && nbi_shape_eq(&t->shape, &kd))
+        keep[nk++] = t;
+      else
+        full[nf++] = t;
+    } else {
+      nb_tensor *b = pick(r, 4) ? full[pick(r, nf)] : bias;
+      t = pick(r, 3) == 0 ? unary(pick(r, N_UNARY), full[pick(r, nf)])
+                          : binary(pick(r, N_BINARY), full[pick(r, nf)], b);
+      full[nf++] = t;
+    }
+    cr_assert(t, "%s", nb_last_error());
+    if (n_out < 3 && pick(r, 5) == 0) out[n_out++] = t; /* held: must be stored */
+    if (nf >= 38 || nk >= 38 || nr >= 38) break;
+  }
+  out[n_out++] = t;
+  return n_out;
+}
+
+/* Realizes build_rows's DAG (seed *s) with fusion off and on; asserts the
+ * results agree bit for bit. */
+static void rows_trial(rng *r, const row_case *c, nb_dtype dt, int trial) {
+  uint64_t seed = r->s;
+  double *res[2][4];
+  int64_t numel[4];
+  int n_out = 0;
+  for (int fused = 0; fused < 2; fused++) {
+    nbi_set_fusion(fused);
+    r->s = seed;
+    nb_scope_begin();
+    nb_tensor *out[4];
+    n_out = build_rows(r, c, dt, out);
+    cr_assert(nb_eval(out, n_out) == NB_OK, "%s", nb_last_error());
+    for (int k = 0; k < n_out; k++) {
+      res[fused][k] = tc_read(out[k]);
+      numel[k] = nb_numel(out[k]);
+    }
+    nb_scope_end();
+  }
+  nbi_set_fusion(true);
+  for (int k = 0; k < n_out; k++) {
+    cr_assert(memcmp(res[0][k], res[1][k], sizeof(double) * (size_t)numel[k]) == 0,
+              "trial %d output %d differs", trial, k);
+    free(res[0][k]);
+    free(res[1][k]);
+  }
+}
+
+Test(fusion, random_row_reduction_dags_equal_unfused) {
+  rng r = {.s = 777};
+  int n_cases = (int)(sizeof row_cases / sizeof row_cases[0]);
+  for (int trial = 0; trial < 240; trial++) {
+    const row_case *c = &row_cases[trial < 200 ? trial % 3 : 3 + trial % 2];
+    rows_trial(&r, c, trial % 2 ? NB_F64 : NB_F32, trial);
+  }
+  cr_assert_eq(n_cases, 5);
+}
+
+/* Realizes y = make(x...) with fusion on and off: one kernel fused, and the
+ * same bits as the unfused kernels. */
+typedef nb_tensor *(*row_fn)(nb_tensor *const *in);
+
+static void one_kernel(row_fn make, nb_shape *shapes, int n_in, nb_dtype dt, const char *what) {
+  rng r = {.s = 99};
+  nb_tensor *in[4];
+  for (int k = 0; k < n_in; k++)
+    in[k] = input(&r, shapes[k], dt, false);
+  double *res[2];
+  int64_t numel = 0;
+  for (int fused = 0; fused < 2; fused++) {
+    nbi_set_fusion(fused);
+    nb_scope_begin();
+    nb_scope_begin(); /* the temporaries are dropped: only the graph holds them */
+    nb_tensor *y = make(in);
+    cr_assert(y, "%s", nb_last_error());
+    nb_keep(y);
+    nb_scope_end();
+    nb_reset_stats();
+    nb_stats s0 = nb_get_stats();
+    cr_assert(nb_eval(&y, 1) == NB_OK, "%s", nb_last_error());
+    nb_stats s1 = nb_get_stats();
+    if (fused)
+      cr_assert_eq(s1.kernels_run - s0.kernels_run, 1, "%s: %llu kernels", what,
+                   (unsigned long long)(s1.kernels_run - s0.kernels_run));
+    res[fused] = tc_read(y);
+    numel = nb_numel(y);
+    nb_scope_end();
+  }
+  nbi_set_fusion(true);
+  cr_assert(memcmp(res[0], res[1], sizeof(double) * (size_t)numel) == 0, "%s differs", what);
+  free(res[0]);
+  free(res[1]);
+}
+
+static nb_tensor *layer_norm(nb_tensor *const *in) {
+  return nb_layer_norm(in[0], in[1], in[2], 1e-5);
+}
+
+static nb_tensor *softmax(nb_tensor *const *in) {
+  nb_tensor *e = nb_exp(nb_sub(in[0], nb_max(in[0], NB_AXES(-1), true)));
+  return nb_div(e, nb_sum(e, NB_AXES(-1), true));
+}
+
+static nb_tensor *log_softmax(nb_tensor *const *in) {
+  nb_tensor *xs = nb_sub(in[0], nb_max(in[0], NB_AXES(-1), true));
+  return nb_sub(xs, nb_log(nb_sum(nb_exp(xs), NB_AXES(-1), true)));
+}
+
+/* cross-entropy of each row against probability labels in[1] */
+static nb_tensor *cross_entropy(nb_tensor *const *in) { return nb_cross_entropy(in[0], in[1]); }
+
+static nb_tensor *cross_entropy_rows(nb_tensor *const *in) {
+  return nb_neg(nb_sum(nb_mul(in[1], log_softmax(in)), NB_AXES(-1), false));
+}
+
+/* the same with the log_softmax op */
+static nb_tensor *cross_entropy_op_rows(nb_tensor *const *in) {
+  return nb_neg(nb_sum(nb_mul(in[1], nb_log_softmax(in[0], -1)), NB_AXES(-1), false));
+}
+
+/* softmax's backward: y * (g - sum(g * y)) with y the softmax of in[0] */
+static nb_tensor *softmax_backward(nb_tensor *const *in) {
+  nb_tensor *y = softmax(in);
+  return nb_mul(y, nb_sub(in[1], nb_sum(nb_mul(in[1], y), NB_AXES(-1), true)));
+}
+
+Test(fusion, row_compositions_are_one_kernel) {
+  for (int k = 0; k < 2; k++) {
+    nb_dtype dt = k ? NB_F64 : NB_F32;
+    nb_shape x = {2, {96, 512}}, w = {1, {512}}, x3 = {3, {4, 24, 300}};
+    one_kernel(layer_norm, (nb_shape[]){x, w, w}, 3, dt, "layer_norm");
+    one_kernel(layer_norm, (nb_shape[]){x3, {1, {300}}, {1, {300}}}, 3, dt, "layer_norm 3-d");
+    one_kernel(softmax, &x, 1, dt, "softmax");
+    one_kernel(log_softmax, &x, 1, dt, "log_softmax");
+    one_kernel(cross_entropy_rows, (nb_shape[]){x, x}, 2, dt, "cross_entropy rows");
+    one_kernel(softmax_backward, (nb_shape[]){x, x}, 2, dt, "softmax backward");
+    one_kernel(cross_entropy_op_rows, (nb_shape[]){x, x}, 2, dt, "log_softmax op cross_entropy");
+    one_kernel(cross_entropy, (nb_shape[]){x, x}, 2, dt, "cross_entropy");
+  }
+}
+
+/* Backward passes of layer_norm and cross-entropy: gradients fused equal the
+ * unfused ones bit for bit, in far fewer kernels (reductions over the feature
+ * axis join the elementwise ops around them). */
+static void grad_trial(int which, nb_dtype dt) {
+  rng r = {.s = 4242};
+  nb_shape xs = {2, {48, 200}}, ws = {1, {200}};
+  nb_tensor *x0 = input(&r, xs, dt, false), *w = input(&r, ws, dt, false),
+            *b = input(&r, ws, dt, false), *g = input(&r, xs, dt, false);
+  nb_tensor *labels = nb_softmax(input(&r, xs, dt, false), -1);
+  double *res[2];
+  uint64_t kernels[2];
+  for (int fused = 0; fused < 2; fused++) {
+    nbi_set_fusion(fused);
+    nb_scope_begin();
+    nb_tensor *x = nb_set_requires_grad(nb_detach(x0), true);
+    nb_tensor *loss = which ? nb_cross_entropy(x, labels)
+                            : nb_sum(nb_mul(nb_layer_norm(x, w, b, 1e-5), g), NB_ALL, false);
+    nb_reset_stats();
+    nb_stats s0 = nb_get_stats();
+    cr_assert(nb_backward(loss) == NB_OK, "%s", nb_last_error());
+    nb_stats s1 = nb_get_stats();
+    kernels[fused] = s1.kernels_run - s0.kernels_run;
+    res[fused] = tc_read(nb_grad_of(x));
+    nb_scope_end();
+  }
+  nbi_set_fusion(true);
+  cr_assert(memcmp(res[0], res[1], sizeof(double) * (size_t)tc_numel(xs)) == 0,
+            "gradient %d differs", which);
+  cr_assert(kernels[1] * 2 < kernels[0], "gradient %d: %llu kernels fused, %llu unfused", which,
+            (unsigned long long)kernels[1], (unsigned long long)kernels[0]);
+  free(res[0]);
+  free(res[1]);
+}
+
+Test(fusion, layer_norm_and_cross_entropy_gradients_equal_unfused) {
+  for (int k = 0; k < 4; k++)
+    grad_trial(k % 2, k < 2 ? NB_F32 : NB_F64);
 }

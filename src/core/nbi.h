@@ -415,12 +415,25 @@ nb_status nbi_program_apply(const char *fn, const nbi_program *p, nb_tensor *con
 nb_status nbi_program_run(const char *fn, const nbi_program *p, nb_tensor *const *in,
                           nb_tensor **out);
 
-/* ---- fusion (the CPU backend's fused elementwise executor) -------------------------
- * The planner (graph.c) runs consecutive elementwise nodes of one float dtype
- * and one shape as one group: one pass over memory, values used only inside
- * the group never materialized. */
-#define NBI_FUSE_MAX 12      /* members of a group; also its outside operands */
-#define NBI_FUSE_OPERANDS 16 /* stored members + outside operands (one row iterator) */
+/* ---- fusion (the CPU backend's fused executors) ------------------------------------
+ * The planner (src/core/fuse.c) runs runs of consecutive nodes as one kernel:
+ *  - elementwise groups: elementwise nodes of one float dtype (f32, f64) and one
+ *    shape, evaluated chunk by chunk;
+ *  - row groups: the same plus reductions of the trailing axes of that "full"
+ *    shape F (nbi_cpu_reduce_row_fusible: sum, mean, prod, max, min, var, std;
+ *    keepdims or not) and elementwise nodes on the reduced "per-row" shape, whose
+ *    values later members broadcast back over F (keepdims shape). Evaluated row
+ *    by row: full members in scratch rows, per-row members as scalars. Axis
+ *    ops along the last axis (softmax, log_softmax, cumsum) are full members.
+ *    A row group may end with global members, computed once after the rows: a
+ *    reduction of all rows of a per-row member (a loss's mean over the batch)
+ *    and elementwise ops on such single values.
+ * View ops (reshape, broadcast_to, identity) join a group as copies.
+ * Values used only inside a group are never materialized; results are bitwise
+ * those of the nodes run one by one. */
+#define NBI_FUSE_MAX 16      /* members of a group; also its outside operands */
+#define NBI_FUSE_OPERANDS 16 /* elementwise groups: stored members + outside operands */
+#define NBI_FUSE_ROW_MAX 16384 /* elements of one row of a row group (scratch per thread) */
 /* On unless the environment sets NABLA_NO_FUSION=1; tests compare both. */
 bool nbi_fusion_enabled(void);
 void nbi_set_fusion(bool on);
@@ -434,10 +447,22 @@ void nbi_fuse_plan(nb_tensor *const *nodes, int n, const bool *held, int *group,
  * members, runs the fused kernel; on failure no member keeps a buffer. */
 nb_status nbi_fuse_run(nb_tensor *const *nodes, int m, const bool *store);
 bool nbi_cpu_elementwise_fusible(const nb_tensor *n);
+/* A view op (reshape, broadcast_to, identity, stop_gradient) that may join a
+ * group as a copy of its input (src/core/fuse.c). */
+bool nbi_fuse_view(const nb_tensor *n);
+/* A reduction a row group can hold (src/backends/cpu/k_reduce.c). */
+bool nbi_cpu_reduce_row_fusible(const nb_tensor *n);
+/* An axis op a row group can hold as a full member: softmax, log_softmax,
+ * cumsum along the last axis (rows of one axis). */
+bool nbi_cpu_axis_row_fusible(const nb_tensor *n);
 /* nodes[0..m-1] in topological order; out[k] is member k's buffer view where
  * store[k] (its value is needed outside the group), else unused. */
 nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *store,
                                     nbi_view *out);
+/* The same for a row group whose row ops work along axes [ra, ndim) of the
+ * full shape (their input's). */
+nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out,
+                             int ra);
 
 /* ---- simplification (src/core/simplify.c) -------------------------------------------
  * Before grouping, the planner finds steps whose value another step or leaf

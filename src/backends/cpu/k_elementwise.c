@@ -16,8 +16,10 @@
  * converted once at the store.
  */
 #include "k_elementwise.h"
+#include "k_reduce.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "vmath.h"
 
@@ -684,6 +686,7 @@ nb_status nbi_cpu_cast(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
  * read through their views, as the single-op kernel does. */
 enum { FUSE_CHUNK = 256 };
 
+/* (View members, nbi_fuse_view, are copies in both executors.) */
 bool nbi_cpu_elementwise_fusible(const nb_tensor *n) {
   if (nbi_op_table[n->op]->cpu != nbi_cpu_elementwise || is_pred[n->op]) return false;
   nb_dtype cdt = (nb_dtype)n->attrs.i[0];
@@ -706,6 +709,17 @@ typedef struct fused_plan {
   int store_slot[NBI_FUSE_MAX]; /* iterator operand of a stored member, or -1 */
   nb_dtype ext_dt[NBI_FUSE_MAX];
 } fused_plan;
+
+/* o[0..n) = p[0..n) (s = 1) or n copies of p[0] (s = 0): a view member. */
+static void copy_row(domain dom, void *restrict o, const void *restrict p, int64_t s, int64_t n) {
+  size_t es = nb_dtype_size(domain_dtype[dom]);
+  if (s) {
+    memcpy(o, p, (size_t)n * es);
+    return;
+  }
+  for (int64_t j = 0; j < n; j++)
+    memcpy((char *)o + (size_t)j * es, p, es);
+}
 
 static void fused_chunk(const fused_plan *fp, char *const *ptr, const int64_t *s, int64_t n) {
   _Alignas(64) char val[NBI_FUSE_MAX][FUSE_CHUNK * 8];
@@ -735,7 +749,9 @@ static void fused_chunk(const fused_plan *fp, char *const *ptr, const int64_t *s
       }
     }
     void *o = fp->store_slot[k] >= 0 ? (void *)ptr[fp->store_slot[k]] : (void *)val[k];
-    if (t->op == NBI_OP_WHERE)
+    if (nbi_fuse_view(t))
+      copy_row(fp->dom, o, p[0], ps[0], n);
+    else if (t->op == NBI_OP_WHERE)
       where_rows[fp->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], n);
     else if (t->n_in == 1)
       unary_rows[fp->dom][t->op](o, p[0], ps[0], n);
@@ -803,5 +819,281 @@ nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *
     }
     fused_chunk(&fp, ptr, s, len);
   }
+  return NB_OK;
+}
+
+/* ---- fused row groups ------------------------------------------------------------------
+ * A row group (nbi.h, "fusion") runs row by row: a member of the full shape F
+ * gets its row of N (F's trailing elements) in a scratch row, or straight in
+ * its buffer when stored; a reduction folds its input's row with the kernel's
+ * own row routine (nbi_cpu_reduce_row); a per-row member is one scalar per
+ * row; an axis op along the last axis (softmax, log_softmax, cumsum) is a full
+ * member computed by its kernel's row routine (nbi_cpu_axis_row). Outside
+ * operands are read through their broadcast views: per row, an
+ * offset from the row index and the strides of the row dims, then either one
+ * stride over the row (read in place when it is 0 or 1 and of the domain's
+ * type) or a gather of its trailing dims. Blocks of rows go to the threads;
+ * each thread allocates its scratch once per call. Global members (single
+ * values from all rows) run after the row loop, on the stored per-row values. */
+
+/* An outside operand broadcast to its consumer's shape: dims [0, ra) index
+ * rows, dims [ra, nd) the row (none for a per-row consumer). */
+typedef struct row_ext {
+  const char *data;
+  nb_dtype dt;
+  int nd, ra;
+  int64_t dims[NB_MAX_DIMS], st[NB_MAX_DIMS];
+  int64_t s; /* the one element stride of the row's dims, or INT64_MIN when none */
+} row_ext;
+
+typedef struct row_plan {
+  int m, ra, n_slots;
+  domain dom;
+  size_t es;
+  int64_t rows, n;
+  size_t pitch; /* bytes between scratch rows (n elements, 64-byte aligned) */
+  nb_tensor *const *nodes;
+  bool full[NBI_FUSE_MAX];   /* member has the full shape (else one value per row) */
+  bool global[NBI_FUSE_MAX]; /* member is one value computed after the rows */
+  int slot[NBI_FUSE_MAX];  /* scratch row of an unstored full member, or -1 */
+  char *out[NBI_FUSE_MAX]; /* buffer of a stored member, or NULL */
+  int src[NBI_FUSE_MAX][3]; /* operand: member index, or -1 - its index in ext */
+  row_ext ext[NBI_FUSE_MAX * 3];
+} row_plan;
+
+static row_ext row_ext_of(const nb_tensor *x, const nb_shape *target, int ra) {
+  nbi_view v = nbi_tensor_view(x);
+  v = nbi_view_broadcast(&v, target);
+  row_ext e = {.data = v.data, .dt = v.dtype, .nd = target->ndim, .ra = ra, .s = INT64_MIN};
+  memcpy(e.dims, v.dims, sizeof e.dims);
+  memcpy(e.st, v.strides, sizeof e.st);
+  int last = -1; /* the row's dims collapse to one stride when consecutive ones nest */
+  bool one = true;
+  for (int d = ra; d < e.nd; d++) {
+    if (e.dims[d] == 1) continue;
+    if (last >= 0 && e.st[last] != e.st[d] * e.dims[d]) one = false;
+    last = d;
+  }
+  if (one && last >= 0) e.s = e.st[last];
+  return e;
+}
+
+/* Element offset of row r's first element. */
+static int64_t row_ext_offset(const row_ext *e, int64_t r) {
+  int64_t off = 0;
+  for (int d = e->ra - 1; d >= 0; d--) {
+    off += r % e->dims[d] * e->st[d];
+    r /= e->dims[d];
+  }
+  return off;
+}
+
+/* Copies row r's n elements of e into buf, converted to the domain's type
+ * (bool as bytes 0/1 when cond). */
+static void row_ext_gather(const row_plan *rp, const row_ext *e, int64_t r, void *buf, bool cond) {
+  int64_t idx[NB_MAX_DIMS] = {0}, in = e->dims[e->nd - 1], ins = e->st[e->nd - 1];
+  size_t es = nb_dtype_size(e->dt);
+  for (int64_t j = 0; j < rp->n; j += in) {
+    int64_t off = row_ext_offset(e, r);
+    for (int d = e->ra; d < e->nd - 1; d++)
+      off += idx[d] * e->st[d];
+    const char *p = e->data + off * (int64_t)es;
+    if (cond)
+      for (int64_t i = 0; i < in; i++)
+        ((uint8_t *)buf)[j + i] = p[i * ins] != 0;
+    else
+      load(rp->dom, (char *)buf + j * (int64_t)rp->es, p, e->dt, ins, in);
+    for (int d = e->nd - 2; d >= e->ra && ++idx[d] == e->dims[d]; d--)
+      idx[d] = 0;
+  }
+}
+
+/* Points *p at row r of e for a consumer of n elements per row (1 when e is
+ * per-row): in place or gathered into buf; returns the stride of *p (0 or 1).
+ * contig: always n values at stride 1 (a reduction's input). */
+static int64_t row_ext_row(const row_plan *rp, const row_ext *e, int64_t r, int64_t n, void *buf,
+                           bool cond, bool contig, const void **p) {
+  const char *base = e->data + row_ext_offset(e, r) * (int64_t)nb_dtype_size(e->dt);
+  int64_t s = n == 1 ? 0 : e->s;
+  if (s == INT64_MIN || (contig && (s != 1 || e->dt != domain_dtype[rp->dom]))) {
+    row_ext_gather(rp, e, r, buf, cond);
+    *p = buf;
+    return 1;
+  }
+  if (cond) {
+    if (s == 0 || s == 1) {
+      *p = base;
+      return s;
+    }
+    for (int64_t j = 0; j < n; j++)
+      ((uint8_t *)buf)[j] = base[j * s] != 0;
+    *p = buf;
+    return 1;
+  }
+  ew_plan pl = {.dom = rp->dom, .cdt = domain_dtype[rp->dom]};
+  return operand(&pl, base, e->dt, s, n, buf, p);
+}
+
+/* Evaluates row r of every member; scr: the thread's scratch rows, then three
+ * operand rows. */
+static void fused_row(const row_plan *rp, int64_t r, char *scr) {
+  _Alignas(8) char val[NBI_FUSE_MAX][8]; /* per-row members' values */
+  const void *row[NBI_FUSE_MAX];         /* full members' rows */
+  size_t rowbytes = (size_t)rp->n * rp->es;
+  for (int k = 0; k < rp->m; k++) {
+    const nb_tensor *t = rp->nodes[k];
+    int64_t n = rp->full[k] ? rp->n : 1;
+    const void *p[3];
+    int64_t ps[3];
+    if (rp->global[k]) continue;
+    for (int q = 0; q < t->n_in; q++) {
+      int src = rp->src[k][q];
+      char *buf = scr + (size_t)(rp->n_slots + q) * rp->pitch;
+      bool cond = t->op == NBI_OP_WHERE && q == 0;
+      if (src >= 0) {
+        p[q] = rp->full[src] ? row[src] : (const void *)val[src];
+        ps[q] = rp->full[src] ? 1 : 0;
+      } else { /* a row op reads its input's row as n contiguous values */
+        bool row_op = nbi_cpu_reduce_row_fusible(t) || nbi_cpu_axis_row_fusible(t);
+        ps[q] = row_ext_row(rp, &rp->ext[-1 - src], r, row_op ? rp->n : n, buf, cond, row_op,
+                            &p[q]);
+      }
+    }
+    void *o = rp->full[k] ? (rp->out[k] ? rp->out[k] + (size_t)r * rowbytes
+                                        : scr + (size_t)rp->slot[k] * rp->pitch)
+                          : (void *)val[k];
+    if (nbi_cpu_reduce_row_fusible(t)) {
+      double v = nbi_cpu_reduce_row(t, p[0], rp->n, rp->rows);
+      if (rp->dom == DOM_F32)
+        *(float *)o = (float)v;
+      else
+        *(double *)o = v;
+    } else if (nbi_cpu_axis_row_fusible(t)) {
+      nbi_cpu_axis_row(t, p[0], o, n);
+    } else if (nbi_fuse_view(t)) {
+      copy_row(rp->dom, o, p[0], ps[0], n);
+    } else if (t->op == NBI_OP_WHERE) {
+      where_rows[rp->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], n);
+    } else if (t->n_in == 1) {
+      unary_rows[rp->dom][t->op](o, p[0], ps[0], n);
+    } else {
+      binary_rows[rp->dom][t->op](o, p[0], ps[0], p[1], ps[1], n);
+    }
+    if (rp->full[k])
+      row[k] = o;
+    else if (rp->out[k])
+      memcpy(rp->out[k] + (size_t)r * rp->es, o, rp->es);
+  }
+}
+
+/* The global members, in order, after every row: a reduction of all rows of
+ * a (stored) per-row member, elementwise ops and views on single values. */
+static void fused_global(const row_plan *rp) {
+  _Alignas(8) char val[NBI_FUSE_MAX][8], tmp[3][8];
+  for (int k = 0; k < rp->m; k++) {
+    const nb_tensor *t = rp->nodes[k];
+    if (!rp->global[k]) continue;
+    const void *p[3];
+    int64_t ps[3];
+    for (int q = 0; q < t->n_in; q++) {
+      int src = rp->src[k][q];
+      if (src >= 0) {
+        p[q] = rp->global[src] ? (const void *)val[src] : (const void *)rp->out[src];
+        ps[q] = 0;
+      } else {
+        ps[q] = row_ext_row(rp, &rp->ext[-1 - src], 0, 1, tmp[q], t->op == NBI_OP_WHERE && q == 0,
+                            false, &p[q]);
+      }
+    }
+    void *o = val[k];
+    if (nbi_cpu_reduce_row_fusible(t)) {
+      double v = nbi_cpu_reduce_row(t, p[0], rp->rows, 1);
+      if (rp->dom == DOM_F32)
+        *(float *)o = (float)v;
+      else
+        *(double *)o = v;
+    } else if (nbi_fuse_view(t)) {
+      copy_row(rp->dom, o, p[0], ps[0], 1);
+    } else if (t->op == NBI_OP_WHERE) {
+      where_rows[rp->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], 1);
+    } else if (t->n_in == 1) {
+      unary_rows[rp->dom][t->op](o, p[0], ps[0], 1);
+    } else {
+      binary_rows[rp->dom][t->op](o, p[0], ps[0], p[1], ps[1], 1);
+    }
+    if (rp->out[k]) memcpy(rp->out[k], o, rp->es);
+  }
+}
+
+nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out,
+                             int ra) {
+  row_plan rp = {.m = m, .ra = ra, .nodes = nodes, .dom = domain_of(nodes[0]->dtype), .rows = 1};
+  rp.es = nb_dtype_size(domain_dtype[rp.dom]);
+  const nb_shape *full = NULL;
+  for (int k = 0; k < m && !full; k++)
+    if (nbi_cpu_reduce_row_fusible(nodes[k]) || nbi_cpu_axis_row_fusible(nodes[k]))
+      full = &nodes[k]->in[0]->shape;
+  rp.n = nbi_numel(full);
+  for (int d = 0; d < ra; d++)
+    rp.rows *= full->dims[d];
+  rp.n /= rp.rows;
+  /* scratch rows: an unstored full member takes a free one, freed after its last use */
+  int last[NBI_FUSE_MAX], owner[NBI_FUSE_MAX], n_ext = 0;
+  for (int k = 0; k < m; k++) {
+    const nb_tensor *t = nodes[k];
+    last[k] = k;
+    rp.full[k] = nbi_shape_eq(&t->shape, full);
+    rp.out[k] = store[k] ? out[k].data : NULL;
+    /* global (nbi.h): a reduction to one value of a per-row member, or an op on
+     * global members (the planner keeps them after every other member) */
+    rp.global[k] = rp.rows >= 2 && nbi_numel(&t->shape) == 1;
+    for (int q = 0; q < t->n_in; q++) {
+      int j = k - 1;
+      while (j >= 0 && nodes[j] != t->in[q])
+        j--;
+      if (j >= 0) {
+        last[j] = k;
+      } else {
+        /* per-row: broadcast to the member's shape; a reshape reads its input's
+         * elements in order (the row index is the linear index of both) */
+        bool per_row = !rp.full[k] && !nbi_cpu_reduce_row_fusible(t);
+        const nb_shape *ts = t->op == NBI_OP_RESHAPE ? &t->in[0]->shape : &t->shape;
+        rp.ext[n_ext] = row_ext_of(t->in[q], per_row ? ts : full, per_row ? ts->ndim : ra);
+        j = -1 - n_ext++;
+      }
+      rp.src[k][q] = j;
+    }
+  }
+  for (int k = 0; k < m; k++) {
+    rp.slot[k] = -1;
+    if (!rp.full[k] || rp.out[k]) continue;
+    int s = 0;
+    while (s < rp.n_slots && last[owner[s]] >= k)
+      s++;
+    if (s == rp.n_slots) rp.n_slots++;
+    owner[s] = k;
+    rp.slot[k] = s;
+  }
+  rp.pitch = ((size_t)rp.n * rp.es + 63) / 64 * 64;
+  size_t scr_bytes = (size_t)(rp.n_slots + 3) * rp.pitch;
+  int64_t rb = 8192 / rp.n + 1, n_blocks = (rp.rows + rb - 1) / rb;
+  bool oom = false;
+#pragma omp parallel if (rp.rows * rp.n >= NBI_PAR_MIN && n_blocks > 1)
+  {
+    char *scr = aligned_alloc(64, scr_bytes);
+    if (!scr) {
+#pragma omp atomic write
+      oom = true;
+    }
+#pragma omp for schedule(dynamic)
+    for (int64_t b = 0; b < n_blocks; b++)
+      for (int64_t r = b * rb; scr && r < rp.rows && r < (b + 1) * rb; r++)
+        fused_row(&rp, r, scr);
+    free(scr);
+  }
+  if (oom)
+    return nbi_error(NB_ERR_OOM, "nb_eval: out of memory for a fused group's rows (%lld bytes)",
+                     (long long)scr_bytes);
+  fused_global(&rp);
   return NB_OK;
 }

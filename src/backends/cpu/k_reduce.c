@@ -607,10 +607,16 @@ static void inner_range(const pass *p, int64_t o, int64_t a, int64_t b, void *st
   }
 }
 
+/* Whether the inner loop folds each of n_out outputs' n_red elements in CHUNK
+ * pieces (from fresh states, combined in order) rather than whole. */
+static bool inner_splits(int64_t n_out, int64_t n_red) {
+  return n_out * n_red >= NBI_PAR_MIN && n_out < MIN_TASKS;
+}
+
 static nb_status run_inner(const pass *p, const char *opname) {
   const geom *g = p->g;
   int64_t work = g->n_out * g->n_red;
-  if ((work < NBI_PAR_MIN || g->n_out >= MIN_TASKS) && g->nr == 1) {
+  if (!inner_splits(g->n_out, g->n_red) && g->nr == 1) {
     /* [outputs, L] rows back to back: blocks of about CHUNK elements */
     int64_t L = g->n_red, rb = CHUNK / L + 1, nblk = ceil_div(g->n_out, rb);
 #pragma omp parallel for schedule(static) if (work >= NBI_PAR_MIN)
@@ -621,7 +627,7 @@ static nb_status run_inner(const pass *p, const char *opname) {
     }
     return NB_OK;
   }
-  if (work < NBI_PAR_MIN || g->n_out >= MIN_TASKS) {
+  if (!inner_splits(g->n_out, g->n_red)) {
 #pragma omp parallel for schedule(static) if (work >= NBI_PAR_MIN)
     for (int64_t o = 0; o < g->n_out; o++)
       inner_range(p, o, 0, g->n_red, state_at(p->acc, o), p->ix ? p->ix + o : NULL);
@@ -746,6 +752,16 @@ static fold_op simple_fold(int op) {
   }
 }
 
+/* Sum's result from its state v: v / div for mean (div = the count), NaN when
+ * nothing was reduced. */
+static double mean_of(double v, double div) { return div > 0 ? v / div : NAN; }
+
+/* Var's (std's) result from the F_SQDEV state of count elements. */
+static double var_of(double sqdev, double count, bool sd) {
+  double v = count > 0 ? sqdev / count : NAN;
+  return sd ? sqrt(v) : v;
+}
+
 /* in[0] is (..., reduced dims interleaved with kept dims ...), any strides;
  * out is (kept dims) contiguous, with reduced dims as 1 when keepdims. */
 nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
@@ -780,7 +796,7 @@ nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
     if (div == 1) break;
     for (int64_t o = 0; o < n_out; o++) {
       double v = ints ? (double)((int64_t *)acc)[o] : acc[o];
-      acc[o] = div > 0 ? v / div : NAN;
+      acc[o] = mean_of(v, div);
     }
     res = NB_F64;
     break;
@@ -792,10 +808,8 @@ nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
         centre[o] = acc[o] / count;
       st = run_pass(&p, F_SQDEV, centre, opname);
     }
-    for (int64_t o = 0; o < n_out; o++) {
-      double v = count > 0 ? acc[o] / count : NAN;
-      acc[o] = n->attrs.i[1] ? sqrt(v) : v;
-    }
+    for (int64_t o = 0; o < n_out; o++)
+      acc[o] = var_of(acc[o], count, n->attrs.i[1]);
     break;
   case NBI_OP_LOGSUMEXP:
     /* max-shifted: m + log(sum(exp(x - m))); m >= every x keeps exp's argument
@@ -812,6 +826,61 @@ nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
   free(acc);
   free(owned);
   return st;
+}
+
+/* ---- one row, for fused groups ---------------------------------------------------- */
+bool nbi_cpu_reduce_row_fusible(const nb_tensor *n) {
+  switch (n->op) {
+  case NBI_OP_REDUCE_SUM:
+  case NBI_OP_REDUCE_PROD:
+  case NBI_OP_REDUCE_MAX:
+  case NBI_OP_REDUCE_MIN:
+  case NBI_OP_REDUCE_VAR: break;
+  default: return false;
+  }
+  return (n->dtype == NB_F32 || n->dtype == NB_F64) && n->in[0]->dtype == n->dtype;
+}
+
+/* Folds one output's reduced elements x[0..len) (len >= 1) into *acc from its
+ * initial state, as run_inner does for an input of n_out such outputs. */
+static void fold_one_row(pass *p, fold_op op, const void *x, int64_t len, int64_t n_out, double c,
+                         double *acc) {
+  p->op = op;
+  p->x = x;
+  state_init(p, acc, NULL, 1);
+  if (!inner_splits(n_out, len)) {
+    fold_rows(p, 0, len, 1, &c, acc, NULL, 0);
+    return;
+  }
+  for (int64_t a = 0; a < len; a += CHUNK) {
+    double part;
+    state_init(p, &part, NULL, 1);
+    fold_rows(p, a, min64(CHUNK, len - a), 1, &c, &part, NULL, a);
+    state_combine(p, acc, NULL, &part, 0);
+  }
+}
+
+double nbi_cpu_reduce_row(const nb_tensor *n, const void *x, int64_t len, int64_t n_out) {
+  pass p = {.ct = n->dtype};
+  double acc, count = (double)len;
+  if (len == 0) { /* every state stays initial */
+    p.op = n->op == NBI_OP_REDUCE_VAR ? F_SUM : simple_fold(n->op);
+    state_init(&p, &acc, NULL, 1);
+  }
+  switch (n->op) {
+  case NBI_OP_REDUCE_SUM:
+    if (len > 0) fold_one_row(&p, F_SUM, x, len, n_out, 0, &acc);
+    return n->attrs.f[0] == 1 ? acc : mean_of(acc, n->attrs.f[0]);
+  case NBI_OP_REDUCE_VAR:
+    if (len > 0) {
+      fold_one_row(&p, F_SUM, x, len, n_out, 0, &acc);
+      fold_one_row(&p, F_SQDEV, x, len, n_out, acc / count, &acc);
+    }
+    return var_of(acc, count, n->attrs.i[1]);
+  default:
+    if (len > 0) fold_one_row(&p, simple_fold(n->op), x, len, n_out, 0, &acc);
+    return acc;
+  }
 }
 
 /* ---- softmax and cumsum along one axis --------------------------------------------- */
@@ -985,4 +1054,15 @@ nb_status nbi_cpu_softmax(const nb_tensor *n, nbi_view *out, const nbi_view *in)
 
 nb_status nbi_cpu_cumsum(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
   return run_axis_op(n, out, in, compute_dtype(in->dtype, false, true));
+}
+
+/* ---- one row of an axis op, for fused groups ---------------------------------------- */
+bool nbi_cpu_axis_row_fusible(const nb_tensor *n) {
+  if (n->op != NBI_OP_SOFTMAX && n->op != NBI_OP_LOG_SOFTMAX && n->op != NBI_OP_CUMSUM) return false;
+  return (n->dtype == NB_F32 || n->dtype == NB_F64) && n->in[0]->dtype == n->dtype &&
+         n->attrs.i[0] == n->shape.ndim - 1;
+}
+
+void nbi_cpu_axis_row(const nb_tensor *n, const void *x, void *y, int64_t len) {
+  axis_task(n->op, n->dtype, x, y, 0, len, 1, 1); /* run_axis_op's task for one row */
 }

@@ -10,6 +10,16 @@
  * in[0] is any shape with any strides; the reduced axes are the bits of
  * n->attrs.i[0]; out holds the kept axes in order (keepdims or not). */
 nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in);
+/* Fused row groups (nbi.h, nbi_cpu_reduce_row_fusible): the value (before the
+ * conversion to n's dtype) that nbi_cpu_reduce gives an output whose reduced
+ * elements are x[0..len), contiguous of n's dtype, in an input of n_out outputs
+ * that reduces its trailing axes: the same folds in the same order, so fused and
+ * unfused results agree bit for bit. */
+double nbi_cpu_reduce_row(const nb_tensor *n, const void *x, int64_t len, int64_t n_out);
+/* The same for an axis op over its last axis (nbi.h, nbi_cpu_axis_row_fusible):
+ * y[0..len) from x[0..len), both contiguous of n's dtype, as nbi_cpu_softmax /
+ * nbi_cpu_cumsum compute each row. */
+void nbi_cpu_axis_row(const nb_tensor *n, const void *x, void *y, int64_t len);
 /* SOFTMAX / LOG_SOFTMAX along axis n->attrs.i[0]; out has in[0]'s shape. */
 nb_status nbi_cpu_softmax(const nb_tensor *n, nbi_view *out, const nbi_view *in);
 /* CUMSUM (inclusive) along axis n->attrs.i[0]; out has in[0]'s shape. */
