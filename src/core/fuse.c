@@ -11,6 +11,8 @@
 
 #include <stdlib.h>
 
+#include "../backends/cpu/k_gemm_epi.h"
+
 /* Fusion on/off: on unless NABLA_NO_FUSION=1 (tests compare both). */
 static int fusion = -1;
 bool nbi_fusion_enabled(void) {
@@ -42,6 +44,15 @@ void nbi_fuse_plan(nb_tensor *const *nodes, int n_nodes, const bool *held, int *
   const nb_tensor *ext[NBI_FUSE_MAX + 3];
   int first = -1, n_ext = 0;
   for (int i = 0; i < n_nodes; i++) {
+    /* GEMM epilogues: [matmul, add bias, activation] as one group (k_gemm_epi.c). */
+    int epi = nbi_fusion_enabled() ? nbi_cpu_gemm_epi_match(nodes, n_nodes, i, held) : 0;
+    if (epi > 1) {
+      for (int k = 0; k < epi; k++)
+        group[i + k] = i;
+      i += epi - 1;
+      first = -1;
+      continue;
+    }
     const nb_tensor *t = nodes[i], *f = first >= 0 ? nodes[first] : NULL;
     bool fuse = nbi_fusion_enabled() && nbi_cpu_elementwise_fusible(t);
     if (fuse && f && t->dtype == f->dtype && nbi_shape_eq(&t->shape, &f->shape) &&
@@ -86,7 +97,9 @@ nb_status nbi_fuse_run(nb_tensor *const *nodes, int m, const bool *store) {
     nbi_contig_strides(&t->shape, t->shard0.strides);
     out[k] = nbi_tensor_view(t);
   }
-  if (!st) st = nbi_cpu_elementwise_fused(nodes, m, store, out);
+  if (!st)
+    st = nodes[0]->op == NBI_OP_MATMUL ? nbi_cpu_gemm_epi_run(nodes, m, store, out)
+                                       : nbi_cpu_elementwise_fused(nodes, m, store, out);
   if (st)
     for (int k = 0; k < m; k++) {
       nbi_buffer_release(nodes[k]->shard0.buf);

@@ -105,6 +105,11 @@ static bool mm_gemm_layout(const mm_operand *o, bool *trans, int64_t *ld) {
   return *ld <= INT_MAX;
 }
 
+bool nbi_cpu_gemm_layout(const nbi_view *v, bool *trans, int64_t *ld) {
+  mm_operand o = mm_describe(v, true);
+  return v->ndim == 2 && mm_gemm_layout(&o, trans, ld);
+}
+
 /* Replaces o's data by a contiguous row-major copy in dtype dt (o's own batch
  * dims, broadcast dims kept at size 1); keeps o's memory when it already is
  * one. Returns NB_ERR_OOM on failure. */

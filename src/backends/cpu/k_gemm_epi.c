@@ -1,0 +1,296 @@
+/* src/backends/cpu/k_gemm_epi.c — GEMM epilogues: a planner group [matmul,
+ * add bias, activation] (f32, 2-D) runs as one oneDNN matmul primitive with
+ * the bias and an eltwise post-op, writing only the group's result.
+ *
+ * Operands go in place when their matrices are row- or column-major with a
+ * leading dimension (transposed views become strides of the memory
+ * descriptor, as nbi_cpu_matmul's transpose flags); anything else is packed
+ * once. When the sum (the activation's input) is needed outside the group, the
+ * primitive writes the sum and a oneDNN eltwise primitive computes the
+ * activation from it in a second pass.
+ *
+ * Primitives are created once per shape, strides and epilogue and cached (an
+ * LRU of EPI_CACHE entries; creating one costs milliseconds, running it
+ * microseconds). Should oneDNN offer only its reference implementation for a
+ * case (slow), or fail, the group runs member by member through the ops' own
+ * kernels instead.
+ *
+ * Rounding: the fused result is not bitwise the unfused one. The matmul
+ * primitive may block the K sum differently from dnnl_sgemm, and oneDNN's
+ * vectorized gelu/tanh/sigmoid/silu approximations differ from libm's in the
+ * last bits (relu and the bias add themselves are exact). test_gemm_epi.c
+ * compares with a tight relative tolerance for that reason. f64 (OpenBLAS)
+ * products are not fused. */
+#include "k_gemm_epi.h"
+
+#include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "k_linalg.h"
+
+/* ---- matching ------------------------------------------------------------------------ */
+static int act_alg(int op, float *alpha) {
+  *alpha = 0;
+  switch (op) {
+  case NBI_OP_RELU: return dnnl_eltwise_relu;
+  case NBI_OP_GELU: return dnnl_eltwise_gelu_erf;
+  case NBI_OP_TANH: return dnnl_eltwise_tanh;
+  case NBI_OP_SIGMOID: return dnnl_eltwise_logistic;
+  case NBI_OP_SILU: *alpha = 1; return dnnl_eltwise_swish;
+  default: return -1;
+  }
+}
+
+/* Whether step i's value is read by a step other than `user` or held. */
+static bool used_elsewhere(nb_tensor *const *nodes, int n, int i, int user, const bool *held) {
+  if (held[i]) return true;
+  for (int j = i + 1; j < n; j++) {
+    if (j == user) continue;
+    for (int k = 0; k < nodes[j]->n_in; k++)
+      if (nodes[j]->in[k]->mark == i) return true;
+  }
+  return false;
+}
+
+/* The bias operand of `add` (the input that is not `mm`) when it is a row bias
+ * of mm's [M, N] value: f32, shape [N] or [1, N], the sum shaped like mm. */
+static const nb_tensor *row_bias(const nb_tensor *add, const nb_tensor *mm) {
+  if (add->op != NBI_OP_ADD || add->n_in != 2 || add->dtype != NB_F32) return NULL;
+  const nb_tensor *b = add->in[0] == mm ? add->in[1] : add->in[1] == mm ? add->in[0] : NULL;
+  if (!b || b == mm || b->dtype != NB_F32 || !nbi_shape_eq(&add->shape, &mm->shape)) return NULL;
+  int64_t n = mm->shape.dims[1];
+  if (b->shape.ndim == 1) return b->shape.dims[0] == n ? b : NULL;
+  if (b->shape.ndim == 2) return b->shape.dims[0] == 1 && b->shape.dims[1] == n ? b : NULL;
+  return NULL;
+}
+
+int nbi_cpu_gemm_epi_match(nb_tensor *const *nodes, int n, int i, const bool *held) {
+  const nb_tensor *mm = nodes[i];
+  if (mm->op != NBI_OP_MATMUL || mm->dtype != NB_F32 || mm->shape.ndim != 2 || i + 1 >= n) return 0;
+  if (mm->in[0]->shape.ndim != 2 || mm->in[1]->shape.ndim != 2 || mm->in[0]->dtype != NB_F32 ||
+      mm->in[1]->dtype != NB_F32)
+    return 0;
+  const nb_tensor *add = nodes[i + 1];
+  if (!row_bias(add, mm) || used_elsewhere(nodes, n, i, i + 1, held)) return 0;
+  if (i + 2 < n) {
+    const nb_tensor *act = nodes[i + 2];
+    float alpha;
+    if (act->n_in == 1 && act->in[0] == add && act->dtype == NB_F32 &&
+        act_alg(act->op, &alpha) >= 0)
+      return 3;
+  }
+  return 2;
+}
+
+/* ---- the primitive cache --------------------------------------------------------------- */
+enum { EPI_CACHE = 64, KIND_MATMUL = 0, KIND_ELTWISE = 1 };
+
+typedef struct epi_key {
+  int64_t kind, alg, m, n, k, sa[2], sb[2];
+} epi_key;
+
+typedef struct epi_prim {
+  epi_key key;
+  uint64_t used;            /* LRU clock; 0: empty slot */
+  dnnl_primitive_t prim;    /* NULL: oneDNN had no good implementation */
+  dnnl_memory_desc_t md[3]; /* matmul: src, weights, dst (bias: 1 x n); eltwise: data */
+} epi_prim;
+
+static pthread_mutex_t epi_lock = PTHREAD_MUTEX_INITIALIZER;
+static epi_prim cache[EPI_CACHE];
+static uint64_t epi_clock;
+static dnnl_engine_t engine;
+static dnnl_stream_t stream;
+
+static void md_2d(dnnl_memory_desc_t *md, int64_t r, int64_t c, int64_t sr, int64_t sc) {
+  dnnl_dims_t d = {r, c}, s = {sr, sc};
+  dnnl_memory_desc_init_by_strides(md, 2, d, dnnl_f32, s);
+}
+
+/* Creates e's primitive from its key; leaves e->prim NULL when oneDNN fails or
+ * offers only a reference implementation. */
+static void epi_create(epi_prim *e) {
+  const epi_key *k = &e->key;
+  dnnl_primitive_attr_t attr = NULL;
+  dnnl_post_ops_t po = NULL;
+  dnnl_primitive_desc_t pd = NULL;
+  dnnl_status_t s = dnnl_primitive_attr_create(&attr);
+  if (s == dnnl_success && k->kind == KIND_MATMUL) {
+    md_2d(&e->md[0], k->m, k->k, k->sa[0], k->sa[1]);
+    md_2d(&e->md[1], k->k, k->n, k->sb[0], k->sb[1]);
+    md_2d(&e->md[2], k->m, k->n, k->n, 1);
+    dnnl_memory_desc_t bias;
+    md_2d(&bias, 1, k->n, k->n, 1);
+    if (k->alg >= 0) {
+      float alpha = 0;
+      int alg = k->alg;
+      if (alg == dnnl_eltwise_swish) alpha = 1;
+      s = dnnl_post_ops_create(&po);
+      if (s == dnnl_success) s = dnnl_post_ops_append_eltwise(po, 1.0f, alg, alpha, 0.0f);
+      if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(attr, po);
+    }
+    dnnl_matmul_desc_t d;
+    if (s == dnnl_success) s = dnnl_matmul_desc_init(&d, &e->md[0], &e->md[1], &bias, &e->md[2]);
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &d, attr, engine, NULL);
+  } else if (s == dnnl_success) {
+    md_2d(&e->md[0], k->m, k->n, k->n, 1);
+    dnnl_eltwise_desc_t d;
+    s = dnnl_eltwise_forward_desc_init(&d, dnnl_forward_inference, (dnnl_alg_kind_t)k->alg,
+                                       &e->md[0], k->alg == dnnl_eltwise_swish ? 1.0f : 0.0f, 0.0f);
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &d, attr, engine, NULL);
+  }
+  const char *impl = NULL;
+  if (s == dnnl_success) s = dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+  if (s == dnnl_success && impl && strncmp(impl, "ref", 3) != 0)
+    if (dnnl_primitive_create(&e->prim, pd) != dnnl_success) e->prim = NULL;
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  if (po) dnnl_post_ops_destroy(po);
+  if (attr) dnnl_primitive_attr_destroy(attr);
+}
+
+/* The cached primitive of key (created on a miss, evicting the least recently
+ * used); NULL when there is none to use. Called with epi_lock held. */
+static epi_prim *epi_get(const epi_key *key) {
+  if (!engine) {
+    if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) return engine = NULL, NULL;
+    if (dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success) {
+      dnnl_engine_destroy(engine);
+      return engine = NULL, NULL;
+    }
+  }
+  epi_prim *victim = &cache[0];
+  for (int i = 0; i < EPI_CACHE; i++) {
+    epi_prim *e = &cache[i];
+    if (e->used && memcmp(&e->key, key, sizeof *key) == 0) {
+      e->used = ++epi_clock;
+      return e->prim ? e : NULL;
+    }
+    if (e->used < victim->used) victim = e;
+  }
+  if (victim->prim) dnnl_primitive_destroy(victim->prim);
+  memset(victim, 0, sizeof *victim);
+  victim->key = *key;
+  victim->used = ++epi_clock;
+  epi_create(victim);
+  return victim->prim ? victim : NULL;
+}
+
+/* Runs e on args (memory objects made here around the raw pointers). */
+static bool epi_exec(const epi_prim *e, int nargs, const int *arg, const int *md,
+                     void *const *ptr) {
+  dnnl_memory_t mem[4] = {0};
+  dnnl_exec_arg_t args[4];
+  bool ok = true;
+  for (int i = 0; i < nargs && ok; i++) {
+    dnnl_memory_desc_t bias;
+    if (md[i] < 0) md_2d(&bias, 1, e->key.n, e->key.n, 1);
+    ok = dnnl_memory_create(&mem[i], md[i] < 0 ? &bias : &e->md[md[i]], engine, ptr[i]) ==
+         dnnl_success;
+    args[i] = (dnnl_exec_arg_t){arg[i], mem[i]};
+  }
+  if (ok) ok = dnnl_primitive_execute(e->prim, stream, nargs, args) == dnnl_success;
+  if (ok) ok = dnnl_stream_wait(stream) == dnnl_success;
+  for (int i = 0; i < nargs; i++)
+    if (mem[i]) dnnl_memory_destroy(mem[i]);
+  return ok;
+}
+
+/* ---- running a group --------------------------------------------------------------- */
+/* The members one by one through their ops' kernels (values not stored live in
+ * scratch): the path when oneDNN has no fast primitive for the case. */
+static nb_status run_unfused(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out) {
+  nbi_view v[3];
+  void *tmp[3] = {0};
+  nb_status st = NB_OK;
+  for (int k = 0; k < m && !st; k++) {
+    const nb_tensor *t = nodes[k];
+    if (store[k]) {
+      v[k] = out[k];
+    } else {
+      v[k] = (nbi_view){.dtype = t->dtype, .ndim = t->shape.ndim};
+      memcpy(v[k].dims, t->shape.dims, sizeof v[k].dims);
+      nbi_contig_strides(&t->shape, v[k].strides);
+      tmp[k] = nbi_cpu_scratch("nb_eval", (size_t)nbi_numel(&t->shape) * nb_dtype_size(t->dtype));
+      if (!(v[k].data = tmp[k])) st = NB_ERR_OOM;
+    }
+    nbi_view in[2];
+    for (int j = 0; j < t->n_in && !st; j++) {
+      int c = t->in[j]->mark - nodes[0]->mark;
+      in[j] = c >= 0 && c < k ? v[c] : nbi_tensor_view(t->in[j]);
+    }
+    if (!st) st = nbi_op_table[t->op]->cpu(t, &v[k], in);
+  }
+  for (int k = 0; k < m; k++)
+    nbi_cpu_scratch_free(tmp[k]);
+  return st;
+}
+
+/* A GEMM operand: its data in place when row- or column-major with a leading
+ * dimension (strides (ld, 1) or (1, ld)), else packed into *owned. */
+static const float *operand(const nbi_view *v, int64_t s[2], void **owned) {
+  bool trans;
+  int64_t ld;
+  *owned = NULL;
+  if (nbi_cpu_gemm_layout(v, &trans, &ld)) {
+    s[0] = trans ? 1 : ld;
+    s[1] = trans ? ld : 1;
+    return (const float *)v->data;
+  }
+  s[0] = v->dims[1];
+  s[1] = 1;
+  return nbi_cpu_contig("nb_matmul", v, NB_F32, owned);
+}
+
+nb_status nbi_cpu_gemm_epi_run(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out) {
+  const nb_tensor *mm = nodes[0], *add = nodes[1];
+  bool two_pass = m == 3 && store[1]; /* the sum is needed too */
+  int last = two_pass ? 1 : m - 1;
+  if (!store[last]) return NB_OK; /* no value of the group is needed */
+  nbi_view a = nbi_tensor_view(mm->in[0]), b = nbi_tensor_view(mm->in[1]);
+  nbi_view bias = nbi_tensor_view(row_bias(add, mm));
+  epi_key key;
+  memset(&key, 0, sizeof key);
+  key.kind = KIND_MATMUL;
+  key.m = a.dims[0];
+  key.k = a.dims[1];
+  key.n = b.dims[1];
+  if (key.m == 0 || key.n == 0) return NB_OK;
+  if (key.k == 0) return run_unfused(nodes, m, store, out);
+  float alpha;
+  key.alg = m == 3 && !two_pass ? act_alg(nodes[2]->op, &alpha) : -1;
+  void *own[3];
+  const float *pa = operand(&a, key.sa, &own[0]), *pb = operand(&b, key.sb, &own[1]);
+  bias.dims[0] = bias.dims[bias.ndim - 1]; /* [N] or [1, N]: the row is the last dim */
+  bias.strides[0] = bias.strides[bias.ndim - 1];
+  bias.ndim = 1;
+  const float *pbias = (const float *)nbi_cpu_contig("nb_matmul", &bias, NB_F32, &own[2]);
+  nb_status st = pa && pb && pbias ? NB_OK : NB_ERR_OOM;
+  bool done = false;
+  if (!st) {
+    pthread_mutex_lock(&epi_lock);
+    const epi_prim *e = epi_get(&key);
+    if (e) {
+      done =
+          epi_exec(e, 4, (const int[]){DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_BIAS, DNNL_ARG_DST},
+                   (const int[]){0, 1, -1, 2},
+                   (void *const[]){(void *)pa, (void *)pb, (void *)pbias, out[last].data});
+    }
+    if (done && two_pass && store[2]) {
+      epi_key ek;
+      memset(&ek, 0, sizeof ek);
+      ek.kind = KIND_ELTWISE;
+      ek.alg = act_alg(nodes[2]->op, &alpha);
+      ek.m = key.m;
+      ek.n = key.n;
+      const epi_prim *el = epi_get(&ek);
+      done = el && epi_exec(el, 2, (const int[]){DNNL_ARG_SRC, DNNL_ARG_DST}, (const int[]){0, 0},
+                            (void *const[]){out[1].data, out[2].data});
+    }
+    pthread_mutex_unlock(&epi_lock);
+  }
+  for (int k = 0; k < 3; k++)
+    nbi_cpu_scratch_free(own[k]);
+  if (!st && !done) st = run_unfused(nodes, m, store, out);
+  return st;
+}
