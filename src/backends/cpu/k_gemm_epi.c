@@ -29,6 +29,8 @@
 
 #include "k_linalg.h"
 
+enum { EPI_MAX_ALIASES = 4 };
+
 /* ---- matching ------------------------------------------------------------------------ */
 static int act_alg(int op, float *alpha) {
   *alpha = 0;
@@ -65,22 +67,31 @@ static const nb_tensor *row_bias(const nb_tensor *add, const nb_tensor *mm) {
   return NULL;
 }
 
+/* IDENTITY and STOP_GRADIENT alias their input (no kernel). Transforms wrap
+ * traced inputs in them, so a bias parameter's alias is often recorded between
+ * the product and its add; the group then takes it in as a member. */
+static bool is_alias(const nb_tensor *t) {
+  return t->op == NBI_OP_IDENTITY || t->op == NBI_OP_STOP_GRADIENT;
+}
+
 int nbi_cpu_gemm_epi_match(nb_tensor *const *nodes, int n, int i, const bool *held) {
   const nb_tensor *mm = nodes[i];
-  if (mm->op != NBI_OP_MATMUL || mm->dtype != NB_F32 || mm->shape.ndim != 2 || i + 1 >= n) return 0;
+  if (mm->op != NBI_OP_MATMUL || mm->dtype != NB_F32 || mm->shape.ndim != 2) return 0;
   if (mm->in[0]->shape.ndim != 2 || mm->in[1]->shape.ndim != 2 || mm->in[0]->dtype != NB_F32 ||
       mm->in[1]->dtype != NB_F32)
     return 0;
-  const nb_tensor *add = nodes[i + 1];
-  if (!row_bias(add, mm) || used_elsewhere(nodes, n, i, i + 1, held)) return 0;
-  if (i + 2 < n) {
-    const nb_tensor *act = nodes[i + 2];
+  int j = i + 1; /* the add, after aliases of values from outside the group */
+  while (j < n && j - i < EPI_MAX_ALIASES && is_alias(nodes[j]) && nodes[j]->in[0]->mark < i)
+    j++;
+  if (j >= n || !row_bias(nodes[j], mm) || used_elsewhere(nodes, n, i, j, held)) return 0;
+  if (j + 1 < n) {
+    const nb_tensor *act = nodes[j + 1];
     float alpha;
-    if (act->n_in == 1 && act->in[0] == add && act->dtype == NB_F32 &&
+    if (act->n_in == 1 && act->in[0] == nodes[j] && act->dtype == NB_F32 &&
         act_alg(act->op, &alpha) >= 0)
-      return 3;
+      return j + 2 - i;
   }
-  return 2;
+  return j + 1 - i;
 }
 
 /* ---- the primitive cache --------------------------------------------------------------- */
@@ -197,16 +208,41 @@ static bool epi_exec(const epi_prim *e, int nargs, const int *arg, const int *md
 }
 
 /* ---- running a group --------------------------------------------------------------- */
+/* A group being run: nodes[0] is the product, nodes[add] the bias add. */
+typedef struct epi_group {
+  nb_tensor *const *nodes;
+  int m, add; /* members; the add's index (the product is member 0) */
+  const bool *store;
+  nbi_view *out;
+} epi_group;
+
+/* The view of t, an input of a member: a member's value (v[0..upto)) or an
+ * outside tensor's. */
+static nbi_view input_view(const epi_group *g, const nbi_view *v, int upto, const nb_tensor *t) {
+  int c = t->mark - g->nodes[0]->mark;
+  return c >= 0 && c < upto ? v[c] : nbi_tensor_view(t);
+}
+
 /* The members one by one through their ops' kernels (values not stored live in
- * scratch): the path when oneDNN has no fast primitive for the case. */
-static nb_status run_unfused(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out) {
-  nbi_view v[3];
-  void *tmp[3] = {0};
+ * scratch, aliases alias): the path when oneDNN has no fast primitive for the
+ * case. Also stores every stored alias member (both paths). */
+static nb_status run_unfused(const epi_group *g, bool aliases_only) {
+  nbi_view v[NBI_FUSE_MAX];
+  void *tmp[NBI_FUSE_MAX] = {0};
   nb_status st = NB_OK;
-  for (int k = 0; k < m && !st; k++) {
-    const nb_tensor *t = nodes[k];
-    if (store[k]) {
-      v[k] = out[k];
+  for (int k = 0; k < g->m && !st; k++) {
+    const nb_tensor *t = g->nodes[k];
+    if (is_alias(t)) { /* its input is from outside the group */
+      v[k] = nbi_tensor_view(t->in[0]);
+      if (g->store[k] && aliases_only) nbi_copy_view(&g->out[k], &v[k]);
+      continue;
+    }
+    if (aliases_only) continue;
+    nbi_view in[2];
+    for (int j = 0; j < t->n_in && j < 2; j++)
+      in[j] = input_view(g, v, k, t->in[j]);
+    if (g->store[k]) {
+      v[k] = g->out[k];
     } else {
       v[k] = (nbi_view){.dtype = t->dtype, .ndim = t->shape.ndim};
       memcpy(v[k].dims, t->shape.dims, sizeof v[k].dims);
@@ -214,14 +250,9 @@ static nb_status run_unfused(nb_tensor *const *nodes, int m, const bool *store, 
       tmp[k] = nbi_cpu_scratch("nb_eval", (size_t)nbi_numel(&t->shape) * nb_dtype_size(t->dtype));
       if (!(v[k].data = tmp[k])) st = NB_ERR_OOM;
     }
-    nbi_view in[2];
-    for (int j = 0; j < t->n_in && !st; j++) {
-      int c = t->in[j]->mark - nodes[0]->mark;
-      in[j] = c >= 0 && c < k ? v[c] : nbi_tensor_view(t->in[j]);
-    }
     if (!st) st = nbi_op_table[t->op]->cpu(t, &v[k], in);
   }
-  for (int k = 0; k < m; k++)
+  for (int k = 0; k < g->m; k++)
     nbi_cpu_scratch_free(tmp[k]);
   return st;
 }
@@ -242,13 +273,27 @@ static const float *operand(const nbi_view *v, int64_t s[2], void **owned) {
   return nbi_cpu_contig("nb_matmul", v, NB_F32, owned);
 }
 
+/* The view of an outside tensor t, looking through alias members. */
+static nbi_view outside_view(const epi_group *g, const nb_tensor *t) {
+  int c = t->mark - g->nodes[0]->mark;
+  while (c > 0 && c < g->m && is_alias(g->nodes[c])) {
+    t = g->nodes[c]->in[0];
+    c = t->mark - g->nodes[0]->mark;
+  }
+  return nbi_tensor_view(t);
+}
+
 nb_status nbi_cpu_gemm_epi_run(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out) {
-  const nb_tensor *mm = nodes[0], *add = nodes[1];
-  bool two_pass = m == 3 && store[1]; /* the sum is needed too */
-  int last = two_pass ? 1 : m - 1;
-  if (!store[last]) return NB_OK; /* no value of the group is needed */
-  nbi_view a = nbi_tensor_view(mm->in[0]), b = nbi_tensor_view(mm->in[1]);
-  nbi_view bias = nbi_tensor_view(row_bias(add, mm));
+  epi_group g = {.nodes = nodes, .m = m, .add = 1, .store = store, .out = out};
+  while (is_alias(nodes[g.add]))
+    g.add++;
+  const nb_tensor *mm = nodes[0], *add = nodes[g.add];
+  bool has_act = g.add + 1 < m, two_pass = has_act && store[g.add]; /* the sum is needed too */
+  int res = two_pass || !has_act ? g.add : g.add + 1;
+  nb_status st = run_unfused(&g, true); /* stored aliases */
+  if (st || !store[res]) return st;     /* no value of the group is needed */
+  nbi_view a = outside_view(&g, mm->in[0]), b = outside_view(&g, mm->in[1]);
+  nbi_view bias = outside_view(&g, row_bias(add, mm));
   epi_key key;
   memset(&key, 0, sizeof key);
   key.kind = KIND_MATMUL;
@@ -256,41 +301,40 @@ nb_status nbi_cpu_gemm_epi_run(nb_tensor *const *nodes, int m, const bool *store
   key.k = a.dims[1];
   key.n = b.dims[1];
   if (key.m == 0 || key.n == 0) return NB_OK;
-  if (key.k == 0) return run_unfused(nodes, m, store, out);
+  if (key.k == 0) return run_unfused(&g, false);
   float alpha;
-  key.alg = m == 3 && !two_pass ? act_alg(nodes[2]->op, &alpha) : -1;
+  key.alg = has_act && !two_pass ? act_alg(nodes[g.add + 1]->op, &alpha) : -1;
   void *own[3];
   const float *pa = operand(&a, key.sa, &own[0]), *pb = operand(&b, key.sb, &own[1]);
   bias.dims[0] = bias.dims[bias.ndim - 1]; /* [N] or [1, N]: the row is the last dim */
   bias.strides[0] = bias.strides[bias.ndim - 1];
   bias.ndim = 1;
   const float *pbias = (const float *)nbi_cpu_contig("nb_matmul", &bias, NB_F32, &own[2]);
-  nb_status st = pa && pb && pbias ? NB_OK : NB_ERR_OOM;
+  st = pa && pb && pbias ? NB_OK : NB_ERR_OOM;
   bool done = false;
   if (!st) {
     pthread_mutex_lock(&epi_lock);
     const epi_prim *e = epi_get(&key);
-    if (e) {
+    if (e)
       done =
           epi_exec(e, 4, (const int[]){DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_BIAS, DNNL_ARG_DST},
                    (const int[]){0, 1, -1, 2},
-                   (void *const[]){(void *)pa, (void *)pb, (void *)pbias, out[last].data});
-    }
-    if (done && two_pass && store[2]) {
+                   (void *const[]){(void *)pa, (void *)pb, (void *)pbias, out[res].data});
+    if (done && two_pass && store[g.add + 1]) {
       epi_key ek;
       memset(&ek, 0, sizeof ek);
       ek.kind = KIND_ELTWISE;
-      ek.alg = act_alg(nodes[2]->op, &alpha);
+      ek.alg = act_alg(nodes[g.add + 1]->op, &alpha);
       ek.m = key.m;
       ek.n = key.n;
       const epi_prim *el = epi_get(&ek);
       done = el && epi_exec(el, 2, (const int[]){DNNL_ARG_SRC, DNNL_ARG_DST}, (const int[]){0, 0},
-                            (void *const[]){out[1].data, out[2].data});
+                            (void *const[]){out[g.add].data, out[g.add + 1].data});
     }
     pthread_mutex_unlock(&epi_lock);
   }
   for (int k = 0; k < 3; k++)
     nbi_cpu_scratch_free(own[k]);
-  if (!st && !done) st = run_unfused(nodes, m, store, out);
+  if (!st && !done) st = run_unfused(&g, false);
   return st;
 }

@@ -14,16 +14,31 @@
 #include "k_linalg.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 
+/* Scratch comes from the caching buffer allocator (src/core/alloc.c), so a
+ * kernel's scratch of the same size class as the last call's is a cache hit
+ * (no malloc, no page faults). The block's first 64 bytes hold its buffer, so
+ * the memory handed out stays 64-byte aligned. */
+enum { SCRATCH_HEADER = 64 };
+
 void *nbi_cpu_scratch(const char *fn, size_t nbytes) {
-  void *p = nbi_cpu_backend.alloc(nbytes);
-  if (!p) nbi_error(NB_ERR_OOM, "%s: out of memory allocating %zu bytes of scratch", fn, nbytes);
-  return p;
+  nbi_buffer *b =
+      nbytes <= SIZE_MAX - SCRATCH_HEADER ? nbi_buffer_alloc(nbytes + SCRATCH_HEADER) : NULL;
+  if (!b) {
+    nbi_error(NB_ERR_OOM, "%s: out of memory allocating %zu bytes of scratch", fn, nbytes);
+    return NULL;
+  }
+  memcpy(b->data, &b, sizeof b);
+  return (char *)b->data + SCRATCH_HEADER;
 }
 
 void nbi_cpu_scratch_free(void *p) {
-  if (p) nbi_cpu_backend.free(p);
+  if (!p) return;
+  nbi_buffer *b;
+  memcpy(&b, (char *)p - SCRATCH_HEADER, sizeof b);
+  nbi_buffer_release(b);
 }
 
 const void *nbi_cpu_contig(const char *fn, const nbi_view *v, nb_dtype dt, void **owned) {
