@@ -98,7 +98,7 @@ int nbi_cpu_gemm_epi_match(nb_tensor *const *nodes, int n, int i, const bool *he
 enum { EPI_CACHE = 64, KIND_MATMUL = 0, KIND_ELTWISE = 1 };
 
 typedef struct epi_key {
-  int64_t kind, alg, m, n, k, sa[2], sb[2];
+  int64_t kind, alg, bias, m, n, k, sa[2], sb[2];
 } epi_key;
 
 typedef struct epi_prim {
@@ -142,7 +142,8 @@ static void epi_create(epi_prim *e) {
       if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(attr, po);
     }
     dnnl_matmul_desc_t d;
-    if (s == dnnl_success) s = dnnl_matmul_desc_init(&d, &e->md[0], &e->md[1], &bias, &e->md[2]);
+    if (s == dnnl_success)
+      s = dnnl_matmul_desc_init(&d, &e->md[0], &e->md[1], k->bias ? &bias : NULL, &e->md[2]);
     if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &d, attr, engine, NULL);
   } else if (s == dnnl_success) {
     md_2d(&e->md[0], k->m, k->n, k->n, 1);
@@ -160,9 +161,23 @@ static void epi_create(epi_prim *e) {
   if (attr) dnnl_primitive_attr_destroy(attr);
 }
 
+/* Keys of plain products seen once (a ring): their primitive is created the
+ * second time, so one-off shapes stay on sgemm and pay no creation cost. */
+static epi_key seen[EPI_CACHE];
+static int seen_next;
+
+static bool seen_before(const epi_key *key) {
+  for (int i = 0; i < EPI_CACHE; i++)
+    if (memcmp(&seen[i], key, sizeof *key) == 0) return true;
+  seen[seen_next] = *key;
+  seen_next = (seen_next + 1) % EPI_CACHE;
+  return false;
+}
+
 /* The cached primitive of key (created on a miss, evicting the least recently
- * used); NULL when there is none to use. Called with epi_lock held. */
-static epi_prim *epi_get(const epi_key *key) {
+ * used; with `second`, only on the key's second miss); NULL when there is none
+ * to use. Called with epi_lock held. */
+static epi_prim *epi_get(const epi_key *key, bool second) {
   if (!engine) {
     if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) return engine = NULL, NULL;
     if (dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success) {
@@ -179,6 +194,7 @@ static epi_prim *epi_get(const epi_key *key) {
     }
     if (e->used < victim->used) victim = e;
   }
+  if (second && !seen_before(key)) return NULL;
   if (victim->prim) dnnl_primitive_destroy(victim->prim);
   memset(victim, 0, sizeof *victim);
   victim->key = *key;
@@ -205,6 +221,55 @@ static bool epi_exec(const epi_prim *e, int nargs, const int *arg, const int *md
   for (int i = 0; i < nargs; i++)
     if (mem[i]) dnnl_memory_destroy(mem[i]);
   return ok;
+}
+
+/* C = act(A @ B + bias) through the cached primitive of key (bias, act: per
+ * key.bias, key.alg; second: see epi_get); false when there is none or it
+ * failed. */
+static bool gemm_prim(const epi_key *key, bool second, const float *a, const float *b,
+                      const float *bias, float *c) {
+  pthread_mutex_lock(&epi_lock);
+  const epi_prim *e = epi_get(key, second);
+  bool done = false;
+  if (e && key->bias)
+    done = epi_exec(
+        e, 4, (const int[]){DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_BIAS, DNNL_ARG_DST},
+        (const int[]){0, 1, -1, 2}, (void *const[]){(void *)a, (void *)b, (void *)bias, c});
+  else if (e)
+    done = epi_exec(e, 3, (const int[]){DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
+                    (const int[]){0, 1, 2}, (void *const[]){(void *)a, (void *)b, c});
+  pthread_mutex_unlock(&epi_lock);
+  return done;
+}
+
+/* y = act(x) over m x n contiguous f32 (oneDNN eltwise, alg from act_alg). */
+static bool eltwise_prim(int alg, int64_t m, int64_t n, const float *x, float *y) {
+  epi_key key;
+  memset(&key, 0, sizeof key);
+  key.kind = KIND_ELTWISE;
+  key.alg = alg;
+  key.m = m;
+  key.n = n;
+  pthread_mutex_lock(&epi_lock);
+  const epi_prim *e = epi_get(&key, false);
+  bool done = e && epi_exec(e, 2, (const int[]){DNNL_ARG_SRC, DNNL_ARG_DST}, (const int[]){0, 0},
+                            (void *const[]){(void *)x, y});
+  pthread_mutex_unlock(&epi_lock);
+  return done;
+}
+
+bool nbi_cpu_gemm_prim(int64_t m, int64_t n, int64_t k, const float *a, const int64_t sa[2],
+                       const float *b, const int64_t sb[2], float *c) {
+  epi_key key;
+  memset(&key, 0, sizeof key);
+  key.kind = KIND_MATMUL;
+  key.alg = -1;
+  key.m = m;
+  key.n = n;
+  key.k = k;
+  memcpy(key.sa, sa, sizeof key.sa);
+  memcpy(key.sb, sb, sizeof key.sb);
+  return gemm_prim(&key, true, a, b, NULL, c);
 }
 
 /* ---- running a group --------------------------------------------------------------- */
@@ -311,28 +376,11 @@ nb_status nbi_cpu_gemm_epi_run(nb_tensor *const *nodes, int m, const bool *store
   bias.ndim = 1;
   const float *pbias = (const float *)nbi_cpu_contig("nb_matmul", &bias, NB_F32, &own[2]);
   st = pa && pb && pbias ? NB_OK : NB_ERR_OOM;
-  bool done = false;
-  if (!st) {
-    pthread_mutex_lock(&epi_lock);
-    const epi_prim *e = epi_get(&key);
-    if (e)
-      done =
-          epi_exec(e, 4, (const int[]){DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_BIAS, DNNL_ARG_DST},
-                   (const int[]){0, 1, -1, 2},
-                   (void *const[]){(void *)pa, (void *)pb, (void *)pbias, out[res].data});
-    if (done && two_pass && store[g.add + 1]) {
-      epi_key ek;
-      memset(&ek, 0, sizeof ek);
-      ek.kind = KIND_ELTWISE;
-      ek.alg = act_alg(nodes[g.add + 1]->op, &alpha);
-      ek.m = key.m;
-      ek.n = key.n;
-      const epi_prim *el = epi_get(&ek);
-      done = el && epi_exec(el, 2, (const int[]){DNNL_ARG_SRC, DNNL_ARG_DST}, (const int[]){0, 0},
-                            (void *const[]){out[g.add].data, out[g.add + 1].data});
-    }
-    pthread_mutex_unlock(&epi_lock);
-  }
+  key.bias = 1;
+  bool done = !st && gemm_prim(&key, false, pa, pb, pbias, (float *)out[res].data);
+  if (done && two_pass && store[g.add + 1])
+    done = eltwise_prim(act_alg(nodes[g.add + 1]->op, &alpha), key.m, key.n,
+                        (const float *)out[g.add].data, (float *)out[g.add + 1].data);
   for (int k = 0; k < 3; k++)
     nbi_cpu_scratch_free(own[k]);
   if (!st && !done) st = run_unfused(&g, false);

@@ -13,6 +13,8 @@
  * bool products are or-of-ands. */
 #include "k_linalg.h"
 
+#include "k_gemm_epi.h"
+
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -176,11 +178,19 @@ typedef struct mm_gemms {
   int onb;
 } mm_gemms;
 
-/* C[i] = A[i] @ B[i] for batch item i. */
-static nb_status mm_gemm_item(const mm_gemms *g, int64_t i) {
+/* C[i] = A[i] @ B[i] for batch item i. prim: f32 may go through the cached
+ * oneDNN matmul primitive (outside OpenMP regions only; see k_gemm_epi.h). */
+static nb_status mm_gemm_item(const mm_gemms *g, int64_t i, bool prim) {
   int64_t m = g->a->r, k = g->a->c, n = g->b->c;
   const char *pa = g->a->data + mm_batch_offset(g->a, g->odims, g->onb, i) * g->es;
   const char *pb = g->b->data + mm_batch_offset(g->b, g->odims, g->onb, i) * g->es;
+  if (prim && g->dt == NB_F32 && k > 0) {
+    int64_t sa[2] = {g->ta ? 1 : g->lda, g->ta ? g->lda : 1};
+    int64_t sb[2] = {g->tb ? 1 : g->ldb, g->tb ? g->ldb : 1};
+    if (nbi_cpu_gemm_prim(m, n, k, (const float *)pa, sa, (const float *)pb, sb,
+                          (float *)(g->c + i * m * n * g->es)))
+      return NB_OK;
+  }
   return nbi_cpu_gemm(g->dt, g->ta, g->tb, m, n, k, 1.0, pa, g->lda, pb, g->ldb, 0.0,
                       g->c + i * m * n * g->es, n);
 }
@@ -210,7 +220,7 @@ static nb_status mm_float(mm_operand *a, mm_operand *b, nbi_view *out, int onb, 
   if (nbi_cpu_gemm_batch_parallel(cdt, batches, m, n, k)) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < batches; i++) {
-      nb_status s = mm_gemm_item(&g, i);
+      nb_status s = mm_gemm_item(&g, i, false);
       if (s != NB_OK) {
 #pragma omp critical(nbi_matmul_status)
         st = s;
@@ -218,7 +228,7 @@ static nb_status mm_float(mm_operand *a, mm_operand *b, nbi_view *out, int onb, 
     }
   } else {
     for (int64_t i = 0; i < batches && st == NB_OK; i++)
-      st = mm_gemm_item(&g, i);
+      st = mm_gemm_item(&g, i, true);
   }
   if (g.c != out->data) {
     nbi_view src = *out;
