@@ -231,3 +231,44 @@ Test(gemm_epi, mlp_gradients_match_unfused) {
   for (int k = 0; k < 5; k++)
     free(vals[k]);
 }
+
+/* Batched f32 products of strided views (a permuted batch dim, a transposed
+ * operand, a broadcast batch dim): the repeated call runs them as one oneDNN
+ * matmul primitive (k_linalg.c), the first through per-item sgemm; both match
+ * a double loop. */
+Test(gemm_epi, batched_strided_products_match_loops) {
+  enum { B0 = 2, B1 = 3, M = 5, K = 7, N = 6 };
+  uint64_t seed = 29;
+  double *av = tc_rand_floats(B0 * M * B1 * K, NB_F32, &seed); /* stored [B0, M, B1, K] */
+  double *bv = tc_rand_floats(B1 * N * K, NB_F32, &seed);      /* stored [B1, N, K] */
+  double ref[B0 * B1 * M * N];
+  for (int i0 = 0; i0 < B0; i0++)
+    for (int i1 = 0; i1 < B1; i1++)
+      for (int r = 0; r < M; r++)
+        for (int c = 0; c < N; c++) {
+          double s = 0;
+          for (int p = 0; p < K; p++)
+            s += av[((i0 * M + r) * B1 + i1) * K + p] * bv[(i1 * N + c) * K + p];
+          ref[((i0 * B1 + i1) * M + r) * N + c] = s;
+        }
+  for (int rep = 0; rep < 3; rep++) {
+    nb_scope_begin();
+    nb_tensor *a = nb_permute(tc_tensor(av, NB_SHAPE(B0, M, B1, K), NB_F32), NB_AXES(0, 2, 1, 3));
+    nb_tensor *b = nb_transpose(tc_tensor(bv, NB_SHAPE(B1, N, K), NB_F32)); /* [B1, K, N] */
+    tc_assert_close(nb_matmul(a, b), ref, NB_SHAPE(B0, B1, M, N));
+    /* a single left matrix broadcast over b's batch */
+    nb_tensor *a0 = nb_reshape(tc_tensor(av, NB_SHAPE(M, K), NB_F32), NB_SHAPE(1, M, K));
+    double ref0[B1 * M * N];
+    for (int i1 = 0; i1 < B1; i1++)
+      for (int r = 0; r < M; r++)
+        for (int c = 0; c < N; c++) {
+          double s = 0;
+          for (int p = 0; p < K; p++)
+            s += av[r * K + p] * bv[(i1 * N + c) * K + p];
+          ref0[(i1 * M + r) * N + c] = s;
+        }
+    tc_assert_close(nb_matmul(a0, b), ref0, NB_SHAPE(B1, M, N));
+    nb_scope_end();
+  }
+  free(av), free(bv);
+}

@@ -97,15 +97,19 @@ int nbi_cpu_gemm_epi_match(nb_tensor *const *nodes, int n, int i, const bool *he
 /* ---- the primitive cache --------------------------------------------------------------- */
 enum { EPI_CACHE = 64, KIND_MATMUL = 0, KIND_ELTWISE = 1 };
 
+/* A primitive's key: matmul C = A @ B over nd dims (batch dims, then the
+ * matrix dims) with A's and B's dims and element strides and C's dims (C is
+ * contiguous); eltwise over a contiguous [cd[0], cd[1]]. */
 typedef struct epi_key {
-  int64_t kind, alg, bias, m, n, k, sa[2], sb[2];
+  int64_t kind, alg, bias, nd;
+  int64_t ad[NB_MAX_DIMS], as[NB_MAX_DIMS], bd[NB_MAX_DIMS], bs[NB_MAX_DIMS], cd[NB_MAX_DIMS];
 } epi_key;
 
 typedef struct epi_prim {
   epi_key key;
   uint64_t used;            /* LRU clock; 0: empty slot */
   dnnl_primitive_t prim;    /* NULL: oneDNN had no good implementation */
-  dnnl_memory_desc_t md[3]; /* matmul: src, weights, dst (bias: 1 x n); eltwise: data */
+  dnnl_memory_desc_t md[4]; /* matmul: src, weights, dst, bias; eltwise: data */
 } epi_prim;
 
 static pthread_mutex_t epi_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -114,9 +118,15 @@ static uint64_t epi_clock;
 static dnnl_engine_t engine;
 static dnnl_stream_t stream;
 
-static void md_2d(dnnl_memory_desc_t *md, int64_t r, int64_t c, int64_t sr, int64_t sc) {
-  dnnl_dims_t d = {r, c}, s = {sr, sc};
-  dnnl_memory_desc_init_by_strides(md, 2, d, dnnl_f32, s);
+/* f32 memory descriptor of nd dims with strides (contiguous when NULL). */
+static void md_nd(dnnl_memory_desc_t *md, int64_t nd, const int64_t *dims, const int64_t *strides) {
+  dnnl_dims_t d, s;
+  for (int64_t i = nd - 1, st = 1; i >= 0; i--) {
+    d[i] = dims[i];
+    s[i] = strides ? strides[i] : st;
+    st *= dims[i];
+  }
+  dnnl_memory_desc_init_by_strides(md, (int)nd, d, dnnl_f32, s);
 }
 
 /* Creates e's primitive from its key; leaves e->prim NULL when oneDNN fails or
@@ -128,11 +138,13 @@ static void epi_create(epi_prim *e) {
   dnnl_primitive_desc_t pd = NULL;
   dnnl_status_t s = dnnl_primitive_attr_create(&attr);
   if (s == dnnl_success && k->kind == KIND_MATMUL) {
-    md_2d(&e->md[0], k->m, k->k, k->sa[0], k->sa[1]);
-    md_2d(&e->md[1], k->k, k->n, k->sb[0], k->sb[1]);
-    md_2d(&e->md[2], k->m, k->n, k->n, 1);
-    dnnl_memory_desc_t bias;
-    md_2d(&bias, 1, k->n, k->n, 1);
+    md_nd(&e->md[0], k->nd, k->ad, k->as);
+    md_nd(&e->md[1], k->nd, k->bd, k->bs);
+    md_nd(&e->md[2], k->nd, k->cd, NULL);
+    int64_t bias_dims[NB_MAX_DIMS];
+    for (int64_t i = 0; i < k->nd; i++)
+      bias_dims[i] = i == k->nd - 1 ? k->cd[i] : 1;
+    md_nd(&e->md[3], k->nd, bias_dims, NULL);
     if (k->alg >= 0) {
       float alpha = 0;
       int alg = k->alg;
@@ -143,10 +155,10 @@ static void epi_create(epi_prim *e) {
     }
     dnnl_matmul_desc_t d;
     if (s == dnnl_success)
-      s = dnnl_matmul_desc_init(&d, &e->md[0], &e->md[1], k->bias ? &bias : NULL, &e->md[2]);
+      s = dnnl_matmul_desc_init(&d, &e->md[0], &e->md[1], k->bias ? &e->md[3] : NULL, &e->md[2]);
     if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &d, attr, engine, NULL);
   } else if (s == dnnl_success) {
-    md_2d(&e->md[0], k->m, k->n, k->n, 1);
+    md_nd(&e->md[0], 2, k->cd, NULL);
     dnnl_eltwise_desc_t d;
     s = dnnl_eltwise_forward_desc_init(&d, dnnl_forward_inference, (dnnl_alg_kind_t)k->alg,
                                        &e->md[0], k->alg == dnnl_eltwise_swish ? 1.0f : 0.0f, 0.0f);
@@ -210,10 +222,7 @@ static bool epi_exec(const epi_prim *e, int nargs, const int *arg, const int *md
   dnnl_exec_arg_t args[4];
   bool ok = true;
   for (int i = 0; i < nargs && ok; i++) {
-    dnnl_memory_desc_t bias;
-    if (md[i] < 0) md_2d(&bias, 1, e->key.n, e->key.n, 1);
-    ok = dnnl_memory_create(&mem[i], md[i] < 0 ? &bias : &e->md[md[i]], engine, ptr[i]) ==
-         dnnl_success;
+    ok = dnnl_memory_create(&mem[i], &e->md[md[i]], engine, ptr[i]) == dnnl_success;
     args[i] = (dnnl_exec_arg_t){arg[i], mem[i]};
   }
   if (ok) ok = dnnl_primitive_execute(e->prim, stream, nargs, args) == dnnl_success;
@@ -232,9 +241,9 @@ static bool gemm_prim(const epi_key *key, bool second, const float *a, const flo
   const epi_prim *e = epi_get(key, second);
   bool done = false;
   if (e && key->bias)
-    done = epi_exec(
-        e, 4, (const int[]){DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_BIAS, DNNL_ARG_DST},
-        (const int[]){0, 1, -1, 2}, (void *const[]){(void *)a, (void *)b, (void *)bias, c});
+    done =
+        epi_exec(e, 4, (const int[]){DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_BIAS, DNNL_ARG_DST},
+                 (const int[]){0, 1, 3, 2}, (void *const[]){(void *)a, (void *)b, (void *)bias, c});
   else if (e)
     done = epi_exec(e, 3, (const int[]){DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
                     (const int[]){0, 1, 2}, (void *const[]){(void *)a, (void *)b, c});
@@ -248,8 +257,9 @@ static bool eltwise_prim(int alg, int64_t m, int64_t n, const float *x, float *y
   memset(&key, 0, sizeof key);
   key.kind = KIND_ELTWISE;
   key.alg = alg;
-  key.m = m;
-  key.n = n;
+  key.nd = 2;
+  key.cd[0] = m;
+  key.cd[1] = n;
   pthread_mutex_lock(&epi_lock);
   const epi_prim *e = epi_get(&key, false);
   bool done = e && epi_exec(e, 2, (const int[]){DNNL_ARG_SRC, DNNL_ARG_DST}, (const int[]){0, 0},
@@ -258,17 +268,19 @@ static bool eltwise_prim(int alg, int64_t m, int64_t n, const float *x, float *y
   return done;
 }
 
-bool nbi_cpu_gemm_prim(int64_t m, int64_t n, int64_t k, const float *a, const int64_t sa[2],
-                       const float *b, const int64_t sb[2], float *c) {
+bool nbi_cpu_gemm_prim(int nd, const int64_t *ad, const int64_t *as, const float *a,
+                       const int64_t *bd, const int64_t *bs, const float *b, const int64_t *cd,
+                       float *c) {
   epi_key key;
   memset(&key, 0, sizeof key);
   key.kind = KIND_MATMUL;
   key.alg = -1;
-  key.m = m;
-  key.n = n;
-  key.k = k;
-  memcpy(key.sa, sa, sizeof key.sa);
-  memcpy(key.sb, sb, sizeof key.sb);
+  key.nd = nd;
+  memcpy(key.ad, ad, sizeof *ad * (size_t)nd);
+  memcpy(key.as, as, sizeof *as * (size_t)nd);
+  memcpy(key.bd, bd, sizeof *bd * (size_t)nd);
+  memcpy(key.bs, bs, sizeof *bs * (size_t)nd);
+  memcpy(key.cd, cd, sizeof *cd * (size_t)nd);
   return gemm_prim(&key, true, a, b, NULL, c);
 }
 
@@ -362,15 +374,17 @@ nb_status nbi_cpu_gemm_epi_run(nb_tensor *const *nodes, int m, const bool *store
   epi_key key;
   memset(&key, 0, sizeof key);
   key.kind = KIND_MATMUL;
-  key.m = a.dims[0];
-  key.k = a.dims[1];
-  key.n = b.dims[1];
-  if (key.m == 0 || key.n == 0) return NB_OK;
-  if (key.k == 0) return run_unfused(&g, false);
+  key.nd = 2;
+  int64_t rows = a.dims[0], inner = a.dims[1], cols = b.dims[1];
+  if (rows == 0 || cols == 0) return NB_OK;
+  if (inner == 0) return run_unfused(&g, false);
+  key.ad[0] = key.cd[0] = rows;
+  key.ad[1] = key.bd[0] = inner;
+  key.bd[1] = key.cd[1] = cols;
   float alpha;
   key.alg = has_act && !two_pass ? act_alg(nodes[g.add + 1]->op, &alpha) : -1;
   void *own[3];
-  const float *pa = operand(&a, key.sa, &own[0]), *pb = operand(&b, key.sb, &own[1]);
+  const float *pa = operand(&a, key.as, &own[0]), *pb = operand(&b, key.bs, &own[1]);
   bias.dims[0] = bias.dims[bias.ndim - 1]; /* [N] or [1, N]: the row is the last dim */
   bias.strides[0] = bias.strides[bias.ndim - 1];
   bias.ndim = 1;
@@ -379,7 +393,7 @@ nb_status nbi_cpu_gemm_epi_run(nb_tensor *const *nodes, int m, const bool *store
   key.bias = 1;
   bool done = !st && gemm_prim(&key, false, pa, pb, pbias, (float *)out[res].data);
   if (done && two_pass && store[g.add + 1])
-    done = eltwise_prim(act_alg(nodes[g.add + 1]->op, &alpha), key.m, key.n,
+    done = eltwise_prim(act_alg(nodes[g.add + 1]->op, &alpha), rows, cols,
                         (const float *)out[g.add].data, (float *)out[g.add + 1].data);
   for (int k = 0; k < 3; k++)
     nbi_cpu_scratch_free(own[k]);

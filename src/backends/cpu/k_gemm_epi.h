@@ -20,13 +20,15 @@ int nbi_cpu_gemm_epi_match(nb_tensor *const *nodes, int n, int i, const bool *he
  * k's buffer where store[k]. */
 nb_status nbi_cpu_gemm_epi_run(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out);
 
-/* C = A @ B for f32 matrices through a cached oneDNN matmul primitive (no
- * epilogue): A is m x k at a with element strides sa (row, column), B k x n at
- * b with strides sb, C m x n contiguous. The primitive is made the second time
- * a shape and layout comes (one-off shapes pay no creation cost). false when
- * there is none (yet) or oneDNN has no fast one: the caller uses sgemm. Not
- * for use inside an OpenMP parallel region (calls are serialized). */
-bool nbi_cpu_gemm_prim(int64_t m, int64_t n, int64_t k, const float *a, const int64_t sa[2],
-                       const float *b, const int64_t sb[2], float *c);
+/* C = A @ B for f32 (batched) matrices through a cached oneDNN matmul
+ * primitive (no epilogue), over nd dims (batch dims, then rows and columns):
+ * A has dims ad and element strides as, B dims bd and strides bs (a batch dim
+ * of size 1 broadcasts), C dims cd, contiguous. The primitive is made the
+ * second time a shape and layout comes (one-off shapes pay no creation cost).
+ * false when there is none (yet) or oneDNN has no fast one: the caller uses
+ * sgemm. Not for use inside an OpenMP parallel region (calls are serialized). */
+bool nbi_cpu_gemm_prim(int nd, const int64_t *ad, const int64_t *as, const float *a,
+                       const int64_t *bd, const int64_t *bs, const float *b, const int64_t *cd,
+                       float *c);
 
 #endif

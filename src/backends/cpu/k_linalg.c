@@ -178,21 +178,33 @@ typedef struct mm_gemms {
   int onb;
 } mm_gemms;
 
-/* C[i] = A[i] @ B[i] for batch item i. prim: f32 may go through the cached
- * oneDNN matmul primitive (outside OpenMP regions only; see k_gemm_epi.h). */
-static nb_status mm_gemm_item(const mm_gemms *g, int64_t i, bool prim) {
+/* C[i] = A[i] @ B[i] for batch item i. */
+static nb_status mm_gemm_item(const mm_gemms *g, int64_t i) {
   int64_t m = g->a->r, k = g->a->c, n = g->b->c;
   const char *pa = g->a->data + mm_batch_offset(g->a, g->odims, g->onb, i) * g->es;
   const char *pb = g->b->data + mm_batch_offset(g->b, g->odims, g->onb, i) * g->es;
-  if (prim && g->dt == NB_F32 && k > 0) {
-    int64_t sa[2] = {g->ta ? 1 : g->lda, g->ta ? g->lda : 1};
-    int64_t sb[2] = {g->tb ? 1 : g->ldb, g->tb ? g->ldb : 1};
-    if (nbi_cpu_gemm_prim(m, n, k, (const float *)pa, sa, (const float *)pb, sb,
-                          (float *)(g->c + i * m * n * g->es)))
-      return NB_OK;
-  }
   return nbi_cpu_gemm(g->dt, g->ta, g->tb, m, n, k, 1.0, pa, g->lda, pb, g->ldb, 0.0,
                       g->c + i * m * n * g->es, n);
+}
+
+/* o's dims and element strides over the output's onb batch dims (aligned
+ * right; missing and broadcast dims have size 1) and its matrix dims, for a
+ * oneDNN memory descriptor: o is GEMM-ready (trans, ld). A size-1 dim gets the
+ * span of the dims inside it as its stride. */
+static void mm_dnnl_layout(const mm_operand *o, int onb, bool trans, int64_t ld, int64_t *dims,
+                           int64_t *strides) {
+  int nd = onb + 2;
+  dims[nd - 2] = o->r;
+  dims[nd - 1] = o->c;
+  strides[nd - 2] = trans ? 1 : ld;
+  strides[nd - 1] = trans ? ld : 1;
+  int64_t span = 1 + (o->r - 1) * strides[nd - 2] + (o->c - 1) * strides[nd - 1];
+  for (int d = onb - 1; d >= 0; d--) {
+    int e = d - (onb - o->nb);
+    dims[d] = e >= 0 ? o->bdims[e] : 1;
+    strides[d] = dims[d] > 1 ? o->bstrides[e] : span;
+    span += (dims[d] - 1) * strides[d];
+  }
 }
 
 /* Float product: GEMM per batch item into out (or an f32 scratch rounded into
@@ -217,10 +229,21 @@ static nb_status mm_float(mm_operand *a, mm_operand *b, nbi_view *out, int onb, 
                           : nbi_cpu_scratch("nb_matmul", (size_t)(batches * m * n * g.es));
   if (!g.c) return NB_ERR_OOM;
   nb_status st = NB_OK;
-  if (nbi_cpu_gemm_batch_parallel(cdt, batches, m, n, k)) {
+  int64_t ad[NB_MAX_DIMS], as[NB_MAX_DIMS], bd[NB_MAX_DIMS], bs[NB_MAX_DIMS], cd[NB_MAX_DIMS];
+  if (cdt == NB_F32) { /* all batch items in one oneDNN matmul primitive */
+    mm_dnnl_layout(a, onb, g.ta, g.lda, ad, as);
+    mm_dnnl_layout(b, onb, g.tb, g.ldb, bd, bs);
+    memcpy(cd, out->dims, sizeof *cd * (size_t)onb);
+    cd[onb] = m;
+    cd[onb + 1] = n;
+  }
+  if (cdt == NB_F32 && nbi_cpu_gemm_prim(onb + 2, ad, as, (const float *)a->data, bd, bs,
+                                         (const float *)b->data, cd, (float *)g.c)) {
+    ; /* done */
+  } else if (nbi_cpu_gemm_batch_parallel(cdt, batches, m, n, k)) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < batches; i++) {
-      nb_status s = mm_gemm_item(&g, i, false);
+      nb_status s = mm_gemm_item(&g, i);
       if (s != NB_OK) {
 #pragma omp critical(nbi_matmul_status)
         st = s;
@@ -228,7 +251,7 @@ static nb_status mm_float(mm_operand *a, mm_operand *b, nbi_view *out, int onb, 
     }
   } else {
     for (int64_t i = 0; i < batches && st == NB_OK; i++)
-      st = mm_gemm_item(&g, i, true);
+      st = mm_gemm_item(&g, i);
   }
   if (g.c != out->data) {
     nbi_view src = *out;
