@@ -219,7 +219,7 @@ static epi_prim *epi_get(const epi_key *key, bool second) {
 static bool epi_exec(const epi_prim *e, int nargs, const int *arg, const int *md,
                      void *const *ptr) {
   dnnl_memory_t mem[4] = {0};
-  dnnl_exec_arg_t args[4];
+  dnnl_exec_arg_t args[4] = {{0}};
   bool ok = true;
   for (int i = 0; i < nargs && ok; i++) {
     ok = dnnl_memory_create(&mem[i], &e->md[md[i]], engine, ptr[i]) == dnnl_success;
