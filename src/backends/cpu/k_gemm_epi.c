@@ -29,7 +29,11 @@
 
 #include "k_linalg.h"
 
-enum { EPI_MAX_ALIASES = 4 };
+/* EPI_MIN_WORK: the multiply-adds below which a product stays on sgemm (and a
+ * group unfused): a oneDNN primitive always opens an OpenMP region, whose
+ * barrier costs more than a tiny product (and far more when other processes
+ * hold the CPUs), while sgemm runs small products on the calling thread. */
+enum { EPI_MAX_ALIASES = 4, EPI_MIN_WORK = 1 << 20 };
 
 /* ---- matching ------------------------------------------------------------------------ */
 static int act_alg(int op, float *alpha) {
@@ -80,6 +84,8 @@ int nbi_cpu_gemm_epi_match(nb_tensor *const *nodes, int n, int i, const bool *he
   if (mm->in[0]->shape.ndim != 2 || mm->in[1]->shape.ndim != 2 || mm->in[0]->dtype != NB_F32 ||
       mm->in[1]->dtype != NB_F32)
     return 0;
+  int64_t k = mm->in[0]->shape.dims[1];
+  if ((double)nbi_numel(&mm->shape) * (double)(k > 1 ? k : 1) < EPI_MIN_WORK) return 0;
   int j = i + 1; /* the add, after aliases of values from outside the group */
   while (j < n && j - i < EPI_MAX_ALIASES && is_alias(nodes[j]) && nodes[j]->in[0]->mark < i)
     j++;
@@ -107,6 +113,7 @@ typedef struct epi_key {
 
 typedef struct epi_prim {
   epi_key key;
+  uint64_t hash;            /* of key */
   uint64_t used;            /* LRU clock; 0: empty slot */
   dnnl_primitive_t prim;    /* NULL: oneDNN had no good implementation */
   dnnl_memory_desc_t md[4]; /* matmul: src, weights, dst, bias; eltwise: data */
@@ -176,14 +183,25 @@ static void epi_create(epi_prim *e) {
 /* Keys of plain products seen once (a ring): their primitive is created the
  * second time, so one-off shapes stay on sgemm and pay no creation cost. */
 static epi_key seen[EPI_CACHE];
+static uint64_t seen_hash[EPI_CACHE];
 static int seen_next;
 
-static bool seen_before(const epi_key *key) {
+static bool seen_before(const epi_key *key, uint64_t h) {
   for (int i = 0; i < EPI_CACHE; i++)
-    if (memcmp(&seen[i], key, sizeof *key) == 0) return true;
+    if (seen_hash[i] == h && memcmp(&seen[i], key, sizeof *key) == 0) return true;
   seen[seen_next] = *key;
+  seen_hash[seen_next] = h;
   seen_next = (seen_next + 1) % EPI_CACHE;
   return false;
+}
+
+/* FNV-1a over the key's words: lookups compare hashes before keys. */
+static uint64_t key_hash(const epi_key *key) {
+  const int64_t *w = (const int64_t *)key;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < sizeof *key / sizeof *w; i++)
+    h = (h ^ (uint64_t)w[i]) * 0x100000001b3ull;
+  return h;
 }
 
 /* The cached primitive of key (created on a miss, evicting the least recently
@@ -197,19 +215,21 @@ static epi_prim *epi_get(const epi_key *key, bool second) {
       return engine = NULL, NULL;
     }
   }
+  uint64_t h = key_hash(key);
   epi_prim *victim = &cache[0];
   for (int i = 0; i < EPI_CACHE; i++) {
     epi_prim *e = &cache[i];
-    if (e->used && memcmp(&e->key, key, sizeof *key) == 0) {
+    if (e->used && e->hash == h && memcmp(&e->key, key, sizeof *key) == 0) {
       e->used = ++epi_clock;
       return e->prim ? e : NULL;
     }
     if (e->used < victim->used) victim = e;
   }
-  if (second && !seen_before(key)) return NULL;
+  if (second && !seen_before(key, h)) return NULL;
   if (victim->prim) dnnl_primitive_destroy(victim->prim);
   memset(victim, 0, sizeof *victim);
   victim->key = *key;
+  victim->hash = h;
   victim->used = ++epi_clock;
   epi_create(victim);
   return victim->prim ? victim : NULL;
@@ -271,6 +291,10 @@ static bool eltwise_prim(int alg, int64_t m, int64_t n, const float *x, float *y
 bool nbi_cpu_gemm_prim(int nd, const int64_t *ad, const int64_t *as, const float *a,
                        const int64_t *bd, const int64_t *bs, const float *b, const int64_t *cd,
                        float *c) {
+  double work = (double)ad[nd - 1];
+  for (int i = 0; i < nd; i++)
+    work *= (double)cd[i];
+  if (work < EPI_MIN_WORK) return false;
   epi_key key;
   memset(&key, 0, sizeof key);
   key.kind = KIND_MATMUL;

@@ -1,10 +1,13 @@
 /* src/backends/cpu/k_linalg.c — MATMUL kernel and operand packing.
  *
- * Float products go to nbi_cpu_gemm one matrix at a time (f32: oneDNN sgemm,
- * f64: OpenBLAS dgemm; f16/bf16 are widened to f32 and rounded once at the
- * end). An operand whose matrices are row-major, or transposed (column-major),
- * with a positive leading dimension is handed to GEMM in place with the
- * matching transpose flag; anything else (negative or zero strides, another
+ * f32 products (f16/bf16 widened to f32, rounded once at the end) run as one
+ * cached oneDNN matmul primitive over all batch items, batch strides and
+ * broadcast included (k_gemm_epi.c), from the second call of a shape and
+ * layout on; otherwise, and for f64, they go to nbi_cpu_gemm one matrix at a
+ * time (f32: oneDNN sgemm, f64: OpenBLAS dgemm). An operand whose matrices
+ * are row-major, or transposed (column-major), with a positive leading
+ * dimension is handed to GEMM in place with the matching transpose flag (or
+ * strides of the primitive's memory descriptor); anything else (negative or zero strides, another
  * dtype) is packed once into a contiguous copy. Batch dims are never
  * materialized: each product indexes its source batch item, and stride-0 batch
  * dims (broadcast views) are not copied either. Many small products are spread
