@@ -17,7 +17,9 @@
  * style, then a table.
  *
  *   bench_train           full run
- *   bench_train --smoke   one step per case and style (build check) */
+ *   bench_train --smoke   one step per case and style (build check)
+ *   bench_train [--case NAME] [--style NAME] [--steps N]
+ *                         only that case / style, N timed steps (for profiling) */
 #include <nabla/nabla.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,8 +133,8 @@ static nb_fn *make_value_and_grad(const train_case *c, nb_fn *f) {
 }
 
 /* One timed run of case c in style s; returns the median step time (s), or -1. */
-static double run(const train_case *c, int s, bool smoke, double *loss_out) {
-  int warmup = smoke ? 0 : c->warmup, steps = smoke ? 1 : c->steps;
+static double run(const train_case *c, int s, bool smoke, int n_steps, double *loss_out) {
+  int warmup = smoke ? 0 : c->warmup, steps = smoke ? 1 : n_steps > 0 ? n_steps : c->steps;
   int np = c->n_params, n_in = np + c->n_data;
   nb_seed(0);
   nb_scope_begin(); /* holds this run's parameters and data */
@@ -186,14 +188,32 @@ static double run(const train_case *c, int s, bool smoke, double *loss_out) {
 }
 
 int main(int argc, char **argv) {
-  bool smoke = argc > 1 && strcmp(argv[1], "--smoke") == 0;
+  bool smoke = false;
+  const char *only_case = NULL, *only_style = NULL;
+  int n_steps = 0;
+  for (int a = 1; a < argc; a++) {
+    if (strcmp(argv[a], "--smoke") == 0)
+      smoke = true;
+    else if (strcmp(argv[a], "--case") == 0 && a + 1 < argc)
+      only_case = argv[++a];
+    else if (strcmp(argv[a], "--style") == 0 && a + 1 < argc)
+      only_style = argv[++a];
+    else if (strcmp(argv[a], "--steps") == 0 && a + 1 < argc)
+      n_steps = atoi(argv[++a]);
+    else {
+      fprintf(stderr, "usage: bench_train [--smoke] [--case NAME] [--style NAME] [--steps N]\n");
+      return 2;
+    }
+  }
   double med[N_CASES][3];
   for (int c = 0; c < N_CASES; c++)
     for (int s = 0; s < 3; s++) {
       med[c][s] = 0;
       if (!(cases[c].styles & (1 << s))) continue;
+      if (only_case && strcmp(only_case, cases[c].name) != 0) continue;
+      if (only_style && strcmp(only_style, style_names[s]) != 0) continue;
       double loss = 0;
-      med[c][s] = run(&cases[c], 1 << s, smoke, &loss);
+      med[c][s] = run(&cases[c], 1 << s, smoke, n_steps, &loss);
       if (med[c][s] < 0) {
         fprintf(stderr, "bench_train: %s, %s: %s\n", cases[c].name, style_names[s],
                 nb_last_error());
@@ -201,7 +221,11 @@ int main(int argc, char **argv) {
       }
       printf("{\"case\":\"%s\",\"style\":\"%s\",\"impl\":\"nabla\",\"steps\":%d,\"median_s\":%.6g,"
              "\"final_loss\":%.6f}\n",
-             cases[c].name, style_names[s], smoke ? 1 : cases[c].steps, med[c][s], loss);
+             cases[c].name, style_names[s],
+             smoke         ? 1
+             : n_steps > 0 ? n_steps
+                           : cases[c].steps,
+             med[c][s], loss);
       fflush(stdout);
     }
   printf("\nTraining steps, median ms\n%-27s %11s %11s %11s\n", "case", style_names[0],

@@ -13,6 +13,8 @@
 
 #include <stdlib.h>
 
+#include "../backends/cpu/k_gemm_epi.h"
+
 /* Fusion on/off: on unless NABLA_NO_FUSION=1 (tests compare both). */
 static int fusion = -1;
 bool nbi_fusion_enabled(void) {
@@ -162,6 +164,15 @@ void nbi_fuse_plan(nb_tensor *const *nodes, int n_nodes, const bool *held, int *
   for (int i = 0; i < n_nodes; i++)
     store[i] = held[i];
   for (int i = 0; i < n_nodes; i++) {
+    /* GEMM epilogues: [matmul, add bias, activation] as one group (k_gemm_epi.c). */
+    int epi = nbi_fusion_enabled() ? nbi_cpu_gemm_epi_match(nodes, n_nodes, i, held) : 0;
+    if (epi > 1) {
+      for (int k = 0; k < epi; k++)
+        group[i + k] = i;
+      i += epi - 1;
+      g.first = -1;
+      continue;
+    }
     const nb_tensor *t = nodes[i];
     bool on = nbi_fusion_enabled(), ew = on && nbi_cpu_elementwise_fusible(t);
     int ra = on ? row_op(t) : -1;
@@ -226,7 +237,9 @@ nb_status nbi_fuse_run(nb_tensor *const *nodes, int m, const bool *store) {
   int ra = -1; /* a row group: its row ops' first trailing axis */
   for (int k = 0; k < m && ra < 0; k++)
     ra = row_op(nodes[k]);
-  if (!st && ra >= 0)
+  if (!st && nodes[0]->op == NBI_OP_MATMUL)
+    st = nbi_cpu_gemm_epi_run(nodes, m, store, out);
+  else if (!st && ra >= 0)
     st = nbi_cpu_rows_fused(nodes, m, store, out, ra);
   else if (!st)
     st = nbi_cpu_elementwise_fused(nodes, m, store, out);

@@ -1,10 +1,13 @@
 /* src/backends/cpu/k_linalg.c — MATMUL kernel and operand packing.
  *
- * Float products go to nbi_cpu_gemm one matrix at a time (f32: oneDNN sgemm,
- * f64: OpenBLAS dgemm; f16/bf16 are widened to f32 and rounded once at the
- * end). An operand whose matrices are row-major, or transposed (column-major),
- * with a positive leading dimension is handed to GEMM in place with the
- * matching transpose flag; anything else (negative or zero strides, another
+ * f32 products (f16/bf16 widened to f32, rounded once at the end) run as one
+ * cached oneDNN matmul primitive over all batch items, batch strides and
+ * broadcast included (k_gemm_epi.c), from the second call of a shape and
+ * layout on; otherwise, and for f64, they go to nbi_cpu_gemm one matrix at a
+ * time (f32: oneDNN sgemm, f64: OpenBLAS dgemm). An operand whose matrices
+ * are row-major, or transposed (column-major), with a positive leading
+ * dimension is handed to GEMM in place with the matching transpose flag (or
+ * strides of the primitive's memory descriptor); anything else (negative or zero strides, another
  * dtype) is packed once into a contiguous copy. Batch dims are never
  * materialized: each product indexes its source batch item, and stride-0 batch
  * dims (broadcast views) are not copied either. Many small products are spread
@@ -13,17 +16,34 @@
  * bool products are or-of-ands. */
 #include "k_linalg.h"
 
+#include "k_gemm_epi.h"
+
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 
+/* Scratch comes from the caching buffer allocator (src/core/alloc.c), so a
+ * kernel's scratch of the same size class as the last call's is a cache hit
+ * (no malloc, no page faults). The block's first 64 bytes hold its buffer, so
+ * the memory handed out stays 64-byte aligned. */
+enum { SCRATCH_HEADER = 64 };
+
 void *nbi_cpu_scratch(const char *fn, size_t nbytes) {
-  void *p = nbi_cpu_backend.alloc(nbytes);
-  if (!p) nbi_error(NB_ERR_OOM, "%s: out of memory allocating %zu bytes of scratch", fn, nbytes);
-  return p;
+  nbi_buffer *b =
+      nbytes <= SIZE_MAX - SCRATCH_HEADER ? nbi_buffer_alloc(nbytes + SCRATCH_HEADER) : NULL;
+  if (!b) {
+    nbi_error(NB_ERR_OOM, "%s: out of memory allocating %zu bytes of scratch", fn, nbytes);
+    return NULL;
+  }
+  memcpy(b->data, &b, sizeof b);
+  return (char *)b->data + SCRATCH_HEADER;
 }
 
 void nbi_cpu_scratch_free(void *p) {
-  if (p) nbi_cpu_backend.free(p);
+  if (!p) return;
+  nbi_buffer *b;
+  memcpy(&b, (char *)p - SCRATCH_HEADER, sizeof b);
+  nbi_buffer_release(b);
 }
 
 const void *nbi_cpu_contig(const char *fn, const nbi_view *v, nb_dtype dt, void **owned) {
@@ -105,6 +125,11 @@ static bool mm_gemm_layout(const mm_operand *o, bool *trans, int64_t *ld) {
   return *ld <= INT_MAX;
 }
 
+bool nbi_cpu_gemm_layout(const nbi_view *v, bool *trans, int64_t *ld) {
+  mm_operand o = mm_describe(v, true);
+  return v->ndim == 2 && mm_gemm_layout(&o, trans, ld);
+}
+
 /* Replaces o's data by a contiguous row-major copy in dtype dt (o's own batch
  * dims, broadcast dims kept at size 1); keeps o's memory when it already is
  * one. Returns NB_ERR_OOM on failure. */
@@ -165,6 +190,26 @@ static nb_status mm_gemm_item(const mm_gemms *g, int64_t i) {
                       g->c + i * m * n * g->es, n);
 }
 
+/* o's dims and element strides over the output's onb batch dims (aligned
+ * right; missing and broadcast dims have size 1) and its matrix dims, for a
+ * oneDNN memory descriptor: o is GEMM-ready (trans, ld). A size-1 dim gets the
+ * span of the dims inside it as its stride. */
+static void mm_dnnl_layout(const mm_operand *o, int onb, bool trans, int64_t ld, int64_t *dims,
+                           int64_t *strides) {
+  int nd = onb + 2;
+  dims[nd - 2] = o->r;
+  dims[nd - 1] = o->c;
+  strides[nd - 2] = trans ? 1 : ld;
+  strides[nd - 1] = trans ? ld : 1;
+  int64_t span = 1 + (o->r - 1) * strides[nd - 2] + (o->c - 1) * strides[nd - 1];
+  for (int d = onb - 1; d >= 0; d--) {
+    int e = d - (onb - o->nb);
+    dims[d] = e >= 0 ? o->bdims[e] : 1;
+    strides[d] = dims[d] > 1 ? o->bstrides[e] : span;
+    span += (dims[d] - 1) * strides[d];
+  }
+}
+
 /* Float product: GEMM per batch item into out (or an f32 scratch rounded into
  * an f16/bf16 out once at the end). Small products run one per thread; the
  * others run in turn outside any OpenMP region, so that the GEMM library's own
@@ -187,7 +232,18 @@ static nb_status mm_float(mm_operand *a, mm_operand *b, nbi_view *out, int onb, 
                           : nbi_cpu_scratch("nb_matmul", (size_t)(batches * m * n * g.es));
   if (!g.c) return NB_ERR_OOM;
   nb_status st = NB_OK;
-  if (nbi_cpu_gemm_batch_parallel(cdt, batches, m, n, k)) {
+  int64_t ad[NB_MAX_DIMS], as[NB_MAX_DIMS], bd[NB_MAX_DIMS], bs[NB_MAX_DIMS], cd[NB_MAX_DIMS];
+  if (cdt == NB_F32) { /* all batch items in one oneDNN matmul primitive */
+    mm_dnnl_layout(a, onb, g.ta, g.lda, ad, as);
+    mm_dnnl_layout(b, onb, g.tb, g.ldb, bd, bs);
+    memcpy(cd, out->dims, sizeof *cd * (size_t)onb);
+    cd[onb] = m;
+    cd[onb + 1] = n;
+  }
+  if (cdt == NB_F32 && nbi_cpu_gemm_prim(onb + 2, ad, as, (const float *)a->data, bd, bs,
+                                         (const float *)b->data, cd, (float *)g.c)) {
+    ; /* done */
+  } else if (nbi_cpu_gemm_batch_parallel(cdt, batches, m, n, k)) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < batches; i++) {
       nb_status s = mm_gemm_item(&g, i);

@@ -17,6 +17,10 @@ const void *nbi_cpu_contig(const char *fn, const nbi_view *v, nb_dtype dt, void 
 void *nbi_cpu_scratch(const char *fn, size_t nbytes);
 void nbi_cpu_scratch_free(void *p);
 
+/* Whether the 2-D view v can go to GEMM in place: row-major (*trans false) or
+ * column-major (*trans true) with leading dimension *ld (<= INT_MAX). */
+bool nbi_cpu_gemm_layout(const nbi_view *v, bool *trans, int64_t *ld);
+
 /* Whether `batches` independent m x k by k x n GEMMs in dtype dt (F32 or F64)
  * should run one per thread (true) rather than one after another, each threaded
  * by the GEMM library (false). */
