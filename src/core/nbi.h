@@ -431,8 +431,8 @@ nb_status nbi_program_run(const char *fn, const nbi_program *p, nb_tensor *const
  * View ops (reshape, broadcast_to, identity) join a group as copies.
  * Values used only inside a group are never materialized; results are bitwise
  * those of the nodes run one by one. */
-#define NBI_FUSE_MAX 16      /* members of a group; also its outside operands */
-#define NBI_FUSE_OPERANDS 16 /* elementwise groups: stored members + outside operands */
+#define NBI_FUSE_MAX 16        /* members of a group; also its outside operands */
+#define NBI_FUSE_OPERANDS 16   /* elementwise groups: stored members + outside operands */
 #define NBI_FUSE_ROW_MAX 16384 /* elements of one row of a row group (scratch per thread) */
 /* On unless the environment sets NABLA_NO_FUSION=1; tests compare both. */
 bool nbi_fusion_enabled(void);
@@ -482,12 +482,12 @@ void nbi_simplify_plan(nb_tensor *const *nodes, int n, const bool *held, int *al
 typedef struct nbi_plan_desc {
   int n, n_leaves;
   nb_tensor **nodes, **leaves;
-  bool *held;      /* [n] */
-  int *alias;      /* [n] as nbi_simplify_plan */
-  int n_run;       /* steps that compute, in the order they run: */
-  int *run;        /* [n_run] step index */
-  int *group;      /* [n_run] first run position of its fused group */
-  bool *store;     /* [n_run] the value gets a buffer (else it lives in tiles) */
+  bool *held;  /* [n] */
+  int *alias;  /* [n] as nbi_simplify_plan */
+  int n_run;   /* steps that compute, in the order they run: */
+  int *run;    /* [n_run] step index */
+  int *group;  /* [n_run] first run position of its fused group */
+  bool *store; /* [n_run] the value gets a buffer (else it lives in tiles) */
   void *internal;
 } nbi_plan_desc;
 nb_status nbi_plan_describe(nb_tensor *const *ts, int n, nbi_plan_desc *d);
@@ -508,5 +508,9 @@ void nbi_stats_kernel(void);
 void nbi_cpu_init(void);
 /* Elements below which a loop stays single-threaded. */
 #define NBI_PAR_MIN 32768
+/* Multiply-adds below which a GEMM runs on the calling thread: an OpenMP
+ * region's fork and barrier cost more than half of such a product's work, and
+ * far more when other processes hold the CPUs (gemm.c, k_gemm_epi.c). */
+#define NBI_GEMM_SERIAL_MACS (1 << 20)
 
 #endif

@@ -30,10 +30,9 @@
 #include "k_linalg.h"
 
 /* EPI_MIN_WORK: the multiply-adds below which a product stays on sgemm (and a
- * group unfused): a oneDNN primitive always opens an OpenMP region, whose
- * barrier costs more than a tiny product (and far more when other processes
- * hold the CPUs), while sgemm runs small products on the calling thread. */
-enum { EPI_MAX_ALIASES = 4, EPI_MIN_WORK = 1 << 20 };
+ * group unfused): a oneDNN primitive always opens an OpenMP region, while
+ * gemm.c runs such products on the calling thread (NBI_GEMM_SERIAL_MACS). */
+enum { EPI_MAX_ALIASES = 4, EPI_MIN_WORK = NBI_GEMM_SERIAL_MACS };
 
 /* ---- matching ------------------------------------------------------------------------ */
 static int act_alg(int op, float *alpha) {
