@@ -303,7 +303,9 @@ static nb_tensor *partial(nb_tensor *y, nb_tensor *g, int k) {
   case NBI_OP_TAN: return nb_mul(g, nb_add_scalar(nb_square(y), 1));
   case NBI_OP_TANH: return nb_mul(g, nb_rsub_scalar(nb_square(y), 1));
   case NBI_OP_SIGMOID: return nb_mul(g, nb_mul(y, nb_rsub_scalar(y, 1)));
-  case NBI_OP_RELU: return nb_where(nb_gt_scalar(x, 0), g, zero_of(y));
+  case NBI_OP_RELU: /* from the output (y > 0 iff x > 0, NaN included): a matmul, bias and
+                       relu epilogue then need not store the pre-activation */
+    return nb_where(nb_gt_scalar(y, 0), g, zero_of(y));
   case NBI_OP_GELU: { /* Phi(x) + x phi(x) */
     nb_tensor *cdf = nb_mul_scalar(nb_add_scalar(nb_erf(nb_mul_scalar(x, M_SQRT1_2)), 1), 0.5);
     nb_tensor *pdf = nb_mul_scalar(nb_exp(nb_mul_scalar(nb_square(x), -0.5)), EW_INV_SQRT_2PI);
