@@ -7,10 +7,13 @@
  *                              output; forward and all 16 parameter gradients, no update
  *   readme_mlp_step            the README MLP, jitted style only (bench_mlp has the others)
  * Styles:
- *   functional   nb_call of nb_value_and_grad (the transformer: nb_vjp_fn with a unit
- *                cotangent, since argnums holds at most NB_MAX_DIMS = 8 inputs), then
- *                nb_assign updates (MLPs) or nb_eval of every gradient (transformer)
- *   jit          the same nb_fn wrapped in nb_jit
+ *   functional   nb_call of nb_value_and_grad (the transformer: argnums NB_ALL, its 16
+ *                parameters), then nb_assign updates (MLPs) or nb_eval of every
+ *                gradient (transformer)
+ *   jit          the whole step under nb_jit, as the JAX peer jits it: for the MLPs an
+ *                nb_fn returning the loss and the updated parameters (value_and_grad,
+ *                then p - lr * g), whose outputs nb_assign rebinds; for the transformer
+ *                nb_jit of value_and_grad
  *   imperative   forward, nb_backward, then nb_assign + nb_zero_grad per parameter
  * Each step is one scope and reads the loss (nb_item). Reported: median step time over
  * STEPS steps after WARMUP (the steps the peer scripts use), one JSON line per case and
@@ -121,15 +124,32 @@ static const train_case cases[] = {
 };
 enum { N_CASES = sizeof cases / sizeof cases[0] };
 
-/* The function a functional step calls: out = loss, then one gradient per parameter. */
+/* The function a functional step calls: out = loss, then one gradient per parameter
+ * (the parameters come first; a case without data differentiates every input). */
 static nb_fn *make_value_and_grad(const train_case *c, nb_fn *f) {
-  if (c->n_params <= NB_MAX_DIMS) {
-    nb_axes arg = {.n = c->n_params};
-    for (int i = 0; i < c->n_params; i++)
-      arg.v[i] = i;
-    return nb_value_and_grad(f, arg);
-  }
-  return nb_vjp_fn(f); /* in: params, then the loss's cotangent (one) */
+  if (c->n_data == 0) return nb_value_and_grad(f, NB_ALL);
+  nb_axes arg = {.n = c->n_params};
+  for (int i = 0; i < c->n_params; i++)
+    arg.v[i] = i;
+  return nb_value_and_grad(f, arg);
+}
+
+/* The jitted SGD step: in = params, then data; out = loss, then the updated params. */
+typedef struct sgd_step {
+  nb_fn *vg;
+  int n_params;
+} sgd_step;
+
+static nb_status sgd_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  const sgd_step *st = u;
+  nb_tensor *o[MAX_IN + 1];
+  nb_status s = nb_call(st->vg, in, o);
+  if (s) return s;
+  out[0] = o[0];
+  for (int i = 0; i < st->n_params; i++)
+    out[1 + i] = nb_sub(in[i], nb_mul_scalar(o[1 + i], LR));
+  return nb_last_status();
 }
 
 /* One timed run of case c in style s; returns the median step time (s), or -1. */
@@ -141,12 +161,18 @@ static double run(const train_case *c, int s, bool smoke, int n_steps, double *l
   nb_tensor *in[MAX_IN + 1];
   c->init(in);
   nb_fn *f = nb_fn_create(c->loss, NULL, n_in, 1);
-  nb_fn *vg = NULL, *jvg = NULL, *call = NULL;
+  nb_fn *vg = NULL, *step_fn = NULL, *jvg = NULL, *call = NULL;
+  sgd_step sgd = {0};
   if (s != IMPERATIVE) {
     vg = make_value_and_grad(c, f);
     call = vg;
-    if (s == JIT) call = jvg = nb_jit(vg);
-    if (np > NB_MAX_DIMS) in[n_in] = nb_ones(NB_SCALAR_SHAPE, NB_F32);
+    if (s == JIT && c->update) {
+      sgd = (sgd_step){vg, np};
+      step_fn = nb_fn_create(sgd_body, &sgd, n_in, 1 + np);
+      call = jvg = nb_jit(step_fn);
+    } else if (s == JIT) {
+      call = jvg = nb_jit(vg);
+    }
   } else {
     for (int i = 0; i < np; i++)
       nb_set_requires_grad(in[i], true);
@@ -164,7 +190,10 @@ static double run(const train_case *c, int s, bool smoke, int n_steps, double *l
     } else {
       nb_call(call, in, o);
     }
-    if (c->update) {
+    if (c->update && jvg) { /* the jitted step returned the updated parameters */
+      for (int i = 0; i < np; i++)
+        nb_assign(in[i], o[1 + i]);
+    } else if (c->update) {
       for (int i = 0; i < np; i++)
         nb_assign(in[i], nb_sub(in[i], nb_mul_scalar(o[1 + i], LR)));
     } else {
@@ -181,6 +210,7 @@ static double run(const train_case *c, int s, bool smoke, int n_steps, double *l
   double med = nb_last_status() == NB_OK ? median(t, steps) : -1;
   free(t);
   nb_fn_release(jvg);
+  nb_fn_release(step_fn);
   nb_fn_release(vg);
   nb_fn_release(f);
   nb_scope_end();
