@@ -4,13 +4,35 @@
  *  1. collect the pending nodes reachable from ts, in topological order
  *     (iterative post-order DFS; realized tensors are leaves);
  *  2. hash the subgraph's structure (ops, dtypes, shapes, attrs, edges, leaf
- *     layouts, which nodes are held from outside) and look the plan up;
- *  3. on a miss, plan: per step, the intermediates whose last use it is;
+ *     layouts, which nodes are roots and which are held from outside) and
+ *     look the plan up;
+ *  3. on a miss, plan: fused groups (fuse.c), which values to keep (the memory
+ *     policy below), per step the buffers that die, and in-place steps;
  *  4. execute the steps on the CPU backend, freeing dead intermediates;
- *  5. realized nodes that are held from outside keep their data and drop their
- *     graph edges; intermediates die with their consumers.
+ *  5. kept nodes are marked realized and drop their graph edges (unless
+ *     nb_backward still needs them); lazy nodes stay pending.
  * A node is "held from outside" when its refcount exceeds its uses inside the
  * subgraph (a scope, a user, or a pending node outside this realization).
+ *
+ * Memory policy. Only the roots (ts) must be stored, plus what later steps
+ * of this realization read. A held node that runs alone (GEMM, reductions,
+ * views, ...) has its output anyway and keeps it (realized). A held member of
+ * a fused elementwise group whose value nothing else in this realization
+ * needs is not materialized: it stays pending ("lazy", NBI_T_LAZY, tracked
+ * in the lazy set), keeps its edges, and is recomputed (cheap: elementwise)
+ * if it is ever requested. The unstored members it reads stay pending with
+ * it; a stored intermediate it reads is kept (realized), so a lazy node never
+ * recomputes a matmul or a reduction. nb_assign (nbi_realize_assign) realizes
+ * the held pending readers of the tensor it rebinds before rebinding it.
+ *
+ * In place. An elementwise step (alone, or a stored member of a fused group)
+ * of an f32/f64 op writes into the buffer of an input that dies at that step
+ * instead of allocating: an intermediate whose last use it is and whose value
+ * is not kept, or the tensor nb_assign rebinds; same dtype and shape as the
+ * output (not broadcast), and in a group no later member reads it (members
+ * read operands chunk by chunk, at the index they write). The plan picks the
+ * input; the run checks that its buffer is unshared (refcount 1), contiguous
+ * and starts at offset 0, and allocates otherwise.
  */
 #include "nbi.h"
 
@@ -64,7 +86,17 @@ typedef struct plan {
    * alone); store[i]: the member's value is needed outside its group. */
   int *group;
   bool *store;
+  /* The memory policy: fate[i] (FATE_*) and inplace[i] = 4 * j + q when step
+   * i's output takes the buffer of nodes[j]->in[q], else -1. */
+  uint8_t *fate;
+  int *inplace;
 } plan;
+
+enum {
+  FATE_TEMP, /* no value after the realization (freed, or never stored) */
+  FATE_KEEP, /* realized: keeps its buffer */
+  FATE_LAZY, /* held, left pending (recomputed on demand) */
+};
 
 #define PLAN_CACHE_SIZE 64
 static plan plan_cache[PLAN_CACHE_SIZE];
@@ -75,6 +107,8 @@ static void plan_clear(plan *p) {
   free(p->free_idx);
   free(p->group);
   free(p->store);
+  free(p->fate);
+  free(p->inplace);
   *p = (plan){0};
 }
 
@@ -220,11 +254,13 @@ static void graph_unmark_free(graph *g) {
 }
 
 /* ---- planning ---------------------------------------------------------------------------- */
-static void graph_hash(const graph *g, const int *uses, const bool *held, hasher *h) {
+/* flags[i]: bit 0 held, bit 1 root. dying: the leaf nb_assign rebinds (or -1). */
+static void graph_hash(const graph *g, const int *uses, const uint8_t *flags, int dying,
+                       hasher *h) {
   hash_i64(h, g->n);
   for (int i = 0; i < g->n; i++) {
     const nb_tensor *t = g->nodes[i];
-    int64_t head[5] = {t->op, t->dtype, t->n_in, held[i], t->shape.ndim};
+    int64_t head[5] = {t->op, t->dtype, t->n_in, flags[i], t->shape.ndim};
     hash_words(h, head, 5);
     hash_words(h, t->shape.dims, (size_t)t->shape.ndim);
     hash_words(h, &t->attrs, sizeof t->attrs / sizeof(uint64_t));
@@ -234,14 +270,13 @@ static void graph_hash(const graph *g, const int *uses, const bool *held, hasher
   }
   for (int i = 0; i < g->n_leaves; i++) {
     const nb_tensor *l = g->leaves[i];
-    int64_t head[2] = {l->dtype, l->shape.ndim};
-    hash_words(h, head, 2);
+    int64_t head[3] = {l->dtype, l->shape.ndim, i == dying};
+    hash_words(h, head, 3);
     hash_words(h, l->shape.dims, (size_t)l->shape.ndim);
     hash_words(h, l->shard0.strides, (size_t)l->shape.ndim);
   }
 }
 
-/* last[i]: the step after which node i's buffer is dead (or -1 if held/root). */
 /* The step that runs step i: its group's last member. */
 static int group_end(const plan *p, int n, int i) {
   int f = p->group[i];
@@ -250,58 +285,153 @@ static int group_end(const plan *p, int n, int i) {
   return i;
 }
 
-/* last[i]: the step after which node i's buffer is dead (or -1 if held/root).
+enum { HELD = 1, ROOT = 2 }; /* per-node flags of a realization */
+
+/* The input whose buffer member k of the step f..e (a group, or f == e == k
+ * alone) may take: 4 * j + q for nodes[j]->in[q], or -1. has[x]: x has a
+ * buffer during the run; last/llast: the step after which a node / leaf is
+ * dead; dying: the leaf nb_assign rebinds, or -1. */
+static int inplace_source(const graph *g, const plan *p, const bool *has, const int *last,
+                          const int *llast, int dying, int f, int e, int k) {
+  const nb_tensor *t = g->nodes[k];
+  for (int j = f; j <= e; j++)
+    for (int q = 0; q < g->nodes[j]->n_in; q++) {
+      const nb_tensor *x = g->nodes[j]->in[q];
+      int m = x->mark;
+      if (m >= f && m <= e) continue; /* a member of the group */
+      bool dies = m >= 0 ? has[m] && p->fate[m] == FATE_TEMP && last[m] == e
+                         : -3 - m == dying && llast[-3 - m] == e;
+      if (!dies || x->dtype != t->dtype || !nbi_shape_eq(&x->shape, &t->shape)) continue;
+      bool ok = true;
+      for (int r = k + 1; r <= e && ok; r++) /* no later member reads it */
+        for (int c = 0; c < g->nodes[r]->n_in; c++)
+          ok = ok && g->nodes[r]->in[c] != x;
+      for (int r = f; r < k && ok; r++) /* no earlier member took it */
+        ok = p->inplace[r] < 0 || g->nodes[p->inplace[r] / 4]->in[p->inplace[r] % 4] != x;
+      if (ok) return 4 * j + q;
+    }
+  return -1;
+}
+
+/* Plans a realization (see the memory policy at the top): the grouping, each
+ * node's fate, in-place steps, and per step the buffers that die after it.
  * A use inside a fused group counts at the group's last step, when it runs. */
-static plan *plan_build(const graph *g, const bool *held, uint64_t h1, uint64_t h2) {
-  int *last = malloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
-  int *count = calloc((size_t)g->n + 1, sizeof(int));
+static plan *plan_build(const graph *g, const uint8_t *flags, int dying, uint64_t h1,
+                        uint64_t h2) {
+  int n = g->n;
+  size_t nn = (size_t)(n ? n : 1);
   plan *p = plan_cache_slot();
-  if (!p) {
-    free(last);
-    free(count);
-    return NULL;
-  }
-  p->group = malloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
-  p->store = malloc(sizeof(bool) * (size_t)(g->n ? g->n : 1));
-  if (!last || !count || !p->group || !p->store) goto oom;
-  nbi_fuse_plan(g->nodes, g->n, held, p->group, p->store);
-  for (int i = 0; i < g->n; i++)
+  if (!p) return NULL;
+  int *last = malloc(sizeof(int) * nn), *count = calloc(nn + 1, sizeof(int));
+  int *llast = malloc(sizeof(int) * (size_t)(g->n_leaves ? g->n_leaves : 1));
+  bool *must = malloc(nn), *has = malloc(nn);
+  p->group = malloc(sizeof(int) * nn);
+  p->store = malloc(sizeof(bool) * nn);
+  p->fate = malloc(nn);
+  p->inplace = malloc(sizeof(int) * nn);
+  if (!last || !count || !llast || !must || !has || !p->group || !p->store || !p->fate ||
+      !p->inplace)
+    goto oom;
+  for (int i = 0; i < n; i++)
+    must[i] = flags[i] & ROOT;
+  nbi_fuse_plan(g->nodes, n, must, p->group, p->store);
+  for (int i = 0; i < n; i++)
     last[i] = -1;
-  for (int i = 0, end = -1; i < g->n; i++) {
-    if (i > end) end = group_end(p, g->n, i);
+  for (int l = 0; l < g->n_leaves; l++)
+    llast[l] = -1;
+  for (int i = 0, end = -1; i < n; i++) {
+    if (i > end) end = group_end(p, n, i);
     const nb_tensor *t = g->nodes[i];
-    for (int k = 0; k < t->n_in; k++)
-      if (t->in[k]->mark >= 0) last[t->in[k]->mark] = end;
+    for (int k = 0; k < t->n_in; k++) {
+      int m = t->in[k]->mark;
+      if (m >= 0)
+        last[m] = end;
+      else
+        llast[-3 - m] = end;
+    }
+  }
+  /* has[i]: a buffer during the run (stored, or run alone); lazy: held without
+   * one, and the unstored members such a node reads; what a lazy node reads
+   * with a buffer is kept (must[] from here on) */
+  for (int i = 0; i < n; i++) {
+    bool alone = p->group[i] == i && !(i + 1 < n && p->group[i + 1] == i);
+    has[i] = p->store[i] || alone;
+    p->fate[i] = (flags[i] & HELD) && !has[i] ? FATE_LAZY : FATE_TEMP;
+    must[i] = false;
+  }
+  for (int i = n - 1; i >= 0; i--) {
+    if (p->fate[i] != FATE_LAZY) continue;
+    const nb_tensor *t = g->nodes[i];
+    for (int k = 0; k < t->n_in; k++) {
+      int m = t->in[k]->mark;
+      if (m >= 0 && has[m])
+        must[m] = true;
+      else if (m >= 0)
+        p->fate[m] = FATE_LAZY;
+      else if (-3 - m == dying)
+        dying = -1; /* a lazy node will read its value later */
+    }
+  }
+  for (int i = 0; i < n; i++)
+    if (has[i] && ((flags[i] & HELD) || must[i])) p->fate[i] = FATE_KEEP;
+  for (int i = 0; i < n; i++)
+    p->inplace[i] = -1;
+  for (int f = 0; f < n;) {
+    int e = group_end(p, n, f);
+    for (int k = f; k <= e; k++)
+      if (has[k] && nbi_cpu_elementwise_fusible(g->nodes[k]))
+        p->inplace[k] = inplace_source(g, p, has, last, llast, dying, f, e, k);
+    f = e + 1;
   }
   int n_free = 0;
-  for (int i = 0; i < g->n; i++)
-    if (!held[i] && last[i] >= 0) count[last[i]]++, n_free++;
-  p->free_start = malloc(sizeof(int) * ((size_t)g->n + 1));
+  for (int i = 0; i < n; i++)
+    if (has[i] && p->fate[i] == FATE_TEMP && last[i] >= 0) count[last[i]]++, n_free++;
+  p->free_start = malloc(sizeof(int) * ((size_t)n + 1));
   p->free_idx = malloc(sizeof(int) * (size_t)(n_free ? n_free : 1));
   if (!p->free_start || !p->free_idx) goto oom;
   p->free_start[0] = 0;
-  for (int i = 0; i < g->n; i++)
+  for (int i = 0; i < n; i++)
     p->free_start[i + 1] = p->free_start[i] + count[i];
-  for (int i = 0; i < g->n; i++)
+  for (int i = 0; i < n; i++)
     count[i] = p->free_start[i];
-  for (int i = 0; i < g->n; i++)
-    if (!held[i] && last[i] >= 0) p->free_idx[count[last[i]]++] = i;
+  for (int i = 0; i < n; i++)
+    if (has[i] && p->fate[i] == FATE_TEMP && last[i] >= 0) p->free_idx[count[last[i]]++] = i;
   p->h1 = h1;
   p->h2 = h2;
-  p->n_steps = g->n;
+  p->n_steps = n;
   p->last_used = ++plan_clock;
   free(last);
   free(count);
+  free(llast);
+  free(must);
+  free(has);
   return p;
 oom:
   free(last);
   free(count);
+  free(llast);
+  free(must);
+  free(has);
   plan_clear(p);
   return NULL;
 }
 
 /* ---- execution ---------------------------------------------------------------------------- */
-static nb_status run_node(nb_tensor *t) {
+/* The buffer step i's output takes in place (retained), or NULL: the plan's
+ * input, if its buffer is unshared, contiguous and starts at offset 0. */
+static nbi_buffer *inplace_buffer(const plan *p, const graph *g, int i) {
+  if (p->inplace[i] < 0) return NULL;
+  const nb_tensor *x = g->nodes[p->inplace[i] / 4]->in[p->inplace[i] % 4];
+  nbi_buffer *b = x->shard0.buf;
+  if (!b || x->n_shards != 1 || b->refcount != 1 || x->shard0.offset != 0) return NULL;
+  nbi_view v = nbi_tensor_view(x);
+  if (!nbi_view_is_contiguous(&v)) return NULL;
+  nbi_buffer_retain(b);
+  return b;
+}
+
+/* Runs t alone; its output goes to reuse (an input's buffer, retained) when given. */
+static nb_status run_node(nb_tensor *t, nbi_buffer *reuse) {
   const nbi_op_def *def = nbi_op_table[t->op];
   nbi_view in[t->n_in > 0 ? t->n_in : 1];
   for (int k = 0; k < t->n_in; k++)
@@ -310,6 +440,7 @@ static nb_status run_node(nb_tensor *t) {
   memcpy(out.dims, t->shape.dims, sizeof out.dims);
 
   if (def->view && t->n_in > 0 && def->view(t, &in[0], &out)) {
+    nbi_buffer_release(reuse);
     nbi_buffer *b = t->in[0]->shard0.buf;
     nbi_buffer_retain(b);
     t->shard0.buf = b;
@@ -317,9 +448,12 @@ static nb_status run_node(nb_tensor *t) {
     memcpy(t->shard0.strides, out.strides, sizeof out.strides);
     return NB_OK;
   }
-  if (!def->cpu) return nbi_error(NB_ERR_INTERNAL, "nb_eval: op %s has no CPU kernel", def->name);
+  if (!def->cpu) {
+    nbi_buffer_release(reuse);
+    return nbi_error(NB_ERR_INTERNAL, "nb_eval: op %s has no CPU kernel", def->name);
+  }
   size_t nbytes = (size_t)nbi_numel(&t->shape) * nb_dtype_size(t->dtype);
-  nbi_buffer *b = nbi_buffer_alloc(nbytes);
+  nbi_buffer *b = reuse ? reuse : nbi_buffer_alloc(nbytes);
   if (!b) return NB_ERR_OOM;
   out.data = b->data;
   nbi_contig_strides(&t->shape, out.strides);
@@ -335,11 +469,27 @@ static nb_status run_node(nb_tensor *t) {
   return NB_OK;
 }
 
+/* Runs the fused group f..e: stored members with an in-place input take its
+ * buffer first (nbi_fuse_run keeps a buffer a member already has). */
+static nb_status run_group(const plan *p, const graph *g, int f, int e) {
+  for (int k = f; k <= e; k++) {
+    nbi_buffer *b = p->store[k] ? inplace_buffer(p, g, k) : NULL;
+    if (!b) continue;
+    nb_tensor *t = g->nodes[k];
+    t->shard0.buf = b;
+    t->shard0.offset = 0;
+    nbi_contig_strides(&t->shape, t->shard0.strides);
+  }
+  return nbi_fuse_run(g->nodes + f, e - f + 1, p->store + f);
+}
+
 /* Depth of realizations running on this thread: a kernel may realize a nested
  * graph (control flow, checkpoint); only the outermost adds to the timers. */
 static _Thread_local int depth;
 
-nb_status nbi_realize(nb_tensor *const *ts, int n) {
+/* nbi_realize, where dying_t (a realized tensor, or NULL) is nb_assign's dst:
+ * its value dies in this realization. */
+static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) {
   uint64_t t0 = now_ns(), t1 = 0;
   plan *p = NULL;
   graph g = {0};
@@ -354,8 +504,8 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
   }
   nbi_cpu_init();
   int *uses = calloc((size_t)g.n, sizeof(int));
-  bool *held = calloc((size_t)g.n, sizeof(bool));
-  if (!uses || !held) {
+  uint8_t *flags = calloc((size_t)g.n, 1);
+  if (!uses || !flags) {
     st = nbi_error(NB_ERR_OOM, "nb_eval: out of memory planning %d nodes", g.n);
     goto done;
   }
@@ -363,23 +513,28 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
     for (int k = 0; k < g.nodes[i]->n_in; k++)
       if (g.nodes[i]->in[k]->mark >= 0) uses[g.nodes[i]->in[k]->mark]++;
   for (int i = 0; i < g.n; i++)
-    held[i] = g.nodes[i]->refcount > uses[i];
+    flags[i] = g.nodes[i]->refcount > uses[i] ? HELD : 0;
   for (int r = 0; r < n; r++)
-    if (ts[r]->mark >= 0) held[ts[r]->mark] = true;
+    if (ts[r]->mark >= 0) flags[ts[r]->mark] = HELD | ROOT;
+  int dying = dying_t && dying_t->mark <= -3 ? -3 - dying_t->mark : -1;
 
   hasher h = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull};
-  graph_hash(&g, uses, held, &h);
+  graph_hash(&g, uses, flags, dying, &h);
   hash_i64(&h, nbi_fusion_enabled()); /* the grouping is part of the plan */
   p = plan_cache_lookup(h.a, h.b, g.n);
   if (p) {
     stats.plan_cache_hits++;
   } else {
     stats.plan_cache_misses++;
-    if (!(p = plan_build(&g, held, h.a, h.b))) {
+    if (!(p = plan_build(&g, flags, dying, h.a, h.b))) {
       st = nbi_error(NB_ERR_OOM, "nb_eval: out of memory planning %d nodes", g.n);
       goto done;
     }
   }
+  int n_lazy = 0;
+  for (int i = 0; i < g.n; i++)
+    n_lazy += p->fate[i] == FATE_LAZY && (flags[i] & HELD);
+  if ((st = nbi_lazy_reserve(n_lazy))) goto done;
   stats.realizations++;
   p->pinned++;
   t1 = now_ns();
@@ -389,9 +544,9 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
     if (i + 1 < g.n && p->group[i + 1] == p->group[i])
       ; /* a member of a fused group that runs at its last step */
     else if (p->group[i] != i)
-      st = nbi_fuse_run(g.nodes + p->group[i], i - p->group[i] + 1, p->store + p->group[i]);
+      st = run_group(p, &g, p->group[i], i);
     else
-      st = run_node(g.nodes[i]);
+      st = run_node(g.nodes[i], inplace_buffer(p, &g, i));
     for (int f = p->free_start[i]; f < p->free_start[i + 1]; f++) {
       nb_tensor *dead = g.nodes[p->free_idx[f]];
       nbi_buffer_release(dead->shard0.buf);
@@ -408,8 +563,15 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
     }
     goto done;
   }
-  for (int i = 0; i < g.n; i++)
-    if (held[i]) g.nodes[i]->flags |= NBI_T_REALIZED;
+  for (int i = 0; i < g.n; i++) {
+    nb_tensor *t = g.nodes[i];
+    if (p->fate[i] == FATE_KEEP) {
+      t->flags |= NBI_T_REALIZED;
+      nbi_lazy_remove(t);
+    } else if (p->fate[i] == FATE_LAZY && (flags[i] & HELD)) {
+      nbi_lazy_add(t);
+    }
+  }
   /* Drop edges only after every node is final and unmarked: releasing edges
    * frees the intermediates (and may free nodes of g). */
   for (int i = 0; i < g.n; i++)
@@ -417,19 +579,108 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
   for (int i = 0; i < g.n_leaves; i++)
     g.leaves[i]->mark = -1;
   g.n_leaves = 0;
-  int n_held = 0;
+  int n_kept = 0;
   for (int i = 0; i < g.n; i++)
-    if (held[i]) g.nodes[n_held++] = g.nodes[i];
+    if (p->fate[i] == FATE_KEEP) g.nodes[n_kept++] = g.nodes[i];
   g.n = 0;
-  for (int i = 0; i < n_held; i++) {
+  for (int i = 0; i < n_kept; i++) {
     nb_tensor *t = g.nodes[i];
     /* provenance for nb_backward stays until the backward frees it */
     if (!(t->flags & NBI_T_GRAD_PATH) || (t->flags & NBI_T_GRAD_FREED)) nbi_tensor_drop_graph(t);
   }
 done:
   free(uses);
-  free(held);
+  free(flags);
   graph_unmark_free(&g);
   if (t1 && !depth) stats.exec_ns += now_ns() - t1;
+  return st;
+}
+
+nb_status nbi_realize(nb_tensor *const *ts, int n) { return realize(ts, n, NULL); }
+
+/* nb_assign: marks every pending tensor reachable from cand[0..n-1] by whether
+ * it reads dst (transitively) and returns, in roots, val and the candidates
+ * that do. An iterative DFS over pending nodes: mark -2 on the stack, -4 does
+ * not read dst, -5 does; visited nodes are listed for the reset. */
+static nb_status assign_roots(nb_tensor *dst, nb_tensor *const *cand, int n, nb_tensor **roots,
+                              int *n_roots) {
+  nb_tensor **stack = NULL, **seen = NULL;
+  int *next = NULL, sp = 0, cap = 0, n_seen = 0, cap_seen = 0;
+  bool *reads = NULL;
+  nb_status st = NB_OK;
+  for (int c = 0; c < n && !st; c++) {
+    if (cand[c]->mark != -1 || (cand[c]->flags & NBI_T_REALIZED)) continue;
+    if (!dfs_push(&stack, &next, &sp, &cap, cand[c])) st = NB_ERR_OOM;
+    bool *grown = st ? NULL : realloc(reads, sizeof(bool) * (size_t)cap);
+    if (!grown) st = NB_ERR_OOM;
+    else reads = grown, reads[sp - 1] = false;
+    while (sp && !st) {
+      nb_tensor *t = stack[sp - 1];
+      if (next[sp - 1] < t->n_in) {
+        nb_tensor *x = t->in[next[sp - 1]++];
+        if ((x->flags & NBI_T_REALIZED) || x->mark == -4 || x->mark == -5) {
+          if (x == dst || x->mark == -5) reads[sp - 1] = true;
+          continue;
+        }
+        if (!dfs_push(&stack, &next, &sp, &cap, x) ||
+            !(grown = realloc(reads, sizeof(bool) * (size_t)cap))) {
+          st = NB_ERR_OOM;
+          break;
+        }
+        reads = grown;
+        reads[sp - 1] = false;
+        continue;
+      }
+      bool r = t == dst || reads[sp - 1];
+      if (!push(&seen, &n_seen, &cap_seen, t)) {
+        st = NB_ERR_OOM;
+        break;
+      }
+      t->mark = r ? -5 : -4;
+      if (--sp && r) reads[sp - 1] = true;
+    }
+  }
+  int nr = 0;
+  for (int c = 0; c < n && !st; c++)
+    if (cand[c]->mark == -5 || c == n - 1) { /* the last candidate is val */
+      cand[c]->mark = -6;                  /* listed once */
+      roots[nr++] = cand[c];
+    }
+  for (int i = 0; i < sp; i++)
+    stack[i]->mark = -1;
+  for (int i = 0; i < n_seen; i++)
+    seen[i]->mark = -1;
+  for (int c = 0; c < nr; c++)
+    roots[c]->mark = -1;
+  *n_roots = nr;
+  free(stack);
+  free(next);
+  free(seen);
+  free(reads);
+  return st ? nbi_error(st, "nb_assign: out of memory") : NB_OK;
+}
+
+nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val) {
+  if (depth)
+    return nbi_error(NB_ERR_STATE, "nb_assign: cannot rebind a tensor while a kernel runs");
+  nb_tensor **cand = NULL, **roots = NULL;
+  int n = 0, cap = 0, n_roots = 0;
+  nb_status st = nbi_held_pending(&cand, &n, &cap);
+  if (!st && n == cap) {
+    nb_tensor **grown = realloc(cand, (size_t)(cap + 1) * sizeof *grown);
+    if (grown)
+      cand = grown;
+    else
+      st = nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
+  }
+  if (!st) {
+    cand[n++] = val;
+    roots = malloc(sizeof *roots * (size_t)n);
+    if (!roots) st = nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
+  }
+  if (!st) st = assign_roots(dst, cand, n, roots, &n_roots);
+  if (!st) st = realize(roots, n_roots, dst->flags & NBI_T_REALIZED ? dst : NULL);
+  free(cand);
+  free(roots);
   return st;
 }
