@@ -76,7 +76,8 @@ Test(graph, unheld_intermediates_are_freed_by_liveness) {
   nb_scope_begin();
   nb_tensor *x = nb_full(NB_SHAPE(n), 0.5, NB_F32);
   y = x;
-  for (int i = 0; i < 12; i++) y = nb_mul_scalar(nb_add_scalar(y, 1.0), 0.5);
+  for (int i = 0; i < 12; i++)
+    y = nb_mul_scalar(nb_add_scalar(y, 1.0), 0.5);
   nb_keep(y);
   nb_scope_end(); /* the chain is now held only by y */
   nb_reset_stats();
@@ -110,7 +111,8 @@ Test(graph, dropping_an_unrealized_deep_chain_is_iterative) {
   uint64_t t0 = nb_get_stats().live_tensors;
   nb_scope_begin();
   nb_tensor *y = nb_zeros(NB_SHAPE(1), NB_F32);
-  for (int i = 0; i < 200000; i++) y = nb_add_scalar(y, 1.0);
+  for (int i = 0; i < 200000; i++)
+    y = nb_add_scalar(y, 1.0);
   nb_scope_end();
   cr_assert_eq(nb_get_stats().live_tensors, t0);
 }

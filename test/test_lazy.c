@@ -6,9 +6,7 @@
 
 enum { N = 1000 };
 
-static void fill(double *x, int n, uint64_t seed) {
-  tc_fill(x, n, -2, 2, &seed);
-}
+static void fill(double *x, int n, uint64_t seed) { tc_fill(x, n, -2, 2, &seed); }
 
 /* y = relu(x * 1.5 + w) * 0.5 - 0.25 and its steps, as bench_bandwidth's chain. */
 static double chain_ref(double x, double w, int step) {
@@ -108,7 +106,7 @@ Test(lazy, assign_realizes_only_what_reads_dst) {
     r2[i] = 2 * x[i], r3[i] = 2 * x[i] + 3, ru[i] = u[i] + 1;
   nb_tensor *xt = tc_tensor(x, NB_SHAPE(N), NB_F64), *ut = tc_tensor(u, NB_SHAPE(N), NB_F64);
   nb_scope_begin();
-  nb_tensor *reads = nb_mul_scalar(xt, 2.0);    /* pending, reads x */
+  nb_tensor *reads = nb_mul_scalar(xt, 2.0);     /* pending, reads x */
   nb_tensor *reads2 = nb_add_scalar(reads, 3.0); /* pending, reads x through reads */
   nb_tensor *other = nb_add_scalar(ut, 1.0);     /* pending, unrelated */
   cr_assert_eq(nb_assign(xt, nb_zeros(NB_SHAPE(N), NB_F64)), NB_OK, "%s", nb_last_error());
@@ -178,8 +176,7 @@ static void sgd_steps(bool requires_grad) {
       ref[i] = (double)((float)ref[i] - (float)(0.125f * (float)g[i]));
     if (step == 3) nb_reset_stats();
     nb_scope_begin();
-    cr_assert_eq(nb_assign(pt, nb_sub(pt, nb_mul(gt, lr))), NB_OK, "%s",
-                 nb_last_error());
+    cr_assert_eq(nb_assign(pt, nb_sub(pt, nb_mul(gt, lr))), NB_OK, "%s", nb_last_error());
     nb_scope_end();
     if (step == 3) {
       nb_stats st = nb_get_stats();

@@ -316,8 +316,7 @@ static int inplace_source(const graph *g, const plan *p, const bool *has, const 
 /* Plans a realization (see the memory policy at the top): the grouping, each
  * node's fate, in-place steps, and per step the buffers that die after it.
  * A use inside a fused group counts at the group's last step, when it runs. */
-static plan *plan_build(const graph *g, const uint8_t *flags, int dying, uint64_t h1,
-                        uint64_t h2) {
+static plan *plan_build(const graph *g, const uint8_t *flags, int dying, uint64_t h1, uint64_t h2) {
   int n = g->n;
   size_t nn = (size_t)(n ? n : 1);
   plan *p = plan_cache_slot();
@@ -570,6 +569,8 @@ static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) 
       nbi_lazy_remove(t);
     } else if (p->fate[i] == FATE_LAZY && (flags[i] & HELD)) {
       nbi_lazy_add(t);
+    } else { /* pending, but only other nodes hold it */
+      nbi_lazy_remove(t);
     }
   }
   /* Drop edges only after every node is final and unmarked: releasing edges
@@ -612,8 +613,10 @@ static nb_status assign_roots(nb_tensor *dst, nb_tensor *const *cand, int n, nb_
     if (cand[c]->mark != -1 || (cand[c]->flags & NBI_T_REALIZED)) continue;
     if (!dfs_push(&stack, &next, &sp, &cap, cand[c])) st = NB_ERR_OOM;
     bool *grown = st ? NULL : realloc(reads, sizeof(bool) * (size_t)cap);
-    if (!grown) st = NB_ERR_OOM;
-    else reads = grown, reads[sp - 1] = false;
+    if (!grown)
+      st = NB_ERR_OOM;
+    else
+      reads = grown, reads[sp - 1] = false;
     while (sp && !st) {
       nb_tensor *t = stack[sp - 1];
       if (next[sp - 1] < t->n_in) {
@@ -643,7 +646,7 @@ static nb_status assign_roots(nb_tensor *dst, nb_tensor *const *cand, int n, nb_
   int nr = 0;
   for (int c = 0; c < n && !st; c++)
     if (cand[c]->mark == -5 || c == n - 1) { /* the last candidate is val */
-      cand[c]->mark = -6;                  /* listed once */
+      cand[c]->mark = -6;                    /* listed once */
       roots[nr++] = cand[c];
     }
   for (int i = 0; i < sp; i++)
