@@ -289,3 +289,50 @@ Test(lazy, group_member_does_not_overwrite_an_operand_read_later) {
   tc_assert_close(y, ry, NB_SHAPE(N));
   nb_scope_end();
 }
+
+/* Plans are cached by structure, roots included: the same chain realized
+ * with one more root (held the same way) realizes that root. */
+Test(lazy, roots_are_part_of_the_plan) {
+  double x[N], r[3][N];
+  fill(x, N, 12);
+  for (int i = 0; i < N; i++)
+    r[0][i] = exp(x[i]), r[1][i] = r[0][i] * 2, r[2][i] = r[1][i] + 1;
+  nb_tensor *xt = tc_tensor(x, NB_SHAPE(N), NB_F64);
+  for (int n_roots = 1; n_roots <= 3; n_roots++)
+    for (int rep = 0; rep < 2; rep++) {
+      nb_scope_begin();
+      nb_tensor *t[3];
+      t[0] = nb_exp(xt);
+      t[1] = nb_mul_scalar(t[0], 2.0);
+      t[2] = nb_add_scalar(t[1], 1.0);
+      nb_tensor *roots[3] = {t[2], t[1], t[0]};
+      cr_assert_eq(nb_eval(roots, n_roots), NB_OK);
+      for (int k = 0; k < 3; k++)
+        cr_assert_eq(nb_is_realized(roots[k]), k < n_roots, "%d roots: root %d", n_roots, k);
+      for (int k = 0; k < 3; k++)
+        tc_assert_close(t[k], r[k], NB_SHAPE(N));
+      nb_scope_end();
+    }
+}
+
+/* The forward realized first (its elementwise steps lazy), then nb_backward:
+ * the backward recomputes what it needs and the gradients are right. */
+Test(lazy, backward_after_reading_the_loss) {
+  double p[N], gref[N];
+  fill(p, N, 13);
+  nb_tensor *pt = tc_tensor(p, NB_SHAPE(N), NB_F64);
+  nb_set_requires_grad(pt, true);
+  nb_scope_begin();
+  nb_tensor *h = nb_sin(nb_mul_scalar(pt, 3.0));
+  nb_tensor *loss = nb_sum(nb_mul(h, pt), NB_ALL, false);
+  double lref = 0;
+  for (int i = 0; i < N; i++) {
+    lref += sin(3 * p[i]) * p[i];
+    gref[i] = sin(3 * p[i]) + 3 * p[i] * cos(3 * p[i]);
+  }
+  cr_assert_float_eq(nb_item(loss), lref, 1e-9 * fabs(lref) + 1e-12);
+  cr_assert(!nb_is_realized(h));
+  cr_assert_eq(nb_backward(loss), NB_OK, "%s", nb_last_error());
+  tc_assert_close(nb_grad_of(pt), gref, NB_SHAPE(N));
+  nb_scope_end();
+}
