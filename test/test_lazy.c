@@ -336,3 +336,41 @@ Test(lazy, backward_after_reading_the_loss) {
   tc_assert_close(nb_grad_of(pt), gref, NB_SHAPE(N));
   nb_scope_end();
 }
+
+/* A lazy reader of the assigned tensor is not run by nb_assign: it reads a
+ * leaf sharing the old buffer (which is then not overwritten in place); one
+ * whose provenance nb_backward may still need runs instead. */
+Test(lazy, assign_leaves_lazy_readers_lazy) {
+  double x[N], r[N], y[N];
+  fill(x, N, 14);
+  for (int i = 0; i < N; i++)
+    r[i] = exp(x[i]), y[i] = x[i] + 1;
+  nb_tensor *xt = tc_tensor(x, NB_SHAPE(N), NB_F64);
+  nb_scope_begin();
+  nb_tensor *e = nb_exp(xt);
+  nb_tensor *out = nb_mul_scalar(e, 2.0);
+  cr_assert_eq(nb_eval(&out, 1), NB_OK);
+  cr_assert(!nb_is_realized(e));
+  nb_reset_stats();
+  cr_assert_eq(nb_assign(xt, nb_add_scalar(xt, 1.0)), NB_OK, "%s", nb_last_error());
+  cr_assert_eq(nb_get_stats().kernels_run, 1, "only the new value runs");
+  cr_assert(!nb_is_realized(e), "the lazy reader stays lazy");
+  tc_assert_close(xt, y, NB_SHAPE(N));
+  tc_assert_close(e, r, NB_SHAPE(N));
+  nb_scope_end();
+
+  nb_tensor *pt = tc_tensor(x, NB_SHAPE(N), NB_F64);
+  nb_set_requires_grad(pt, true);
+  nb_scope_begin();
+  nb_tensor *h = nb_sin(pt);
+  nb_tensor *loss = nb_sum(nb_mul_scalar(h, 2.0), NB_ALL, false);
+  cr_assert(!isnan(nb_item(loss)));
+  cr_assert(!nb_is_realized(h));
+  cr_assert_eq(nb_assign(pt, nb_zeros(NB_SHAPE(N), NB_F64)), NB_OK);
+  cr_assert(nb_is_realized(h), "h keeps provenance to pt: it runs before the assign");
+  double rs[N];
+  for (int i = 0; i < N; i++)
+    rs[i] = sin(x[i]);
+  tc_assert_close(h, rs, NB_SHAPE(N));
+  nb_scope_end();
+}

@@ -23,7 +23,8 @@
  * if it is ever requested. The unstored members it reads stay pending with
  * it; a stored intermediate it reads is kept (realized), so a lazy node never
  * recomputes a matmul or a reduction. nb_assign (nbi_realize_assign) realizes
- * the held pending readers of the tensor it rebinds before rebinding it.
+ * the held pending readers of the tensor it rebinds before rebinding it; lazy
+ * ones are instead pointed at a leaf sharing its old buffer (rewire_lazy).
  *
  * In place. An elementwise step (alone, or a stored member of a fused group)
  * of an f32/f64 op writes into the buffer of an input that dies at that step
@@ -663,6 +664,57 @@ static nb_status assign_roots(nb_tensor *dst, nb_tensor *const *cand, int n, nb_
   return st ? nbi_error(st, "nb_assign: out of memory") : NB_OK;
 }
 
+/* Lazy readers of dst among the roots (val aside) computed nothing yet and
+ * may never be read: rather than running them, point them (and the pending
+ * nodes under them) at a new leaf sharing dst's current buffer. That buffer
+ * is then shared, so dst is not written in place. Not when such a reader
+ * still carries provenance for nb_backward (the gradient must reach dst):
+ * then they stay roots. Drops the rewired roots from roots[0..*n-1]. */
+static nb_status rewire_lazy(nb_tensor *dst, const nb_tensor *val, nb_tensor **roots, int *n) {
+  nb_tensor **stack = NULL, **seen = NULL;
+  int *next = NULL, sp = 0, cap = 0, n_seen = 0, cap_seen = 0;
+  bool ok = true, any = false, oom = false;
+  for (int r = 0; r < *n && ok; r++) {
+    nb_tensor *l = roots[r];
+    if (l == val || !(l->flags & NBI_T_LAZY) || l->mark != -1) continue;
+    any = true;
+    oom = !push(&seen, &n_seen, &cap_seen, l) || !dfs_push(&stack, &next, &sp, &cap, l);
+    while (sp && !oom) {
+      nb_tensor *t = stack[sp - 1];
+      if (next[sp - 1] == t->n_in) {
+        sp--;
+        continue;
+      }
+      nb_tensor *x = t->in[next[sp - 1]++];
+      if (x == dst && (t->flags & NBI_T_GRAD_PATH) && !(t->flags & NBI_T_GRAD_FREED)) ok = false;
+      if ((x->flags & NBI_T_REALIZED) || x->mark != -1) continue;
+      oom = !push(&seen, &n_seen, &cap_seen, x) || !dfs_push(&stack, &next, &sp, &cap, x);
+    }
+    ok = ok && !oom;
+  }
+  nb_tensor *old = ok && any ? nbi_leaf_share(dst) : NULL;
+  for (int i = 0; i < n_seen; i++) {
+    nb_tensor *t = seen[i];
+    t->mark = -1;
+    for (int k = 0; k < t->n_in && old; k++)
+      if (t->in[k] == dst) {
+        t->in[k] = nb_retain(old);
+        nb_release(dst); /* the caller holds dst */
+      }
+  }
+  free(stack);
+  free(next);
+  free(seen);
+  if (oom) return nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
+  if (ok && any && !old) return nb_last_status();
+  if (!old) return NB_OK;
+  int m = 0;
+  for (int r = 0; r < *n; r++)
+    if (roots[r] == val || !(roots[r]->flags & NBI_T_LAZY)) roots[m++] = roots[r];
+  *n = m;
+  return NB_OK;
+}
+
 nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val) {
   if (depth)
     return nbi_error(NB_ERR_STATE, "nb_assign: cannot rebind a tensor while a kernel runs");
@@ -682,6 +734,8 @@ nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val) {
     if (!roots) st = nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
   }
   if (!st) st = assign_roots(dst, cand, n, roots, &n_roots);
+  if (!st && (dst->flags & NBI_T_REALIZED) && dst->n_shards == 1)
+    st = rewire_lazy(dst, val, roots, &n_roots);
   if (!st) st = realize(roots, n_roots, dst->flags & NBI_T_REALIZED ? dst : NULL);
   free(cand);
   free(roots);

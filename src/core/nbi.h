@@ -455,9 +455,12 @@ nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *
  * but their time is not added to plan_ns/exec_ns twice. */
 nb_status nbi_realize(nb_tensor *const *ts, int n);
 /* nb_assign's realization (src/core/graph.c): realizes val together with every
- * pending tensor held by the thread's scopes or lazy that reads dst
- * (transitively), so none of them can see dst's next value; dst's current
- * value dies in it (an elementwise step may write over dst's buffer). */
+ * pending tensor held by the thread's scopes that reads dst (transitively), so
+ * none of them can see dst's next value; lazy readers read a leaf sharing
+ * dst's current buffer instead (or run too, while nb_backward may still need
+ * their provenance). dst's current value dies in it: an elementwise step may
+ * write over dst's buffer (if the realization then fails, dst keeps its
+ * buffer but its values are unspecified). */
 nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val);
 void nbi_stats_jit(bool hit);
 void nbi_stats_alloc(size_t nbytes);
