@@ -4,6 +4,11 @@
  *          (signature lookup, program replay, one realization from the plan
  *          cache), next to the same call made eagerly (nb_call + nb_eval).
  *   mlp    value_and_grad of the README MLP loss (batch 256), jitted vs not.
+ *   per_kernel  a jitted chain of K tanh kernels on 4 floats, for K = 2 and 34;
+ *          each tanh alternates between shapes [4] and [2, 2] (reshape is a
+ *          zero-copy view), so no two of them fuse and each is its own kernel.
+ *          (median(K=34) - median(K=2)) / 32 is what one more kernel costs a
+ *          jitted call: dispatch, buffer, liveness, plus tanh of 4 floats.
  * For each: the first call and the median of the following calls. Each call
  * is one scope, its outputs realized. The eager form runs first, so the
  * jitted first call finds the kernels' one-time setup (OpenMP pool, oneDNN
@@ -23,6 +28,17 @@
 static nb_status tiny(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
   (void)u, (void)n_in, (void)n_out;
   out[0] = nb_tanh(nb_add_scalar(nb_mul_scalar(in[0], 2.0), 1.0));
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+/* K tanh kernels alternating between [4] and [2, 2] (user = &K) */
+static nb_status chain(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  int k = *(const int *)u;
+  nb_tensor *y = in[0];
+  for (int i = 0; i < k; i++)
+    y = nb_tanh(nb_reshape(y, i % 2 ? NB_SHAPE(4) : NB_SHAPE(2, 2)));
+  out[0] = nb_reshape(y, NB_SHAPE(4));
   return out[0] ? NB_OK : nb_last_status();
 }
 
@@ -71,6 +87,29 @@ int main(int argc, char **argv) {
   report("tiny_call", "nabla_jit", tj, n_tiny);
   report("tiny_call", "nabla_eager", te, n_tiny);
 
+  /* per-kernel cost: the slope between a 2- and a 34-kernel jitted chain */
+  static int ks[2] = {2, 34};
+  result rk[2];
+  for (int i = 0; i < 2; i++) {
+    nb_fn *c = nb_fn_create(chain, &ks[i], 1, 1), *jc = nb_jit(c);
+    rk[i] = time_calls(jc, &x, n_tiny, t);
+    nb_stats before = nb_get_stats();
+    nb_scope_begin();
+    nb_tensor *o;
+    nb_call(jc, &x, &o);
+    nb_eval(&o, 1);
+    nb_scope_end();
+    if (nb_get_stats().kernels_run - before.kernels_run != (uint64_t)ks[i])
+      fprintf(stderr, "bench_jit: the %d-kernel chain ran %llu kernels\n", ks[i],
+              (unsigned long long)(nb_get_stats().kernels_run - before.kernels_run));
+    nb_fn_release(jc);
+    nb_fn_release(c);
+  }
+  double per_kernel = (rk[1].median_s - rk[0].median_s) / (ks[1] - ks[0]);
+  printf("{\"case\":\"per_kernel\",\"impl\":\"nabla_jit\",\"calls\":%d,\"median_2_s\":%.6g,"
+         "\"median_34_s\":%.6g,\"median_s\":%.6g}\n",
+         n_tiny, rk[0].median_s, rk[1].median_s, per_kernel);
+
   nb_seed(0);
   nb_tensor *p[10];
   readme_mlp_init(p);
@@ -92,6 +131,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 4; i++)
     printf("%-22s %-22s %10.1f %10.1f %10.2f\n", cases[i], impls[i], rs[i].first_s * 1e6,
            rs[i].first_plan_s * 1e6, rs[i].median_s * 1e6);
+  printf("per kernel (34- vs 2-kernel jitted chain): %.0f ns\n", per_kernel * 1e9);
   printf("jit cache: %llu hits, %llu misses\n", (unsigned long long)s.jit_cache_hits,
          (unsigned long long)s.jit_cache_misses);
   nb_fn_release(jvg);

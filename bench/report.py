@@ -4,8 +4,11 @@
   python bench/report.py build/bench/results.jsonl
 
 For each training-step case: nabla's median per style, its best style, PyTorch's and
-JAX's medians, and peer / nabla (above 1: nabla is that many times faster), beside the
-target from the design's QUALITY.md. Lines that are not JSON objects are skipped.
+JAX's medians, and peer / nabla (above 1: nabla is that many times faster). Then every
+target of QUALITY.md with the run's ratio and whether it holds: GEMM against the best
+of oneDNN/OpenBLAS (bench_gemm), the fused chain, softmax and layer_norm against the
+STREAM triad (bench_bandwidth), the training steps against the peers, and the cost of
+one more kernel in a jitted call (bench_jit). Lines that are not JSON objects are skipped.
 A bench-only tool: nothing in the library or its tests uses Python.
 """
 import json
@@ -16,6 +19,13 @@ CASES = [  # case, target (QUALITY.md, "Targets")
     ("mlp_784_1024_1024_10_step", ">= 1.1x PyTorch, >= 1.0x JAX"),
     ("transformer_block_fwd_bwd", ">= 1.0x PyTorch"),
 ]
+STEP_TARGETS = [  # case, peer, minimum peer / nabla
+    ("readme_mlp_step", "pytorch", 5.0), ("readme_mlp_step", "jax", 1.5),
+    ("mlp_784_1024_1024_10_step", "pytorch", 1.1), ("mlp_784_1024_1024_10_step", "jax", 1.0),
+    ("transformer_block_fwd_bwd", "pytorch", 1.0),
+]
+BANDWIDTH_TARGETS = {"chain": 0.8, "softmax": 0.7, "layer_norm": 0.7}  # x STREAM triad
+GEMM_TARGET = 0.95  # x the best of oneDNN / OpenBLAS
 STYLES = ["functional", "jit", "imperative"]
 
 
@@ -57,6 +67,39 @@ def main(path):
         print(f"  {case}: {target}")
     for impl, s in sorted(setups.items()):
         print(f"{impl}: {s}")
+    targets(rows, nabla, peer)
+
+
+def targets(rows, nabla, peer):
+    """Every QUALITY.md target with this run's value; 'met' or 'MISSED'."""
+    out = []
+
+    def add(what, value, target, ok):
+        out.append((what, value, target, "met" if ok else "MISSED"))
+
+    for r in rows:
+        if r.get("case") == "gemm" and r.get("impl") == "nabla" and "ratio" in r:
+            add(f"gemm {r['size']} (x best of oneDNN/OpenBLAS)", f"{r['ratio']:.2f}",
+                f">= {GEMM_TARGET}", r["ratio"] >= GEMM_TARGET)
+        elif r.get("impl") == "nabla" and r.get("case") in BANDWIDTH_TARGETS and "ratio" in r:
+            t = BANDWIDTH_TARGETS[r["case"]]
+            add(f"{r['case']} {r.get('size', '')} (x STREAM triad)",
+                f"{r['ratio']:.2f} ({r.get('kernels', '?')} kernels)", f">= {t}", r["ratio"] >= t)
+        elif r.get("case") == "per_kernel" and "median_s" in r:
+            add("one more kernel in a jitted call", f"{r['median_s'] * 1e9:.0f} ns",
+                "hundreds of ns", r["median_s"] < 1e-6)
+    for case, impl, t in STEP_TARGETS:
+        styles, p = nabla.get(case, {}), peer.get((case, impl))
+        if styles and p:
+            ratio = p / min(styles.values())
+            add(f"{case} ({impl} / nabla best)", f"{ratio:.2f}", f">= {t}", ratio >= t)
+    if not out:
+        return
+    print("\nTargets (QUALITY.md), this run:")
+    print("| target | value | required | |")
+    print("|---|---:|---:|---|")
+    for row in out:
+        print("| " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":

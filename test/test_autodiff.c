@@ -134,6 +134,42 @@ Test(autodiff, value_and_grad_argnums_order_and_dtype) {
   nb_fn_release(vg);
 }
 
+/* f(x_0..x_11) = sum_k (k + 1) * sum(x_k^2): more inputs than an argnums list holds */
+static nb_status f_twelve(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_out;
+  nb_tensor *acc = NULL;
+  for (int k = 0; k < n_in; k++) {
+    nb_tensor *t = nb_mul_scalar(nb_sum(nb_square(in[k]), NB_ALL, false), k + 1);
+    acc = acc ? nb_add(acc, t) : t;
+  }
+  out[0] = acc;
+  return NB_OK;
+}
+
+Test(autodiff, grad_nb_all_covers_more_than_eight_inputs) {
+  enum { N = 12 };
+  nb_tensor *x[N], *g[N];
+  double v[N][3];
+  for (int k = 0; k < N; k++) {
+    for (int i = 0; i < 3; i++)
+      v[k][i] = 0.25 * k - 0.5 * i;
+    x[k] = tc_tensor(v[k], NB_SHAPE(3), NB_F64);
+  }
+  nb_fn *f = nb_fn_create(f_twelve, NULL, N, 1);
+  nb_fn *gf = nb_grad(f, NB_ALL);
+  cr_assert(gf, "%s", nb_last_error());
+  cr_assert_eq(nb_fn_n_out(gf), N);
+  cr_assert_eq(nb_call(gf, x, g), NB_OK, "%s", nb_last_error());
+  for (int k = 0; k < N; k++) {
+    double ref[3];
+    for (int i = 0; i < 3; i++)
+      ref[i] = 2.0 * (k + 1) * v[k][i];
+    tc_assert_close_tol(g[k], ref, NB_SHAPE(3), 1e-12);
+  }
+  nb_fn_release(f);
+  nb_fn_release(gf);
+}
+
 static nb_status f_captured(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
   (void)n_in, (void)n_out;
   nb_tensor *c = u; /* a constant: no gradient flows to it */

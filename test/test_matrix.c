@@ -23,7 +23,10 @@
  *              NB_ERR_DTYPE errors);
  *   _jit_vmap_grad  jit(vmap(grad(s))) with s(x) = sum(u * f(x)), u a fixed
  *              random weight (sum of f, seeded unevenly), equals a loop of grad(s)
- *              (rows without a derivative: grad is an NB_ERR_DTYPE error).
+ *              (rows without a derivative: grad is an NB_ERR_DTYPE error);
+ *   _fused     the forward and vjp(f) (a random cotangent) planned with the
+ *              fusion pass equal the same run with every node alone, bit for
+ *              bit.
  * Forward-mode-only rows (nb_while_loop) skip vjp, jacrev and grad: jacfwd
  * stands in for grad, vmap(jvp) for vmap(vjp).
  * Integer and bool inputs (indices, masks, conditions) are batched like any other
@@ -774,10 +777,10 @@ static int64_t mx_total(nb_tensor *const *x, int n) {
  * output dtype dt: float64 rounding, or that of a narrower output. */
 static double mx_deriv_tol(nb_dtype dt) { return dt == NB_F64 ? MX_JAC_TOL : tc_tol(dt); }
 
-/* ---- the six checks --------------------------------------------------------------------- */
-enum { MX_JIT, MX_GRAD, MX_VMAP, MX_VMAP_VJP, MX_JAC, MX_JIT_VMAP_GRAD, MX_N_CHECKS };
-static const char *const mx_check_names[MX_N_CHECKS] = {"jit",      "grad", "vmap",
-                                                        "vmap_vjp", "jac",  "jit_vmap_grad"};
+/* ---- the seven checks ------------------------------------------------------------------- */
+enum { MX_JIT, MX_GRAD, MX_VMAP, MX_VMAP_VJP, MX_JAC, MX_JIT_VMAP_GRAD, MX_FUSED, MX_N_CHECKS };
+static const char *const mx_check_names[MX_N_CHECKS] = {"jit", "grad",          "vmap", "vmap_vjp",
+                                                        "jac", "jit_vmap_grad", "fused"};
 
 /* 1. the forward runs and is finite; jit(f) equals eager f exactly. */
 static void mx_check_jit(const mx_row *r, const char *what) {
@@ -1085,6 +1088,49 @@ static void mx_check_jit_vmap_grad(const mx_row *r, const char *what) {
   nb_fn_release(f);
 }
 
+/* 7. fused == unfused: f's forward and, where it has one, vjp(f) at a random
+ * cotangent, each realized in one plan with the fusion pass on and off. */
+static void mx_check_fused(const mx_row *r, const char *what) {
+  uint64_t seed = mx_seed(r, 7);
+  nb_tensor *xs[MX_MAX_ARGS], *y[1];
+  mx_example(r, &seed, xs);
+  nb_fn *f = mx_fn(r), *g = NULL;
+  mx_call(what, "forward", f, xs, y);
+  int n_out = 1;
+  if (!(r->flags & (MX_FWD | MX_ND))) {
+    xs[r->n_in] = mx_like(y[0], &seed);
+    g = nb_vjp_fn(f);
+    n_out = 1 + r->n_in;
+  }
+  nb_fn *h = g ? g : f;
+  double *v[2][1 + MX_MAX_IN] = {{0}};
+  int64_t n[1 + MX_MAX_IN] = {0};
+  for (int fused = 0; fused < 2; fused++) {
+    nbi_set_fusion(fused);
+    nb_tensor *o[1 + MX_MAX_IN];
+    nb_scope_begin();
+    mx_call(what, fused ? "fused" : "unfused", h, xs, o);
+    cr_assert_eq(nb_eval(o, n_out), NB_OK, "%s: %s", what, nb_last_error());
+    for (int j = 0; j < n_out; j++) {
+      n[j] = nb_numel(o[j]);
+      v[fused][j] = mx_read(what, "realized", o[j]);
+    }
+    nb_scope_end();
+  }
+  nbi_set_fusion(true);
+  for (int j = 0; j < n_out; j++) {
+    for (int64_t i = 0; i < n[j]; i++)
+      cr_assert(memcmp(&v[0][j][i], &v[1][j][i], sizeof(double)) == 0 ||
+                    (isnan(v[0][j][i]) && isnan(v[1][j][i])),
+                "%s: output %d element %lld: unfused %.17g, fused %.17g", what, j, (long long)i,
+                v[0][j][i], v[1][j][i]);
+    free(v[0][j]);
+    free(v[1][j]);
+  }
+  nb_fn_release(g);
+  nb_fn_release(f);
+}
+
 static void mx_check(int row, int check) {
   const mx_row *r = &mx_rows[row];
   char what[96];
@@ -1095,6 +1141,7 @@ static void mx_check(int row, int check) {
   case MX_VMAP: mx_check_vmap(r, what); break;
   case MX_VMAP_VJP: mx_check_vmap_vjp(r, what); break;
   case MX_JAC: mx_check_jac(r, what); break;
+  case MX_FUSED: mx_check_fused(r, what); break;
   default: mx_check_jit_vmap_grad(r, what); break;
   }
 }
@@ -1105,7 +1152,8 @@ static void mx_check(int row, int check) {
   Test(matrix, name##_vmap) { mx_check(MX_ROW_##name, MX_VMAP); }                                  \
   Test(matrix, name##_vmap_vjp) { mx_check(MX_ROW_##name, MX_VMAP_VJP); }                          \
   Test(matrix, name##_jac) { mx_check(MX_ROW_##name, MX_JAC); }                                    \
-  Test(matrix, name##_jit_vmap_grad) { mx_check(MX_ROW_##name, MX_JIT_VMAP_GRAD); }
+  Test(matrix, name##_jit_vmap_grad) { mx_check(MX_ROW_##name, MX_JIT_VMAP_GRAD); }                \
+  Test(matrix, name##_fused) { mx_check(MX_ROW_##name, MX_FUSED); }
 MX_ROWS(MX_TESTS)
 #undef MX_TESTS
 

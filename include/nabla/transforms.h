@@ -55,10 +55,10 @@ int nb_fn_n_out(const nb_fn *f); /* -1 for NULL */
 nb_status nb_call(nb_fn *f, nb_tensor *const *in, nb_tensor **out);
 
 /* ---- functional transforms (JAX semantics) ----------------------------------------
- * argnums lists the differentiated inputs (negative counts from the end;
- * NB_ALL = every input); they must be floating-point tensors. Gradients have the
- * shape and dtype of their input. Each returns a new nb_fn, NULL on a bad
- * argument (argnums out of range or repeated, NULL f). */
+ * argnums lists the differentiated inputs (negative counts from the end; a
+ * list holds at most NB_MAX_DIMS; NB_ALL = every input, however many); they must be floating-point
+ * tensors. Gradients have the shape and dtype of their input. Each returns a new nb_fn, NULL on a
+ * bad argument (argnums out of range or repeated, NULL f). */
 
 /* out: one gradient per argnum. f's out[0] must have exactly one element. */
 nb_fn *nb_grad(nb_fn *f, nb_axes argnums);

@@ -19,7 +19,7 @@ typedef struct xform {
   const char *name;
   nb_fn *f;
   int n_arg;
-  int arg[NB_MAX_DIMS]; /* argnums, normalized */
+  int arg[]; /* argnums, normalized: n_arg entries (NB_ALL: every input) */
 } xform;
 
 static void xform_destroy(void *p) {
@@ -133,7 +133,7 @@ static nb_status body_grad(const xform *x, nbi_trace *tr, nb_tensor **out) {
   }
   nb_status st = check_float_args(x, tr);
   if (st) return st;
-  nb_tensor *xs[NB_MAX_DIMS], *g[NB_MAX_DIMS];
+  nb_tensor *xs[x->n_arg], *g[x->n_arg];
   for (int a = 0; a < x->n_arg; a++)
     xs[a] = tr->x[x->arg[a]];
   nbi_sweep s = {.fn = x->name, .seq0 = tr->seq0};
@@ -163,11 +163,11 @@ static nb_status body_jac(const xform *x, nbi_trace *tr, nb_tensor **out) {
     if (!nb_dtype_is_float(tr->y[o]->dtype))
       return nbi_error(NB_ERR_DTYPE, "%s: output %d is %s; Jacobians need floating-point outputs",
                        x->name, o, nb_dtype_name(tr->y[o]->dtype));
-  nb_tensor *xs[NB_MAX_DIMS];
+  nb_tensor *xs[na];
   for (int a = 0; a < na; a++)
     xs[a] = tr->x[x->arg[a]];
   nbi_sweep s = {.fn = x->name, .seq0 = tr->seq0};
-  nb_tensor **seeds = calloc((size_t)n_out + 1, sizeof *seeds), *g[NB_MAX_DIMS], *bg[NB_MAX_DIMS];
+  nb_tensor **seeds = calloc((size_t)n_out + 1, sizeof *seeds), *g[na], *bg[na];
   if (!seeds) st = nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
   if (!st) st = nbi_sweep_collect(&s, tr->y, n_out, xs, na);
   if (x->kind == K_JACREV) {
@@ -193,9 +193,11 @@ static nb_status body_jac(const xform *x, nbi_trace *tr, nb_tensor **out) {
       }
     }
   } else {
-    nb_tensor *t[NB_MAX_DIMS] = {0}, **ty = calloc((size_t)n_out + 1, sizeof *ty),
-              **bty = calloc((size_t)n_out + 1, sizeof *bty);
+    nb_tensor *t[na], **ty = calloc((size_t)n_out + 1, sizeof *ty),
+                      **bty = calloc((size_t)n_out + 1, sizeof *bty);
     if (!st && (!ty || !bty)) st = nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
+    for (int a = 0; a < na; a++)
+      t[a] = NULL;
     for (int a = 0; a < na && !st; a++) {
       int64_t n = nbi_numel(&xs[a]->shape);
       nb_tensor *p = nbi_placeholder(&xs[a]->shape, xs[a]->dtype);
@@ -252,20 +254,19 @@ static nb_fn *make(const char *name, enum kind kind, nb_fn *f, nb_axes argnums, 
     nbi_error(NB_ERR_NULL, "%s: f is NULL", name);
     return NULL;
   }
-  xform *x = calloc(1, sizeof *x);
+  /* NB_ALL covers every input, however many; an explicit list holds at most
+   * NB_MAX_DIMS (nb_axes). */
+  int max_arg = f->n_in > NB_MAX_DIMS ? f->n_in : NB_MAX_DIMS;
+  xform *x = calloc(1, sizeof *x + sizeof(int) * (size_t)max_arg);
   if (!x) {
     nbi_error(NB_ERR_OOM, "%s: out of memory", name);
     return NULL;
   }
-  *x = (xform){.kind = kind, .name = name, .f = f};
+  x->kind = kind;
+  x->name = name;
+  x->f = f;
   if (uses_args) {
     if (argnums.n < 0) {
-      if (f->n_in > NB_MAX_DIMS) {
-        free(x);
-        nbi_error(NB_ERR_ARG, "%s: NB_ALL covers at most %d inputs (f has %d); list argnums", name,
-                  NB_MAX_DIMS, f->n_in);
-        return NULL;
-      }
       for (int k = 0; k < f->n_in; k++)
         x->arg[x->n_arg++] = k;
     } else {

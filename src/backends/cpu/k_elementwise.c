@@ -367,8 +367,16 @@ typedef void (*where_row)(void *restrict o, const uint8_t *restrict c, int64_t s
                    int64_t n) {                                                                    \
     T *restrict o = ov;                                                                            \
     const T *restrict a = av, *restrict b = bv;                                                    \
-    for (int64_t j = 0; j < n; j++)                                                                \
-      o[j] = c[j * sc] ? a[j * sa] : b[j * sb];                                                    \
+    if (sc == 1 && sa == 1 && sb == 0) { /* where(c, x, scalar): the VJPs of relu, max... */       \
+      T y = b[0];                                                                                  \
+      for (int64_t j = 0; j < n; j++)                                                              \
+        o[j] = c[j] ? a[j] : y;                                                                    \
+      return;                                                                                      \
+    }                                                                                              \
+    for (int64_t j = 0; j < n; j++) { /* both loaded, then selected: no branch to mispredict */    \
+      T x = a[j * sa], y = b[j * sb];                                                              \
+      o[j] = c[j * sc] ? x : y;                                                                    \
+    }                                                                                              \
   }
 
 /* float */
