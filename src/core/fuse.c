@@ -217,13 +217,18 @@ bool nbi_fuse_view(const nb_tensor *t) {
 }
 
 /* Runs steps first..end as one fused kernel: buffers only for the members whose
- * value is needed outside the group. */
+ * value is needed outside the group (a member the planner gave an input's
+ * buffer to write in place keeps it). */
 nb_status nbi_fuse_run(nb_tensor *const *nodes, int m, const bool *store) {
   nbi_view out[NBI_FUSE_MAX];
   nb_status st = NB_OK;
   for (int k = 0; k < m && !st; k++) {
     if (!store[k]) continue;
     nb_tensor *t = nodes[k];
+    if (t->shard0.buf) {
+      out[k] = nbi_tensor_view(t);
+      continue;
+    }
     nbi_buffer *b = nbi_buffer_alloc((size_t)nbi_numel(&t->shape) * nb_dtype_size(t->dtype));
     if (!b) {
       st = NB_ERR_OOM;

@@ -4,13 +4,48 @@
  *  1. collect the pending nodes reachable from ts, in topological order
  *     (iterative post-order DFS; realized tensors are leaves);
  *  2. hash the subgraph's structure (ops, dtypes, shapes, attrs, edges, leaf
- *     layouts, which nodes are held from outside) and look the plan up;
- *  3. on a miss, plan: per step, the intermediates whose last use it is;
- *  4. execute the steps on the CPU backend, freeing dead intermediates;
- *  5. realized nodes that are held from outside keep their data and drop their
- *     graph edges; intermediates die with their consumers.
+ *     layouts, which nodes are roots and which are held from outside) and
+ *     look the plan up;
+ *  3. on a miss, plan: simplification (simplify.c: steps whose value another
+ *     step or leaf already has become aliases and do not run, dead steps are
+ *     skipped), fused groups of the steps that run (fuse.c), which values to
+ *     keep (the memory policy below), per step the buffers that die, and
+ *     in-place steps;
+ *  4. execute the running steps on the CPU backend (a step reading an alias
+ *     reads its source), freeing dead intermediates;
+ *  5. kept nodes are marked realized and drop their graph edges (unless
+ *     nb_backward still needs them); lazy nodes stay pending.
  * A node is "held from outside" when its refcount exceeds its uses inside the
  * subgraph (a scope, a user, or a pending node outside this realization).
+ *
+ * Memory policy. Only the roots (ts) must be stored, plus what later steps
+ * of this realization read. A held node that runs alone (GEMM, reductions,
+ * views, ...) has its output anyway and keeps it (realized). A held member of
+ * a fused elementwise group whose value nothing else in this realization
+ * needs is not materialized: it stays pending ("lazy", NBI_T_LAZY, tracked
+ * in the lazy set), keeps its edges, and is recomputed (cheap: elementwise)
+ * if it is ever requested. The unstored members it reads stay pending with
+ * it; a stored intermediate it reads is kept (realized), so a lazy node never
+ * recomputes a matmul or a reduction. An alias has a value when its source
+ * does (a leaf, or a step with a buffer): it is then kept like any node with
+ * one, sharing the source's storage from the end of the source's group, else
+ * it is lazy with its source (a root's source is always stored). Fates
+ * follow the original edges (a lazy node is recomputed from them); grouping,
+ * liveness and in-place steps see the simplified graph, where a use of an
+ * alias is a use of its source. nb_assign (nbi_realize_assign) realizes the
+ * held pending readers of the tensor it rebinds before rebinding it; lazy
+ * ones are instead pointed at a leaf sharing its old buffer (rewire_lazy).
+ *
+ * In place. An elementwise step (alone, or a stored member of a fused group)
+ * of an f32/f64 op writes into the buffer of an input that dies at that step
+ * instead of allocating: an intermediate whose last use it is (counting uses
+ * through its aliases) whose value is not kept and that no kept alias
+ * shares, or the tensor nb_assign rebinds (unless a lazy node or a kept alias
+ * reads it); same dtype and shape as the output (not broadcast), and in a
+ * group no later member reads it (members read operands chunk by chunk, at
+ * the index they write). The plan picks the input; the run checks that its
+ * buffer is unshared (refcount 1), contiguous and starts at offset 0, and
+ * allocates otherwise.
  */
 #include "nbi.h"
 
@@ -55,29 +90,41 @@ void nbi_stats_jit(bool hit) {
 typedef struct plan {
   uint64_t h1, h2; /* two independent 64-bit structural hashes */
   int n_steps;
-  int *free_start; /* [n_steps + 1]: frees of step i are free_idx[free_start[i] ..] */
-  int *free_idx;   /* topological indices of intermediates dead after the step */
-  uint64_t last_used;
-  int pinned; /* realizations running it (nested ones may not evict it) */
-  /* Fused elementwise groups: runs of consecutive steps run as one kernel at
-   * the run's last step. group[i] = first step of i's group (i itself when
-   * alone); store[i]: the member's value is needed outside its group. */
-  int *group;
-  bool *store;
   /* Simplification (simplify.c): only the steps run[0..n_run-1] compute;
-   * group, store and the free lists are indexed by run position. alias[i]:
-   * the step or leaf (its mark) whose value step i has. While the plan runs,
-   * input k of step s reads its alias source instead: swap holds (s, k, the
-   * original input's mark) triples. Held aliased steps get their source's
-   * storage when it exists: mat_idx[mat_start[c] ..] before run position c
-   * (c = 0: before any, c + 1: after position c). */
+   * group, store, inplace and the free lists are indexed by run position.
+   * alias[i]: the step or leaf (its mark) whose value step i has. While the
+   * plan runs, input k of step s reads its alias source instead: swap holds
+   * (s, k, the original input's mark) triples. Kept aliased steps get their
+   * source's storage: mat_idx[mat_start[c] ..] before run position c (c = 0:
+   * before any, c + 1: after position c). */
   int n_run;
   int *run;
   int *alias;
   int n_swap;
   int *swap;
   int *mat_start, *mat_idx;
+  int *free_start; /* [n_run + 1]: frees after run position c are free_idx[free_start[c] ..] */
+  int *free_idx;   /* step indices of intermediates dead after it */
+  uint64_t last_used;
+  int pinned; /* realizations running it (nested ones may not evict it) */
+  /* Fused elementwise groups: runs of consecutive running steps run as one
+   * kernel at the run's last step. group[c] = first run position of c's
+   * group (c itself when alone); store[c]: the member's value is needed
+   * outside its group. */
+  int *group;
+  bool *store;
+  /* The memory policy: fate[i] (FATE_*) of step i; inplace[c] = 4 * j + q
+   * when run position c's output takes the buffer of its j-th running
+   * step's input q (as the run reads it: aliased inputs swapped), else -1. */
+  uint8_t *fate;
+  int *inplace;
 } plan;
+
+enum {
+  FATE_TEMP, /* no value after the realization (freed, or never stored) */
+  FATE_KEEP, /* realized: keeps its buffer */
+  FATE_LAZY, /* left pending without a value (held: recomputed on demand) */
+};
 
 #define PLAN_CACHE_SIZE 64
 static plan plan_cache[PLAN_CACHE_SIZE];
@@ -93,6 +140,8 @@ static void plan_clear(plan *p) {
   free(p->swap);
   free(p->mat_start);
   free(p->mat_idx);
+  free(p->fate);
+  free(p->inplace);
   *p = (plan){0};
 }
 
@@ -238,11 +287,15 @@ static void graph_unmark_free(graph *g) {
 }
 
 /* ---- planning ---------------------------------------------------------------------------- */
-static void graph_hash(const graph *g, const int *uses, const bool *held, hasher *h) {
+enum { HELD = 1, ROOT = 2 }; /* per-node flags of a realization */
+
+/* flags[i]: HELD / ROOT; dying: the leaf nb_assign rebinds (or -1). */
+static void graph_hash(const graph *g, const int *uses, const uint8_t *flags, int dying,
+                       hasher *h) {
   hash_i64(h, g->n);
   for (int i = 0; i < g->n; i++) {
     const nb_tensor *t = g->nodes[i];
-    int64_t head[5] = {t->op, t->dtype, t->n_in, held[i], t->shape.ndim};
+    int64_t head[5] = {t->op, t->dtype, t->n_in, flags[i], t->shape.ndim};
     hash_words(h, head, 5);
     hash_words(h, t->shape.dims, (size_t)t->shape.ndim);
     hash_words(h, &t->attrs, sizeof t->attrs / sizeof(uint64_t));
@@ -252,8 +305,8 @@ static void graph_hash(const graph *g, const int *uses, const bool *held, hasher
   }
   for (int i = 0; i < g->n_leaves; i++) {
     const nb_tensor *l = g->leaves[i];
-    int64_t head[2] = {l->dtype, l->shape.ndim};
-    hash_words(h, head, 2);
+    int64_t head[3] = {l->dtype, l->shape.ndim, i == dying};
+    hash_words(h, head, 3);
     hash_words(h, l->shape.dims, (size_t)l->shape.ndim);
     hash_words(h, l->shard0.strides, (size_t)l->shape.ndim);
   }
@@ -280,32 +333,77 @@ static void swap_inputs(const plan *p, const graph *g, bool on) {
   }
 }
 
-/* Fills p (all zero) for g: simplification, grouping, liveness. A last use
- * (last[c]: the run position after which c's buffer is dead) inside a fused
+/* Shows the planner the simplified graph cn[0..n_run-1] (on): inputs swapped
+ * to their sources, marks = run positions; or restores g (off). */
+static void simplified_view(const plan *p, const graph *g, nb_tensor *const *cn, bool on) {
+  if (on) swap_inputs(p, g, true);
+  for (int c = 0; c < p->n_run; c++)
+    cn[c]->mark = on ? c : p->run[c];
+  if (!on) swap_inputs(p, g, false);
+}
+
+/* The input whose buffer member k of the step f..e (run positions: a group,
+ * or f == e == k alone) may take: 4 * j + q for cn[j]->in[q], or -1; on the
+ * simplified view. spare[c]: run position c's buffer is temporary (nothing
+ * keeps it, no kept alias shares it); last/llast: the run position after
+ * which a step / leaf is dead; dying: the leaf nb_assign rebinds, or -1. */
+static int inplace_source(nb_tensor *const *cn, const plan *p, const bool *spare, const int *last,
+                          const int *llast, int dying, int f, int e, int k) {
+  const nb_tensor *t = cn[k];
+  for (int j = f; j <= e; j++)
+    for (int q = 0; q < cn[j]->n_in; q++) {
+      const nb_tensor *x = cn[j]->in[q];
+      int m = x->mark;
+      if (m >= f && m <= e) continue; /* a member of the group */
+      bool dies = m >= 0 ? spare[m] && last[m] == e : -3 - m == dying && llast[-3 - m] == e;
+      if (!dies || x->dtype != t->dtype || !nbi_shape_eq(&x->shape, &t->shape)) continue;
+      bool ok = true;
+      for (int r = k + 1; r <= e && ok; r++) /* no later member reads it */
+        for (int c = 0; c < cn[r]->n_in; c++)
+          ok = ok && cn[r]->in[c] != x;
+      for (int r = f; r < k && ok; r++) /* no earlier member took it */
+        ok = p->inplace[r] < 0 || cn[p->inplace[r] / 4]->in[p->inplace[r] % 4] != x;
+      if (ok) return 4 * j + q;
+    }
+  return -1;
+}
+
+/* Fills p (all zero) for g (see the memory policy at the top). flags[i]:
+ * HELD / ROOT; dying: the leaf nb_assign rebinds, or -1. In order:
+ * simplification; grouping and last uses on the simplified graph (a last use,
+ * last[c]: the run position after which c's buffer is dead, inside a fused
  * group counts at the group's last step, when it runs; uses of an aliased
- * step count as uses of its source. On failure p keeps what it allocated
- * (plan_clear frees it). */
-static bool plan_fill(plan *p, const graph *g, const bool *held) {
+ * step count as uses of its source); fates on the original edges; kept
+ * aliases' shares of their sources' storage; in-place steps; frees. On
+ * failure p keeps what it allocated (plan_clear frees it). */
+static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) {
   int n = g->n, m = n ? n : 1;
-  bool *needed = malloc(sizeof(bool) * (size_t)m), *held_run = calloc((size_t)m, sizeof(bool));
-  int *pos = malloc(sizeof(int) * (size_t)m), *last = malloc(sizeof(int) * (size_t)m);
-  int *count = calloc((size_t)m + 2, sizeof(int));
-  nb_tensor **cn = malloc(sizeof *cn * (size_t)m);
-  p->alias = malloc(sizeof(int) * (size_t)m);
-  p->run = malloc(sizeof(int) * (size_t)m);
-  p->group = malloc(sizeof(int) * (size_t)m);
-  p->store = malloc(sizeof(bool) * (size_t)m);
+  size_t mm = (size_t)m;
+  bool *held = calloc(mm, 1), *needed = malloc(mm), *root_run = calloc(mm, 1), *has = malloc(mm);
+  bool *keep = calloc(mm, 1), *spare = malloc(mm);
+  int *pos = malloc(sizeof(int) * mm), *last = malloc(sizeof(int) * mm);
+  int *llast = malloc(sizeof(int) * (size_t)(g->n_leaves ? g->n_leaves : 1));
+  int *count = calloc(mm + 2, sizeof(int));
+  nb_tensor **cn = malloc(sizeof *cn * mm);
+  p->alias = malloc(sizeof(int) * mm);
+  p->run = malloc(sizeof(int) * mm);
+  p->group = malloc(sizeof(int) * mm);
+  p->store = malloc(sizeof(bool) * mm);
+  p->fate = malloc(mm);
+  p->inplace = malloc(sizeof(int) * mm);
   p->free_start = malloc(sizeof(int) * ((size_t)n + 1));
   p->mat_start = calloc((size_t)n + 2, sizeof(int));
-  bool ok = needed && held_run && pos && last && count && cn && p->alias && p->run && p->group &&
-            p->store && p->free_start && p->mat_start;
+  bool ok = held && needed && root_run && has && keep && spare && pos && last && llast && count &&
+            cn && p->alias && p->run && p->group && p->store && p->fate && p->inplace &&
+            p->free_start && p->mat_start;
   if (!ok) goto done;
+  for (int i = 0; i < n; i++)
+    held[i] = flags[i] & HELD;
   nbi_simplify_plan(g->nodes, n, held, p->alias, needed);
   int n_run = 0, n_swap = 0, n_mat = 0, n_free = 0;
   for (int i = 0; i < n; i++) {
     pos[i] = -1;
     if (needed[i] && p->alias[i] == i) pos[i] = n_run, p->run[n_run++] = i;
-    if (held[i] && p->alias[i] != i) n_mat++;
   }
   for (int c = 0; c < n_run; c++) {
     const nb_tensor *t = g->nodes[p->run[c]];
@@ -314,8 +412,7 @@ static bool plan_fill(plan *p, const graph *g, const bool *held) {
   }
   p->n_run = n_run;
   p->swap = malloc(sizeof(int) * 3 * (size_t)(n_swap ? n_swap : 1));
-  p->mat_idx = malloc(sizeof(int) * (size_t)(n_mat ? n_mat : 1));
-  if (!(ok = p->swap && p->mat_idx)) goto done;
+  if (!(ok = p->swap != NULL)) goto done;
   for (int c = 0; c < n_run; c++) {
     const nb_tensor *t = g->nodes[p->run[c]];
     for (int k = 0; k < t->n_in; k++) {
@@ -326,53 +423,106 @@ static bool plan_fill(plan *p, const graph *g, const bool *held) {
       }
     }
     cn[c] = g->nodes[p->run[c]];
-    held_run[c] = held[p->run[c]];
+    root_run[c] = flags[p->run[c]] & ROOT;
   }
-  for (int i = 0; i < n; i++) /* a held alias takes its source's buffer: it needs one */
-    if (held[i] && p->alias[i] != i && p->alias[i] >= 0) held_run[pos[p->alias[i]]] = true;
+  for (int i = 0; i < n; i++) /* a root alias takes its source's buffer: it needs one */
+    if ((flags[i] & ROOT) && p->alias[i] != i && p->alias[i] >= 0)
+      root_run[pos[p->alias[i]]] = true;
 
-  /* Group and find last uses on the simplified graph: inputs swapped to their
-   * sources, marks = run positions; then everything back. */
-  swap_inputs(p, g, true);
-  for (int c = 0; c < n_run; c++)
-    cn[c]->mark = c;
-  nbi_fuse_plan(cn, n_run, held_run, p->group, p->store);
+  /* Grouping (only what roots and other groups read is stored) and last uses,
+   * of steps and of leaves, on the simplified graph. */
+  simplified_view(p, g, cn, true);
+  nbi_fuse_plan(cn, n_run, root_run, p->group, p->store);
   for (int c = 0; c < n_run; c++)
     last[c] = -1;
+  for (int l = 0; l < g->n_leaves; l++)
+    llast[l] = -1;
   for (int c = 0, end = -1; c < n_run; c++) {
     if (c > end) end = group_end(p, n_run, c);
-    for (int k = 0; k < cn[c]->n_in; k++)
-      if (cn[c]->in[k]->mark >= 0) last[cn[c]->in[k]->mark] = end;
+    for (int k = 0; k < cn[c]->n_in; k++) {
+      int x = cn[c]->in[k]->mark;
+      if (x >= 0)
+        last[x] = end;
+      else
+        llast[-3 - x] = end;
+    }
   }
-  for (int c = 0; c < n_run; c++)
-    cn[c]->mark = p->run[c];
-  swap_inputs(p, g, false);
+  simplified_view(p, g, cn, false);
 
-  /* Held aliases get their source's storage at the end of its group; the
-   * source may die there. */
+  /* Fates, on the original edges (a lazy node is recomputed from them).
+   * has[i]: step i's value is in a buffer during the run: it runs stored or
+   * alone, or it is an alias of a leaf or of such a step. A held step without
+   * one is lazy, and so are the steps without one that a lazy step reads;
+   * what a lazy step reads with one is kept, like the held steps with one. */
   for (int i = 0; i < n; i++) {
-    if (!held[i] || p->alias[i] == i) continue;
+    int a = p->alias[i], c = a >= 0 ? pos[a] : -1;
+    has[i] =
+        a < 0 || (c >= 0 && (p->store[c] || (p->group[c] == c && group_end(p, n_run, c) == c)));
+    p->fate[i] = held[i] && !has[i] ? FATE_LAZY : FATE_TEMP;
+  }
+  for (int i = n - 1; i >= 0; i--) {
+    if (p->fate[i] != FATE_LAZY) continue;
+    const nb_tensor *t = g->nodes[i];
+    for (int k = 0; k < t->n_in; k++) {
+      int x = t->in[k]->mark;
+      if (x >= 0 && has[x])
+        keep[x] = true;
+      else if (x >= 0)
+        p->fate[x] = FATE_LAZY;
+      else if (-3 - x == dying)
+        dying = -1; /* a lazy node will read its value later */
+    }
+  }
+  for (int i = 0; i < n; i++)
+    if (has[i] && (held[i] || keep[i])) p->fate[i] = FATE_KEEP;
+
+  /* Kept aliases take their source's storage at the end of the source's
+   * group (leaves' before any step); the source's buffer lives until then and
+   * is no longer spare (nor a rebound leaf's). */
+  for (int c = 0; c < n_run; c++)
+    spare[c] = has[p->run[c]] && p->fate[p->run[c]] == FATE_TEMP;
+  for (int i = 0; i < n; i++) {
+    if (p->fate[i] != FATE_KEEP || p->alias[i] == i) continue;
     int a = p->alias[i], slot = 0;
     if (a >= 0) {
       int e = group_end(p, n_run, pos[a]);
       slot = e + 1;
       if (last[pos[a]] < e) last[pos[a]] = e;
+      spare[pos[a]] = false;
+    } else if (-3 - a == dying) {
+      dying = -1;
     }
-    count[slot]++;
+    count[slot]++, n_mat++;
   }
+  p->mat_idx = malloc(sizeof(int) * (size_t)(n_mat ? n_mat : 1));
+  if (!(ok = p->mat_idx != NULL)) goto done;
   for (int c = 0; c <= n_run; c++)
     p->mat_start[c + 1] = p->mat_start[c] + count[c];
   for (int c = 0; c <= n_run; c++)
     count[c] = p->mat_start[c];
   for (int i = 0; i < n; i++)
-    if (held[i] && p->alias[i] != i) {
+    if (p->fate[i] == FATE_KEEP && p->alias[i] != i) {
       int a = p->alias[i];
       p->mat_idx[count[a >= 0 ? group_end(p, n_run, pos[a]) + 1 : 0]++] = i;
     }
 
-  memset(count, 0, sizeof(int) * ((size_t)m + 2));
+  /* In place: elementwise steps with a buffer, on the simplified graph. */
   for (int c = 0; c < n_run; c++)
-    if (!held[p->run[c]] && last[c] >= 0) count[last[c]]++, n_free++;
+    p->inplace[c] = -1;
+  simplified_view(p, g, cn, true);
+  for (int f = 0; f < n_run;) {
+    int e = group_end(p, n_run, f);
+    for (int k = f; k <= e; k++)
+      if (has[p->run[k]] && nbi_cpu_elementwise_fusible(cn[k]))
+        p->inplace[k] = inplace_source(cn, p, spare, last, llast, dying, f, e, k);
+    f = e + 1;
+  }
+  simplified_view(p, g, cn, false);
+
+  memset(count, 0, sizeof(int) * (mm + 2));
+  for (int c = 0; c < n_run; c++)
+    if (has[p->run[c]] && p->fate[p->run[c]] == FATE_TEMP && last[c] >= 0)
+      count[last[c]]++, n_free++;
   p->free_idx = malloc(sizeof(int) * (size_t)(n_free ? n_free : 1));
   if (!(ok = p->free_idx != NULL)) goto done;
   p->free_start[0] = 0;
@@ -381,22 +531,28 @@ static bool plan_fill(plan *p, const graph *g, const bool *held) {
   for (int c = 0; c < n_run; c++)
     count[c] = p->free_start[c];
   for (int c = 0; c < n_run; c++)
-    if (!held[p->run[c]] && last[c] >= 0) p->free_idx[count[last[c]]++] = p->run[c];
+    if (has[p->run[c]] && p->fate[p->run[c]] == FATE_TEMP && last[c] >= 0)
+      p->free_idx[count[last[c]]++] = p->run[c];
   p->n_steps = n;
 done:
+  free(held);
   free(needed);
-  free(held_run);
+  free(root_run);
+  free(has);
+  free(keep);
+  free(spare);
   free(pos);
   free(last);
+  free(llast);
   free(count);
   free(cn);
   return ok;
 }
 
-static plan *plan_build(const graph *g, const bool *held, uint64_t h1, uint64_t h2) {
+static plan *plan_build(const graph *g, const uint8_t *flags, int dying, uint64_t h1, uint64_t h2) {
   plan *p = plan_cache_slot();
   if (!p) return NULL;
-  if (!plan_fill(p, g, held)) {
+  if (!plan_fill(p, g, flags, dying)) {
     plan_clear(p);
     return NULL;
   }
@@ -406,7 +562,7 @@ static plan *plan_build(const graph *g, const bool *held, uint64_t h1, uint64_t 
   return p;
 }
 
-/* Held aliased steps of materialization slot c take their source's storage. */
+/* Kept aliased steps of materialization slot c take their source's storage. */
 static void share_sources(const plan *p, const graph *g, int c) {
   for (int a = p->mat_start[c]; a < p->mat_start[c + 1]; a++) {
     nb_tensor *t = g->nodes[p->mat_idx[a]], *src = mark_tensor(g, p->alias[p->mat_idx[a]]);
@@ -416,7 +572,22 @@ static void share_sources(const plan *p, const graph *g, int c) {
 }
 
 /* ---- execution ---------------------------------------------------------------------------- */
-static nb_status run_node(nb_tensor *t) {
+/* The buffer run position c's output takes in place (retained), or NULL: the
+ * plan's input, if its buffer is unshared, contiguous and starts at offset 0.
+ * cn: the running steps, their inputs swapped. */
+static nbi_buffer *inplace_buffer(const plan *p, nb_tensor *const *cn, int c) {
+  if (p->inplace[c] < 0) return NULL;
+  const nb_tensor *x = cn[p->inplace[c] / 4]->in[p->inplace[c] % 4];
+  nbi_buffer *b = x->shard0.buf;
+  if (!b || x->n_shards != 1 || b->refcount != 1 || x->shard0.offset != 0) return NULL;
+  nbi_view v = nbi_tensor_view(x);
+  if (!nbi_view_is_contiguous(&v)) return NULL;
+  nbi_buffer_retain(b);
+  return b;
+}
+
+/* Runs t alone; its output goes to reuse (an input's buffer, retained) when given. */
+static nb_status run_node(nb_tensor *t, nbi_buffer *reuse) {
   const nbi_op_def *def = nbi_op_table[t->op];
   nbi_view in[t->n_in > 0 ? t->n_in : 1];
   for (int k = 0; k < t->n_in; k++)
@@ -425,6 +596,7 @@ static nb_status run_node(nb_tensor *t) {
   memcpy(out.dims, t->shape.dims, sizeof out.dims);
 
   if (def->view && t->n_in > 0 && def->view(t, &in[0], &out)) {
+    nbi_buffer_release(reuse);
     nbi_buffer *b = t->in[0]->shard0.buf;
     nbi_buffer_retain(b);
     t->shard0.buf = b;
@@ -432,9 +604,12 @@ static nb_status run_node(nb_tensor *t) {
     memcpy(t->shard0.strides, out.strides, sizeof out.strides);
     return NB_OK;
   }
-  if (!def->cpu) return nbi_error(NB_ERR_INTERNAL, "nb_eval: op %s has no CPU kernel", def->name);
+  if (!def->cpu) {
+    nbi_buffer_release(reuse);
+    return nbi_error(NB_ERR_INTERNAL, "nb_eval: op %s has no CPU kernel", def->name);
+  }
   size_t nbytes = (size_t)nbi_numel(&t->shape) * nb_dtype_size(t->dtype);
-  nbi_buffer *b = nbi_buffer_alloc(nbytes);
+  nbi_buffer *b = reuse ? reuse : nbi_buffer_alloc(nbytes);
   if (!b) return NB_ERR_OOM;
   out.data = b->data;
   nbi_contig_strides(&t->shape, out.strides);
@@ -450,23 +625,40 @@ static nb_status run_node(nb_tensor *t) {
   return NB_OK;
 }
 
-/* uses[i]: step i's readers in g; held[i]: its value must outlive the
- * realization (a root, or referenced from outside g). */
-static void count_held(const graph *g, nb_tensor *const *ts, int n, int *uses, bool *held) {
+/* uses[i]: step i's readers in g; flags[i]: HELD when its value must outlive
+ * the realization (referenced from outside g, or a root), ROOT for ts. */
+static void count_flags(const graph *g, nb_tensor *const *ts, int n, int *uses, uint8_t *flags) {
   for (int i = 0; i < g->n; i++)
     for (int k = 0; k < g->nodes[i]->n_in; k++)
       if (g->nodes[i]->in[k]->mark >= 0) uses[g->nodes[i]->in[k]->mark]++;
   for (int i = 0; i < g->n; i++)
-    held[i] = g->nodes[i]->refcount > uses[i];
+    flags[i] = g->nodes[i]->refcount > uses[i] ? HELD : 0;
   for (int r = 0; r < n; r++)
-    if (ts[r]->mark >= 0) held[ts[r]->mark] = true;
+    if (ts[r]->mark >= 0) flags[ts[r]->mark] = HELD | ROOT;
+}
+
+/* Runs the fused group cn[f..e] (run positions): stored members with an
+ * in-place input take its buffer first (nbi_fuse_run keeps a buffer a member
+ * already has). */
+static nb_status run_group(const plan *p, nb_tensor *const *cn, int f, int e) {
+  for (int k = f; k <= e; k++) {
+    nbi_buffer *b = p->store[k] ? inplace_buffer(p, cn, k) : NULL;
+    if (!b) continue;
+    nb_tensor *t = cn[k];
+    t->shard0.buf = b;
+    t->shard0.offset = 0;
+    nbi_contig_strides(&t->shape, t->shard0.strides);
+  }
+  return nbi_fuse_run(cn + f, e - f + 1, p->store + f);
 }
 
 /* Depth of realizations running on this thread: a kernel may realize a nested
  * graph (control flow, checkpoint); only the outermost adds to the timers. */
 static _Thread_local int depth;
 
-nb_status nbi_realize(nb_tensor *const *ts, int n) {
+/* nbi_realize, where dying_t (a realized tensor, or NULL) is nb_assign's dst:
+ * its value dies in this realization. */
+static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) {
   uint64_t t0 = now_ns(), t1 = 0;
   plan *p = NULL;
   graph g = {0};
@@ -481,15 +673,16 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
   }
   nbi_cpu_init();
   int *uses = calloc((size_t)g.n, sizeof(int));
-  bool *held = calloc((size_t)g.n, sizeof(bool));
-  if (!uses || !held) {
+  uint8_t *flags = calloc((size_t)g.n, 1);
+  if (!uses || !flags) {
     st = nbi_error(NB_ERR_OOM, "nb_eval: out of memory planning %d nodes", g.n);
     goto done;
   }
-  count_held(&g, ts, n, uses, held);
+  count_flags(&g, ts, n, uses, flags);
+  int dying = dying_t && dying_t->mark <= -3 ? -3 - dying_t->mark : -1;
 
   hasher h = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull};
-  graph_hash(&g, uses, held, &h);
+  graph_hash(&g, uses, flags, dying, &h);
   hash_i64(&h, nbi_fusion_enabled()); /* the grouping is part of the plan */
   hash_i64(&h, nbi_simplify_enabled());
   p = plan_cache_lookup(h.a, h.b, g.n);
@@ -497,11 +690,15 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
     stats.plan_cache_hits++;
   } else {
     stats.plan_cache_misses++;
-    if (!(p = plan_build(&g, held, h.a, h.b))) {
+    if (!(p = plan_build(&g, flags, dying, h.a, h.b))) {
       st = nbi_error(NB_ERR_OOM, "nb_eval: out of memory planning %d nodes", g.n);
       goto done;
     }
   }
+  int n_lazy = 0;
+  for (int i = 0; i < g.n; i++)
+    n_lazy += p->fate[i] == FATE_LAZY && (flags[i] & HELD);
+  if ((st = nbi_lazy_reserve(n_lazy))) goto done;
   stats.realizations++;
   p->pinned++;
   t1 = now_ns();
@@ -519,9 +716,9 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
     if (c + 1 < p->n_run && p->group[c + 1] == p->group[c])
       ; /* a member of a fused group that runs at its last step */
     else if (p->group[c] != c)
-      st = nbi_fuse_run(cn + p->group[c], c - p->group[c] + 1, p->store + p->group[c]);
+      st = run_group(p, cn, p->group[c], c);
     else
-      st = run_node(cn[c]);
+      st = run_node(cn[c], inplace_buffer(p, cn, c));
     if (!st) share_sources(p, &g, c + 1);
     for (int f = p->free_start[c]; f < p->free_start[c + 1] && !st; f++) {
       nb_tensor *dead = g.nodes[p->free_idx[f]];
@@ -543,8 +740,17 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
     }
     goto done;
   }
-  for (int i = 0; i < g.n; i++)
-    if (held[i]) g.nodes[i]->flags |= NBI_T_REALIZED;
+  for (int i = 0; i < g.n; i++) {
+    nb_tensor *t = g.nodes[i];
+    if (p->fate[i] == FATE_KEEP) {
+      t->flags |= NBI_T_REALIZED;
+      nbi_lazy_remove(t);
+    } else if (p->fate[i] == FATE_LAZY && (flags[i] & HELD)) {
+      nbi_lazy_add(t);
+    } else { /* pending, but only other nodes hold it */
+      nbi_lazy_remove(t);
+    }
+  }
   /* Drop edges only after every node is final and unmarked: releasing edges
    * frees the intermediates (and may free nodes of g). */
   for (int i = 0; i < g.n; i++)
@@ -552,20 +758,164 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
   for (int i = 0; i < g.n_leaves; i++)
     g.leaves[i]->mark = -1;
   g.n_leaves = 0;
-  int n_held = 0;
+  int n_kept = 0;
   for (int i = 0; i < g.n; i++)
-    if (held[i]) g.nodes[n_held++] = g.nodes[i];
+    if (p->fate[i] == FATE_KEEP) g.nodes[n_kept++] = g.nodes[i];
   g.n = 0;
-  for (int i = 0; i < n_held; i++) {
+  for (int i = 0; i < n_kept; i++) {
     nb_tensor *t = g.nodes[i];
     /* provenance for nb_backward stays until the backward frees it */
     if (!(t->flags & NBI_T_GRAD_PATH) || (t->flags & NBI_T_GRAD_FREED)) nbi_tensor_drop_graph(t);
   }
 done:
   free(uses);
-  free(held);
+  free(flags);
   graph_unmark_free(&g);
   if (t1 && !depth) stats.exec_ns += now_ns() - t1;
+  return st;
+}
+
+nb_status nbi_realize(nb_tensor *const *ts, int n) { return realize(ts, n, NULL); }
+
+/* nb_assign: marks every pending tensor reachable from cand[0..n-1] by whether
+ * it reads dst (transitively) and returns, in roots, val and the candidates
+ * that do. An iterative DFS over pending nodes: mark -2 on the stack, -4 does
+ * not read dst, -5 does; visited nodes are listed for the reset. */
+static nb_status assign_roots(nb_tensor *dst, nb_tensor *const *cand, int n, nb_tensor **roots,
+                              int *n_roots) {
+  nb_tensor **stack = NULL, **seen = NULL;
+  int *next = NULL, sp = 0, cap = 0, n_seen = 0, cap_seen = 0;
+  bool *reads = NULL;
+  nb_status st = NB_OK;
+  for (int c = 0; c < n && !st; c++) {
+    if (cand[c]->mark != -1 || (cand[c]->flags & NBI_T_REALIZED)) continue;
+    if (!dfs_push(&stack, &next, &sp, &cap, cand[c])) st = NB_ERR_OOM;
+    bool *grown = st ? NULL : realloc(reads, sizeof(bool) * (size_t)cap);
+    if (!grown)
+      st = NB_ERR_OOM;
+    else
+      reads = grown, reads[sp - 1] = false;
+    while (sp && !st) {
+      nb_tensor *t = stack[sp - 1];
+      if (next[sp - 1] < t->n_in) {
+        nb_tensor *x = t->in[next[sp - 1]++];
+        if ((x->flags & NBI_T_REALIZED) || x->mark == -4 || x->mark == -5) {
+          if (x == dst || x->mark == -5) reads[sp - 1] = true;
+          continue;
+        }
+        if (!dfs_push(&stack, &next, &sp, &cap, x) ||
+            !(grown = realloc(reads, sizeof(bool) * (size_t)cap))) {
+          st = NB_ERR_OOM;
+          break;
+        }
+        reads = grown;
+        reads[sp - 1] = false;
+        continue;
+      }
+      bool r = t == dst || reads[sp - 1];
+      if (!push(&seen, &n_seen, &cap_seen, t)) {
+        st = NB_ERR_OOM;
+        break;
+      }
+      t->mark = r ? -5 : -4;
+      if (--sp && r) reads[sp - 1] = true;
+    }
+  }
+  int nr = 0;
+  for (int c = 0; c < n && !st; c++)
+    if (cand[c]->mark == -5 || c == n - 1) { /* the last candidate is val */
+      cand[c]->mark = -6;                    /* listed once */
+      roots[nr++] = cand[c];
+    }
+  for (int i = 0; i < sp; i++)
+    stack[i]->mark = -1;
+  for (int i = 0; i < n_seen; i++)
+    seen[i]->mark = -1;
+  for (int c = 0; c < nr; c++)
+    roots[c]->mark = -1;
+  *n_roots = nr;
+  free(stack);
+  free(next);
+  free(seen);
+  free(reads);
+  return st ? nbi_error(st, "nb_assign: out of memory") : NB_OK;
+}
+
+/* Lazy readers of dst among the roots (val aside) computed nothing yet and
+ * may never be read: rather than running them, point them (and the pending
+ * nodes under them) at a new leaf sharing dst's current buffer. That buffer
+ * is then shared, so dst is not written in place. Not when such a reader
+ * still carries provenance for nb_backward (the gradient must reach dst):
+ * then they stay roots. Drops the rewired roots from roots[0..*n-1]. */
+static nb_status rewire_lazy(nb_tensor *dst, const nb_tensor *val, nb_tensor **roots, int *n) {
+  nb_tensor **stack = NULL, **seen = NULL;
+  int *next = NULL, sp = 0, cap = 0, n_seen = 0, cap_seen = 0;
+  bool ok = true, any = false, oom = false;
+  for (int r = 0; r < *n && ok; r++) {
+    nb_tensor *l = roots[r];
+    if (l == val || !(l->flags & NBI_T_LAZY) || l->mark != -1) continue;
+    any = true;
+    oom = !push(&seen, &n_seen, &cap_seen, l) || !dfs_push(&stack, &next, &sp, &cap, l);
+    while (sp && !oom) {
+      nb_tensor *t = stack[sp - 1];
+      if (next[sp - 1] == t->n_in) {
+        sp--;
+        continue;
+      }
+      nb_tensor *x = t->in[next[sp - 1]++];
+      if (x == dst && (t->flags & NBI_T_GRAD_PATH) && !(t->flags & NBI_T_GRAD_FREED)) ok = false;
+      if ((x->flags & NBI_T_REALIZED) || x->mark != -1) continue;
+      oom = !push(&seen, &n_seen, &cap_seen, x) || !dfs_push(&stack, &next, &sp, &cap, x);
+    }
+    ok = ok && !oom;
+  }
+  nb_tensor *old = ok && any ? nbi_leaf_share(dst) : NULL;
+  for (int i = 0; i < n_seen; i++) {
+    nb_tensor *t = seen[i];
+    t->mark = -1;
+    for (int k = 0; k < t->n_in && old; k++)
+      if (t->in[k] == dst) {
+        t->in[k] = nb_retain(old);
+        nb_release(dst); /* the caller holds dst */
+      }
+  }
+  free(stack);
+  free(next);
+  free(seen);
+  if (oom) return nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
+  if (ok && any && !old) return nb_last_status();
+  if (!old) return NB_OK;
+  int m = 0;
+  for (int r = 0; r < *n; r++)
+    if (roots[r] == val || !(roots[r]->flags & NBI_T_LAZY)) roots[m++] = roots[r];
+  *n = m;
+  return NB_OK;
+}
+
+nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val) {
+  if (depth)
+    return nbi_error(NB_ERR_STATE, "nb_assign: cannot rebind a tensor while a kernel runs");
+  nb_tensor **cand = NULL, **roots = NULL;
+  int n = 0, cap = 0, n_roots = 0;
+  nb_status st = nbi_held_pending(&cand, &n, &cap);
+  if (!st && n == cap) {
+    nb_tensor **grown = realloc(cand, (size_t)(cap + 1) * sizeof *grown);
+    if (grown)
+      cand = grown;
+    else
+      st = nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
+  }
+  if (!st) {
+    cand[n++] = val;
+    roots = malloc(sizeof *roots * (size_t)n);
+    if (!roots) st = nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
+  }
+  if (!st) st = assign_roots(dst, cand, n, roots, &n_roots);
+  if (!st && (dst->flags & NBI_T_REALIZED) && dst->n_shards == 1)
+    st = rewire_lazy(dst, val, roots, &n_roots);
+  if (!st) st = realize(roots, n_roots, dst->flags & NBI_T_REALIZED ? dst : NULL);
+  free(cand);
+  free(roots);
   return st;
 }
 
@@ -574,6 +924,7 @@ typedef struct describe {
   graph g;
   plan p;
   int *uses;
+  uint8_t *flags;
 } describe;
 
 nb_status nbi_plan_describe(nb_tensor *const *ts, int n, nbi_plan_desc *d) {
@@ -584,14 +935,17 @@ nb_status nbi_plan_describe(nb_tensor *const *ts, int n, nbi_plan_desc *d) {
   nb_status st = graph_collect(&x->g, ts, n);
   int m = x->g.n ? x->g.n : 1;
   x->uses = calloc((size_t)m, sizeof(int));
+  x->flags = calloc((size_t)m, 1);
   d->held = calloc((size_t)m, sizeof(bool));
-  if (!st && (!x->uses || !d->held)) st = NB_ERR_OOM;
-  if (!st) count_held(&x->g, ts, n, x->uses, d->held);
-  if (!st && !plan_fill(&x->p, &x->g, d->held)) st = NB_ERR_OOM;
+  if (!st && (!x->uses || !x->flags || !d->held)) st = NB_ERR_OOM;
+  if (!st) count_flags(&x->g, ts, n, x->uses, x->flags);
+  if (!st && !plan_fill(&x->p, &x->g, x->flags, -1)) st = NB_ERR_OOM;
   if (st) {
     nbi_plan_describe_free(d);
     return nbi_error(st, "nb_graph_dot: out of memory planning the graph");
   }
+  for (int i = 0; i < x->g.n; i++)
+    d->held[i] = x->flags[i] & HELD;
   d->n = x->g.n;
   d->n_leaves = x->g.n_leaves;
   d->nodes = x->g.nodes;
@@ -610,6 +964,7 @@ void nbi_plan_describe_free(nbi_plan_desc *d) {
     graph_unmark_free(&x->g);
     plan_clear(&x->p);
     free(x->uses);
+    free(x->flags);
     free(x);
   }
   free(d->held);

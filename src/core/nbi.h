@@ -139,6 +139,9 @@ enum {
   NBI_T_GRAD_PATH = 1u << 3,     /* depends on a leaf: keeps its graph edges
                                     (provenance) even when realized */
   NBI_T_GRAD_FREED = 1u << 4,    /* provenance freed by a backward */
+  /* A held node a realization left pending (src/core/graph.c, "memory
+   * policy"); tracked in the lazy set while it lives (src/core/tensor.c). */
+  NBI_T_LAZY = 1u << 5,
 };
 
 struct nb_tensor {
@@ -192,9 +195,16 @@ nb_tensor *nbi_placeholder(const nb_shape *shape, nb_dtype dt);
 uint64_t nbi_live_tensors(void);
 /* The seq the next tensor will get: nodes made from now on have seq >= it. */
 uint64_t nbi_next_seq(void);
-/* Appends every tensor registered in the calling thread's scopes that is
- * neither realized nor traced to *out (malloc'd array grown as needed). */
-nb_status nbi_scope_pending(nb_tensor ***out, int *n, int *cap);
+/* Appends every tensor that is neither realized nor traced and is registered
+ * in the calling thread's scopes or is a lazy node (NBI_T_LAZY) to *out
+ * (malloc'd array grown as needed; a tensor may appear twice). */
+nb_status nbi_held_pending(nb_tensor ***out, int *n, int *cap);
+/* The lazy set: nbi_lazy_reserve makes room for n more (error naming
+ * nb_eval on OOM), nbi_lazy_add then cannot fail; a lazy node leaves the set
+ * when it is realized (nbi_lazy_remove) or freed. */
+nb_status nbi_lazy_reserve(int n);
+void nbi_lazy_add(nb_tensor *t);
+void nbi_lazy_remove(nb_tensor *t);
 
 /* ---- op registry ------------------------------------------------------------------ */
 typedef enum nbi_op {
@@ -498,6 +508,14 @@ void nbi_plan_describe_free(nbi_plan_desc *d);
  * own realization runs; nested realizations count in nb_stats like any other
  * but their time is not added to plan_ns/exec_ns twice. */
 nb_status nbi_realize(nb_tensor *const *ts, int n);
+/* nb_assign's realization (src/core/graph.c): realizes val together with every
+ * pending tensor held by the thread's scopes that reads dst (transitively), so
+ * none of them can see dst's next value; lazy readers read a leaf sharing
+ * dst's current buffer instead (or run too, while nb_backward may still need
+ * their provenance). dst's current value dies in it: an elementwise step may
+ * write over dst's buffer (if the realization then fails, dst keeps its
+ * buffer but its values are unspecified). */
+nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val);
 void nbi_stats_jit(bool hit);
 void nbi_stats_alloc(size_t nbytes);
 void nbi_stats_free(size_t nbytes);

@@ -84,6 +84,9 @@ nb_tensor *nb_keep(nb_tensor *t) {
   return t;
 }
 
+static nb_tensor **lazy_slot;
+static size_t lazy_cap, lazy_n; /* lazy_cap: 0 or a power of two */
+
 /* Empties the main thread's root scope at exit so leak checkers see no leaks. */
 __attribute__((destructor)) static void root_scope_cleanup(void) {
   while (n_frames > 1)
@@ -92,10 +95,74 @@ __attribute__((destructor)) static void root_scope_cleanup(void) {
   free(frames);
   frames = NULL;
   n_frames = cap_frames = 0;
+  free(lazy_slot); /* lazy nodes still alive leave it unchecked from now on */
+  lazy_slot = NULL;
+  lazy_cap = lazy_n = 0;
 }
 
 /* ---- lifetime -------------------------------------------------------------------- */
 static uint64_t live_tensors;
+
+/* ---- the lazy set ------------------------------------------------------------------
+ * Held nodes a realization left pending (NBI_T_LAZY): nb_assign must find
+ * every pending reader of the tensor it rebinds, also one no scope holds
+ * any more. An open-addressing set of pointers (linear probing, deletion by
+ * backward shift), at most half full (lazy_slot, lazy_cap, lazy_n above). */
+
+static size_t lazy_home(const nb_tensor *t, size_t cap) {
+  return (size_t)(((uintptr_t)t >> 4) * 0x9e3779b97f4a7c15ull) & (cap - 1);
+}
+
+static void lazy_insert(nb_tensor **slot, size_t cap, nb_tensor *t) {
+  size_t i = lazy_home(t, cap);
+  while (slot[i] && slot[i] != t)
+    i = (i + 1) & (cap - 1);
+  slot[i] = t;
+}
+
+nb_status nbi_lazy_reserve(int n) {
+  size_t need = lazy_n + (size_t)(n > 0 ? n : 0);
+  if (2 * need <= lazy_cap) return NB_OK;
+  size_t cap = lazy_cap ? lazy_cap : 64;
+  while (2 * need > cap)
+    cap *= 2;
+  nb_tensor **slot = calloc(cap, sizeof *slot);
+  if (!slot) return nbi_error(NB_ERR_OOM, "nb_eval: out of memory tracking lazy nodes");
+  for (size_t i = 0; i < lazy_cap; i++)
+    if (lazy_slot[i]) lazy_insert(slot, cap, lazy_slot[i]);
+  free(lazy_slot);
+  lazy_slot = slot;
+  lazy_cap = cap;
+  return NB_OK;
+}
+
+void nbi_lazy_add(nb_tensor *t) {
+  if (t->flags & NBI_T_LAZY) return;
+  t->flags |= NBI_T_LAZY;
+  lazy_insert(lazy_slot, lazy_cap, t);
+  lazy_n++;
+}
+
+void nbi_lazy_remove(nb_tensor *t) {
+  if (!(t->flags & NBI_T_LAZY)) return;
+  t->flags &= ~(uint32_t)NBI_T_LAZY;
+  if (!lazy_cap) return; /* the set is gone (exit) */
+  size_t i = lazy_home(t, lazy_cap);
+  while (lazy_slot[i] != t)
+    i = (i + 1) & (lazy_cap - 1);
+  lazy_slot[i] = NULL;
+  lazy_n--;
+  /* backward shift: move later entries of the cluster into the hole when
+   * their home is not cyclically in (hole, j] */
+  for (size_t j = (i + 1) & (lazy_cap - 1); lazy_slot[j]; j = (j + 1) & (lazy_cap - 1)) {
+    size_t h = lazy_home(lazy_slot[j], lazy_cap);
+    bool stays = i <= j ? (h > i && h <= j) : (h > i || h <= j);
+    if (stays) continue;
+    lazy_slot[i] = lazy_slot[j];
+    lazy_slot[j] = NULL;
+    i = j;
+  }
+}
 
 nb_tensor *nb_retain(nb_tensor *t) {
   if (t) t->refcount++;
@@ -113,6 +180,7 @@ void nb_release(nb_tensor *t) {
   stack[n++] = t;
   while (n) {
     nb_tensor *x = stack[--n];
+    nbi_lazy_remove(x);
     tensor_drop_inputs(x, &stack, &n, &cap);
     for (int s = 0; s < x->n_shards; s++)
       if (x->shards[s].buf) nbi_buffer_release(x->shards[s].buf);
@@ -180,21 +248,27 @@ static nb_tensor *tensor_new(const nb_shape *shape, nb_dtype dt, int op) {
 uint64_t nbi_live_tensors(void) { return live_tensors; }
 uint64_t nbi_next_seq(void) { return next_seq; }
 
-nb_status nbi_scope_pending(nb_tensor ***out, int *n, int *cap) {
-  for (int f = 0; f < n_frames; f++)
-    for (size_t i = 0; i < frames[f].n; i++) {
-      nb_tensor *t = frames[f].items[i];
-      if (t->flags & (NBI_T_REALIZED | NBI_T_TRACED)) continue;
-      if (*n == *cap) {
-        int nc = *cap ? 2 * *cap : 64;
-        nb_tensor **na = realloc(*out, (size_t)nc * sizeof *na);
-        if (!na) return nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
-        *out = na;
-        *cap = nc;
-      }
-      (*out)[(*n)++] = t;
-    }
+static nb_status pending_push(nb_tensor ***out, int *n, int *cap, nb_tensor *t) {
+  if (t->flags & (NBI_T_REALIZED | NBI_T_TRACED)) return NB_OK;
+  if (*n == *cap) {
+    int nc = *cap ? 2 * *cap : 64;
+    nb_tensor **na = realloc(*out, (size_t)nc * sizeof *na);
+    if (!na) return nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
+    *out = na;
+    *cap = nc;
+  }
+  (*out)[(*n)++] = t;
   return NB_OK;
+}
+
+nb_status nbi_held_pending(nb_tensor ***out, int *n, int *cap) {
+  nb_status st = NB_OK;
+  for (int f = 0; f < n_frames && !st; f++)
+    for (size_t i = 0; i < frames[f].n && !st; i++)
+      st = pending_push(out, n, cap, frames[f].items[i]);
+  for (size_t i = 0; i < lazy_cap && !st; i++)
+    if (lazy_slot[i]) st = pending_push(out, n, cap, lazy_slot[i]);
+  return st;
 }
 
 nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,

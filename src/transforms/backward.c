@@ -150,21 +150,10 @@ nb_status nb_assign(nb_tensor *dst, nb_tensor *src) {
   nb_scope_begin();
   nb_tensor *val = src->dtype == dst->dtype ? src : nb_cast(src, dst->dtype);
   if (!val) st = nb_last_status();
-  nb_tensor **pending = NULL;
-  int n = 0, cap = 0;
-  /* Realize everything pending first: nothing computed before the assign may
-   * see dst's new value. val is in the innermost scope, so it is included. */
-  if (!st) st = nbi_scope_pending(&pending, &n, &cap);
-  if (!st && n == cap) { /* val itself, in case no scope holds it */
-    nb_tensor **grown = realloc(pending, (size_t)(cap + 1) * sizeof *grown);
-    if (grown)
-      pending = grown;
-    else
-      st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
-  }
-  if (!st) pending[n++] = val;
-  if (!st) st = nbi_realize(pending, n);
-  free(pending);
+  /* Realize val and every pending tensor that reads dst first: nothing
+   * computed before the assign may see dst's new value. dst's old value dies
+   * there, so an elementwise update (w - lr * g) may write over it. */
+  if (!st) st = nbi_realize_assign(dst, val);
   if (!st && val->shard0.buf) {
     nbi_buffer *b = val->shard0.buf;
     nbi_buffer_retain(b);
@@ -173,6 +162,7 @@ nb_status nb_assign(nb_tensor *dst, nb_tensor *src) {
     dst->shard0 = val->shard0;
     dst->shard0.buf = b;
     nbi_tensor_drop_graph(dst);
+    nbi_lazy_remove(dst);
     dst->op = NBI_OP_CONST;
     dst->attrs = (nbi_attrs){0};
     dst->flags = (dst->flags & NBI_T_REQUIRES_GRAD) | NBI_T_REALIZED;
