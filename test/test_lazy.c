@@ -201,9 +201,14 @@ Test(lazy, backward_then_update_in_place) {
   nb_set_requires_grad(pt, true);
   for (int step = 0; step < 3; step++) {
     nb_scope_begin();
+    /* the forward's values die with their scope: a lazy reader of pt still
+     * alive at the assign would share pt's old buffer (and so rule out the
+     * in-place write) */
+    nb_scope_begin();
     nb_tensor *h = nb_mul_scalar(nb_tanh(pt), 2.0); /* lazy members of the forward */
     nb_tensor *loss = nb_sum(nb_square(h), NB_ALL, false);
     cr_assert_eq(nb_backward(loss), NB_OK, "%s", nb_last_error());
+    nb_scope_end();
     double gref[N];
     for (int i = 0; i < N; i++) {
       double th = tanh(p[i]);
