@@ -3,20 +3,22 @@
  * f32 products (f16/bf16 widened to f32, rounded once at the end) run as one
  * cached oneDNN matmul primitive over all batch items, batch strides and
  * broadcast included (k_gemm_epi.c), from the second call of a shape and
- * layout on; otherwise, and for f64, they go to nbi_cpu_gemm one matrix at a
- * time (f32: oneDNN sgemm, f64: OpenBLAS dgemm). An operand whose matrices
- * are row-major, or transposed (column-major), with a positive leading
- * dimension is handed to GEMM in place with the matching transpose flag (or
- * strides of the primitive's memory descriptor); anything else (negative or zero strides, another
- * dtype) is packed once into a contiguous copy. Batch dims are never
- * materialized: each product indexes its source batch item, and stride-0 batch
- * dims (broadcast views) are not copied either. Many small products are spread
+ * layout on, except one large 2-D product (MM_SGEMM_MIN_MACS); otherwise, and for f64, they go to
+ * nbi_cpu_gemm one matrix at a time (f32: oneDNN sgemm, f64: OpenBLAS dgemm). An operand whose
+ * matrices are row-major, or transposed (column-major), with a positive leading dimension is handed
+ * to GEMM in place with the matching transpose flag (or strides of the primitive's memory
+ * descriptor); anything else (negative or zero strides, another dtype) is packed once into a
+ * contiguous copy. Batch dims are never materialized: each product indexes its source batch item,
+ * and stride-0 batch dims (broadcast views) are not copied either. Many small products are spread
  * over the threads one GEMM each; large ones use the GEMM library's threads.
  * Integer products accumulate exactly in int64 (wrapping like NumPy int64);
  * bool products are or-of-ands. */
 #include "k_linalg.h"
 
 #include "k_gemm_epi.h"
+
+/* A single 2-D f32 product of at least this many multiply-adds goes to sgemm. */
+#define MM_SGEMM_MIN_MACS (1 << 29)
 
 #include <limits.h>
 #include <stdint.h>
@@ -240,8 +242,12 @@ static nb_status mm_float(mm_operand *a, mm_operand *b, nbi_view *out, int onb, 
     cd[onb] = m;
     cd[onb + 1] = n;
   }
-  if (cdt == NB_F32 && nbi_cpu_gemm_prim(onb + 2, ad, as, (const float *)a->data, bd, bs,
-                                         (const float *)b->data, cd, (float *)g.c)) {
+  /* One large 2-D product: sgemm measured faster than the primitive here
+   * (bench_gemm, 1024 and 2048: 4% and 14%); batched and mid-size ones gain. */
+  bool prim = batches > 1 || (double)m * (double)n * (double)k < MM_SGEMM_MIN_MACS;
+  if (cdt == NB_F32 && prim &&
+      nbi_cpu_gemm_prim(onb + 2, ad, as, (const float *)a->data, bd, bs, (const float *)b->data, cd,
+                        (float *)g.c)) {
     ; /* done */
   } else if (nbi_cpu_gemm_batch_parallel(cdt, batches, m, n, k)) {
 #pragma omp parallel for schedule(static)
