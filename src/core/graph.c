@@ -107,7 +107,7 @@ typedef struct plan {
   int *free_idx;   /* step indices of intermediates dead after it */
   uint64_t last_used;
   int pinned; /* realizations running it (nested ones may not evict it) */
-  /* Fused elementwise groups: runs of consecutive running steps run as one
+  /* Fused groups (fuse.c): runs of consecutive running steps run as one
    * kernel at the run's last step. group[c] = first run position of c's
    * group (c itself when alone); store[c]: the member's value is needed
    * outside its group. */
