@@ -21,12 +21,14 @@
  * Memory policy. Only the roots (ts) must be stored, plus what later steps
  * of this realization read. A held node that runs alone (GEMM, reductions,
  * views, ...) has its output anyway and keeps it (realized). A held member of
- * a fused elementwise group whose value nothing else in this realization
- * needs is not materialized: it stays pending ("lazy", NBI_T_LAZY, tracked
- * in the lazy set), keeps its edges, and is recomputed (cheap: elementwise)
- * if it is ever requested. The unstored members it reads stay pending with
- * it; a stored intermediate it reads is kept (realized), so a lazy node never
- * recomputes a matmul or a reduction. An alias has a value when its source
+ * a fused group (elementwise, row group, GEMM epilogue) whose value nothing
+ * else in this realization needs is not materialized: it stays pending
+ * ("lazy", NBI_T_LAZY, tracked in the lazy set), keeps its edges, and is
+ * recomputed if it is ever requested. The unstored members it reads stay
+ * pending with it; a stored intermediate it reads is kept (realized), so a
+ * lazy node never recomputes a step that ran alone. It may recompute its own
+ * group's reductions, or an epilogue's product (reading an epilogue's held
+ * matmul or bias sum later runs the matmul again). An alias has a value when its source
  * does (a leaf, or a step with a buffer): it is then kept like any node with
  * one, sharing the source's storage from the end of the source's group, else
  * it is lazy with its source (a root's source is always stored). Fates
