@@ -514,7 +514,10 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
   simplified_view(p, g, cn, true);
   for (int f = 0; f < n_run;) {
     int e = group_end(p, n_run, f);
-    for (int k = f; k <= e; k++)
+    /* a GEMM epilogue's primitive reads its operands (the bias too) while it
+     * writes its result: none of its members writes over an input */
+    bool epi = e > f && cn[f]->op == NBI_OP_MATMUL;
+    for (int k = f; k <= e && !epi; k++)
       if (has[p->run[k]] && nbi_cpu_elementwise_fusible(cn[k]))
         p->inplace[k] = inplace_source(cn, p, spare, last, llast, dying, f, e, k);
     f = e + 1;
