@@ -38,8 +38,9 @@
  * held pending readers of the tensor it rebinds before rebinding it; lazy
  * ones are instead pointed at a leaf sharing its old buffer (rewire_lazy).
  *
- * In place. An elementwise step (alone, or a stored member of a fused group)
- * of an f32/f64 op writes into the buffer of an input that dies at that step
+ * In place. An elementwise step (alone, or a stored member of a fused group
+ * other than a GEMM epilogue, whose primitive reads its operands while it
+ * writes) of an f32/f64 op writes into the buffer of an input that dies at that step
  * instead of allocating: an intermediate whose last use it is (counting uses
  * through its aliases) whose value is not kept and that no kept alias
  * shares, or the tensor nb_assign rebinds (unless a lazy node or a kept alias
