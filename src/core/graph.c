@@ -701,10 +701,6 @@ static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) 
       goto done;
     }
   }
-  int n_lazy = 0;
-  for (int i = 0; i < g.n; i++)
-    n_lazy += p->fate[i] == FATE_LAZY && (flags[i] & HELD);
-  if ((st = nbi_lazy_reserve(n_lazy))) goto done;
   stats.realizations++;
   p->pinned++;
   t1 = now_ns();
@@ -736,6 +732,12 @@ static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) 
     swap_inputs(p, &g, false);
     free(cn);
   }
+  /* room in the lazy set for this realization's lazy nodes, reserved after
+   * the steps ran: nested realizations (control flow) may have added theirs */
+  int n_lazy = 0;
+  for (int i = 0; i < g.n; i++)
+    n_lazy += p->fate[i] == FATE_LAZY && (flags[i] & HELD);
+  if (!st) st = nbi_lazy_reserve(n_lazy);
   depth--;
   p->pinned--;
   if (st) { /* leave every node pending; drop partial results */
