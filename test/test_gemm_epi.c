@@ -297,7 +297,7 @@ Test(gemm_epi, dying_bias_of_one_row_is_not_overwritten) {
   nb_tensor *in[3] = {tc_tensor(a, (nb_shape){2, {1, K}}, NB_F32),
                       tc_tensor(b, (nb_shape){2, {K, N}}, NB_F32),
                       tc_tensor(bias, (nb_shape){2, {1, N}}, NB_F32)};
-  nb_fn *f = nb_jit(nb_fn_create(bias_dies_body, NULL, 3, 1));
+  nb_fn *body = nb_fn_create(bias_dies_body, NULL, 3, 1), *f = nb_jit(body);
   cr_assert(f, "%s", nb_last_error());
   double ref[N];
   for (int64_t j = 0; j < N; j++) {
@@ -311,6 +311,7 @@ Test(gemm_epi, dying_bias_of_one_row_is_not_overwritten) {
     tc_assert_close_tol(y, ref, (nb_shape){2, {1, N}}, 1e-5 * K / 100);
   }
   nb_fn_release(f);
+  nb_fn_release(body);
   nb_scope_end();
   free(a), free(b), free(bias);
 }
