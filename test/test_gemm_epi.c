@@ -274,3 +274,44 @@ Test(gemm_epi, batched_strided_products_match_loops) {
   }
   free(av), free(bv), free(ref), free(ref0);
 }
+
+/* A one-row product whose [1, N] bias is an intermediate dying at the add
+ * (exp(b), computed before the product): the add's output has the bias's
+ * shape, but the primitive reads the bias while it writes its result, so the
+ * group must not write over the bias's buffer. Three calls (the primitive is
+ * made on the second). */
+static nb_status bias_dies_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
+                                int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  nb_tensor *e = nb_exp(in[2]);
+  out[0] = nb_add(e, nb_matmul(in[0], in[1]));
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(gemm_epi, dying_bias_of_one_row_is_not_overwritten) {
+  uint64_t seed = 23;
+  enum { K = 2048, N = 1024 };
+  double *a = tc_rand_floats(K, NB_F32, &seed), *b = tc_rand_floats((int64_t)K * N, NB_F32, &seed),
+         *bias = tc_rand_floats(N, NB_F32, &seed);
+  nb_scope_begin();
+  nb_tensor *in[3] = {tc_tensor(a, (nb_shape){2, {1, K}}, NB_F32),
+                      tc_tensor(b, (nb_shape){2, {K, N}}, NB_F32),
+                      tc_tensor(bias, (nb_shape){2, {1, N}}, NB_F32)};
+  nb_fn *body = nb_fn_create(bias_dies_body, NULL, 3, 1), *f = nb_jit(body);
+  cr_assert(f, "%s", nb_last_error());
+  double ref[N];
+  for (int64_t j = 0; j < N; j++) {
+    ref[j] = exp((double)(float)bias[j]);
+    for (int64_t k = 0; k < K; k++)
+      ref[j] += a[k] * b[k * N + j];
+  }
+  for (int call = 0; call < 3; call++) {
+    nb_tensor *y;
+    cr_assert_eq(nb_call(f, in, &y), NB_OK, "%s", nb_last_error());
+    tc_assert_close_tol(y, ref, (nb_shape){2, {1, N}}, 1e-5 * K / 100);
+  }
+  nb_fn_release(f);
+  nb_fn_release(body);
+  nb_scope_end();
+  free(a), free(b), free(bias);
+}

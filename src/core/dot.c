@@ -24,9 +24,8 @@ static void ref(FILE *f, const nb_tensor *t) {
     fprintf(f, "l%d", -3 - t->mark);
 }
 
-static void write_dot(FILE *f, const nbi_plan_desc *d) {
-  int m = d->n ? d->n : 1;
-  int *pos = malloc(sizeof(int) * (size_t)m);
+/* pos[i]: step i's run position, or -1 when it does not run. */
+static void write_dot(FILE *f, const nbi_plan_desc *d, int *pos) {
   fprintf(f, "digraph nabla {\n  node [shape=box, fontname=\"monospace\", fontsize=10];\n");
   for (int k = 0; k < d->n_leaves; k++) {
     fprintf(f, "  l%d [shape=ellipse, label=\"", k);
@@ -34,8 +33,8 @@ static void write_dot(FILE *f, const nbi_plan_desc *d) {
     fprintf(f, "\"];\n");
   }
   for (int i = 0; i < d->n; i++)
-    if (pos) pos[i] = -1;
-  for (int c = 0; c < d->n_run && pos; c++)
+    pos[i] = -1;
+  for (int c = 0; c < d->n_run; c++)
     pos[d->run[c]] = c;
   /* fused groups: runs of run positions sharing group[] */
   for (int c = 0, cluster = 0; c < d->n_run; c++) {
@@ -53,7 +52,7 @@ static void write_dot(FILE *f, const nbi_plan_desc *d) {
   }
   for (int i = 0; i < d->n; i++) {
     const nb_tensor *t = d->nodes[i];
-    int c = pos ? pos[i] : i;
+    int c = pos[i];
     fprintf(f, "  n%d [label=\"#%d ", i, i);
     label(f, t);
     if (d->alias[i] != i) {
@@ -81,7 +80,6 @@ static void write_dot(FILE *f, const nbi_plan_desc *d) {
     }
   }
   fprintf(f, "}\n");
-  free(pos);
 }
 
 nb_status nb_graph_dot(FILE *f, nb_tensor *const *ts, int n) {
@@ -93,8 +91,12 @@ nb_status nb_graph_dot(FILE *f, nb_tensor *const *ts, int n) {
   nbi_plan_desc d;
   nb_status st = nbi_plan_describe(ts, n, &d);
   if (st) return st;
-  write_dot(f, &d);
+  int *pos = malloc(sizeof(int) * (size_t)(d.n ? d.n : 1));
+  bool ok = pos != NULL;
+  if (ok) write_dot(f, &d, pos);
+  free(pos);
   nbi_plan_describe_free(&d);
+  if (!ok) return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
   if (fflush(f) != 0 || ferror(f)) return nbi_error(NB_ERR_ARG, "%s: writing to f failed", fn);
   return NB_OK;
 }

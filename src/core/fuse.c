@@ -2,8 +2,9 @@
  * run together as one kernel, and running such a group.
  *
  * A group is a run of consecutive steps (topological order): elementwise
- * steps of one shape, or a row group (elementwise steps, reductions and axis
- * ops along trailing axes, per-row and global values; nbi.h, "fusion");
+ * steps of one shape, a row group (elementwise steps, reductions and axis
+ * ops along trailing axes, per-row and global values), or a GEMM epilogue
+ * (matmul, bias add, activation; k_gemm_epi.c); nbi.h, "fusion";
  * group[i] is the first step of i's group (i itself when alone) and the group
  * runs at its last step. store[i]: member i's value is needed outside its group (held,
  * or read by a later step), so it gets a buffer; the others live in the

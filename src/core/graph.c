@@ -21,12 +21,14 @@
  * Memory policy. Only the roots (ts) must be stored, plus what later steps
  * of this realization read. A held node that runs alone (GEMM, reductions,
  * views, ...) has its output anyway and keeps it (realized). A held member of
- * a fused elementwise group whose value nothing else in this realization
- * needs is not materialized: it stays pending ("lazy", NBI_T_LAZY, tracked
- * in the lazy set), keeps its edges, and is recomputed (cheap: elementwise)
- * if it is ever requested. The unstored members it reads stay pending with
- * it; a stored intermediate it reads is kept (realized), so a lazy node never
- * recomputes a matmul or a reduction. An alias has a value when its source
+ * a fused group (elementwise, row group, GEMM epilogue) whose value nothing
+ * else in this realization needs is not materialized: it stays pending
+ * ("lazy", NBI_T_LAZY, tracked in the lazy set), keeps its edges, and is
+ * recomputed if it is ever requested. The unstored members it reads stay
+ * pending with it; a stored intermediate it reads is kept (realized), so a
+ * lazy node never recomputes a step that ran alone. It may recompute its own
+ * group's reductions, or an epilogue's product (reading an epilogue's held
+ * matmul or bias sum later runs the matmul again). An alias has a value when its source
  * does (a leaf, or a step with a buffer): it is then kept like any node with
  * one, sharing the source's storage from the end of the source's group, else
  * it is lazy with its source (a root's source is always stored). Fates
@@ -36,8 +38,9 @@
  * held pending readers of the tensor it rebinds before rebinding it; lazy
  * ones are instead pointed at a leaf sharing its old buffer (rewire_lazy).
  *
- * In place. An elementwise step (alone, or a stored member of a fused group)
- * of an f32/f64 op writes into the buffer of an input that dies at that step
+ * In place. An elementwise step (alone, or a stored member of a fused group
+ * other than a GEMM epilogue, whose primitive reads its operands while it
+ * writes) of an f32/f64 op writes into the buffer of an input that dies at that step
  * instead of allocating: an intermediate whose last use it is (counting uses
  * through its aliases) whose value is not kept and that no kept alias
  * shares, or the tensor nb_assign rebinds (unless a lazy node or a kept alias
@@ -107,7 +110,7 @@ typedef struct plan {
   int *free_idx;   /* step indices of intermediates dead after it */
   uint64_t last_used;
   int pinned; /* realizations running it (nested ones may not evict it) */
-  /* Fused elementwise groups: runs of consecutive running steps run as one
+  /* Fused groups (fuse.c): runs of consecutive running steps run as one
    * kernel at the run's last step. group[c] = first run position of c's
    * group (c itself when alone); store[c]: the member's value is needed
    * outside its group. */
@@ -512,7 +515,10 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
   simplified_view(p, g, cn, true);
   for (int f = 0; f < n_run;) {
     int e = group_end(p, n_run, f);
-    for (int k = f; k <= e; k++)
+    /* a GEMM epilogue's primitive reads its operands (the bias too) while it
+     * writes its result: none of its members writes over an input */
+    bool epi = e > f && cn[f]->op == NBI_OP_MATMUL;
+    for (int k = f; k <= e && !epi; k++)
       if (has[p->run[k]] && nbi_cpu_elementwise_fusible(cn[k]))
         p->inplace[k] = inplace_source(cn, p, spare, last, llast, dying, f, e, k);
     f = e + 1;
@@ -695,10 +701,6 @@ static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) 
       goto done;
     }
   }
-  int n_lazy = 0;
-  for (int i = 0; i < g.n; i++)
-    n_lazy += p->fate[i] == FATE_LAZY && (flags[i] & HELD);
-  if ((st = nbi_lazy_reserve(n_lazy))) goto done;
   stats.realizations++;
   p->pinned++;
   t1 = now_ns();
@@ -730,6 +732,12 @@ static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) 
     swap_inputs(p, &g, false);
     free(cn);
   }
+  /* room in the lazy set for this realization's lazy nodes, reserved after
+   * the steps ran: nested realizations (control flow) may have added theirs */
+  int n_lazy = 0;
+  for (int i = 0; i < g.n; i++)
+    n_lazy += p->fate[i] == FATE_LAZY && (flags[i] & HELD);
+  if (!st) st = nbi_lazy_reserve(n_lazy);
   depth--;
   p->pinned--;
   if (st) { /* leave every node pending; drop partial results */

@@ -438,9 +438,12 @@ nb_status nbi_program_run(const char *fn, const nbi_program *p, nb_tensor *const
  *    A row group may end with global members, computed once after the rows: a
  *    reduction of all rows of a per-row member (a loss's mean over the batch)
  *    and elementwise ops on such single values.
- * View ops (reshape, broadcast_to, identity) join a group as copies.
- * Values used only inside a group are never materialized; results are bitwise
- * those of the nodes run one by one. */
+ *  - GEMM epilogues (src/backends/cpu/k_gemm_epi.c): an f32 2-D [matmul, add
+ *    row bias, activation] as one oneDNN primitive; the only groups whose
+ *    results are not bitwise those of the nodes run one by one.
+ * View ops (reshape, broadcast_to, identity, stop_gradient) join a group as
+ * copies. Values used only inside a group are never materialized; elementwise
+ * and row groups' results are bitwise those of the nodes run one by one. */
 #define NBI_FUSE_MAX 16        /* members of a group; also its outside operands */
 #define NBI_FUSE_OPERANDS 16   /* elementwise groups: stored members + outside operands */
 #define NBI_FUSE_ROW_MAX 16384 /* elements of one row of a row group (scratch per thread) */

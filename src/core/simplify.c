@@ -151,7 +151,7 @@ static void source_marks(const pass *s, const nb_tensor *t, int32_t *m) {
   }
 }
 
-static uint64_t cse_hash(const pass *s, const nb_tensor *t, const int32_t *m) {
+static uint64_t cse_hash(const nb_tensor *t, const int32_t *m) {
   uint64_t a = 0x243f6a8885a308d3ull, b = 0x13198a2e03707344ull;
   nbi_hash_mix(&a, &b, (uint64_t)t->op);
   nbi_hash_mix(&a, &b, (uint64_t)t->dtype);
@@ -166,7 +166,6 @@ static uint64_t cse_hash(const pass *s, const nb_tensor *t, const int32_t *m) {
   nbi_hash_mix(&a, &b, (uint64_t)t->n_in);
   for (int k = 0; k < t->n_in; k++)
     nbi_hash_mix(&a, &b, (uint64_t)(int64_t)m[k]);
-  (void)s;
   return a ^ b;
 }
 
@@ -190,7 +189,7 @@ static int cse(pass *s, int i) {
   int32_t local[8], *m = t->n_in <= 8 ? local : malloc(sizeof *m * (size_t)t->n_in);
   if (!m) return -1;
   source_marks(s, t, m);
-  size_t mask = s->cap - 1, h = (size_t)cse_hash(s, t, m) & mask;
+  size_t mask = s->cap - 1, h = (size_t)cse_hash(t, m) & mask;
   int found = -1;
   while (s->table[h] >= 0) {
     if (cse_equal(s, t, m, s->nodes[s->table[h]])) {

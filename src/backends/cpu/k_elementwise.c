@@ -328,7 +328,13 @@ static inline double dm_softplus(double x) { return (x > 0 ? x : 0) + log1p(exp(
  * vectorizes. Every row function is compiled once per ISA (suffix S: portable,
  * avx2, avx512; NBI_FOR_ISAS) and the tables below pick the active ISA's. The
  * same operations run in every variant (no FMA contraction), so results do not
- * depend on the ISA. */
+ * depend on the ISA.
+ * Aliasing: o may be the very buffer of a unit-stride operand (an in-place
+ * step, graph.c "in place"), never a partial overlap. Element i is read only
+ * to write element i, so the reorderings restrict allows (later loads hoisted
+ * above earlier stores) see no changed value. Strictly, C11 makes such
+ * same-index aliasing of restrict pointers undefined: keep every row function
+ * free of cross-index reads, and o never read. */
 typedef void (*unary_row)(void *restrict o, const void *restrict a, int64_t sa, int64_t n);
 typedef void (*binary_row)(void *restrict o, const void *restrict a, int64_t sa,
                            const void *restrict b, int64_t sb, int64_t n);
@@ -855,9 +861,9 @@ typedef struct row_plan {
   nb_tensor *const *nodes;
   bool full[NBI_FUSE_MAX];   /* member has the full shape (else one value per row) */
   bool global[NBI_FUSE_MAX]; /* member is one value computed after the rows */
-  int slot[NBI_FUSE_MAX];  /* scratch row of an unstored full member, or -1 */
-  char *out[NBI_FUSE_MAX]; /* buffer of a stored member, or NULL */
-  int src[NBI_FUSE_MAX][3]; /* operand: member index, or -1 - its index in ext */
+  int slot[NBI_FUSE_MAX];    /* scratch row of an unstored full member, or -1 */
+  char *out[NBI_FUSE_MAX];   /* buffer of a stored member, or NULL */
+  int src[NBI_FUSE_MAX][3];  /* operand: member index, or -1 - its index in ext */
   row_ext ext[NBI_FUSE_MAX * 3];
 } row_plan;
 
@@ -955,8 +961,8 @@ static void fused_row(const row_plan *rp, int64_t r, char *scr) {
         ps[q] = rp->full[src] ? 1 : 0;
       } else { /* a row op reads its input's row as n contiguous values */
         bool row_op = nbi_cpu_reduce_row_fusible(t) || nbi_cpu_axis_row_fusible(t);
-        ps[q] = row_ext_row(rp, &rp->ext[-1 - src], r, row_op ? rp->n : n, buf, cond, row_op,
-                            &p[q]);
+        ps[q] =
+            row_ext_row(rp, &rp->ext[-1 - src], r, row_op ? rp->n : n, buf, cond, row_op, &p[q]);
       }
     }
     void *o = rp->full[k] ? (rp->out[k] ? rp->out[k] + (size_t)r * rowbytes
