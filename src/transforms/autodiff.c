@@ -133,7 +133,9 @@ static nb_status body_grad(const xform *x, nbi_trace *tr, nb_tensor **out) {
   }
   nb_status st = check_float_args(x, tr);
   if (st) return st;
-  nb_tensor *xs[x->n_arg], *g[x->n_arg];
+  /* heap, not the stack: NB_ALL may cover any number of inputs */
+  nb_tensor **xs = calloc(2 * (size_t)x->n_arg, sizeof *xs), **g = xs + x->n_arg;
+  if (!xs) return nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
   for (int a = 0; a < x->n_arg; a++)
     xs[a] = tr->x[x->arg[a]];
   nbi_sweep s = {.fn = x->name, .seq0 = tr->seq0};
@@ -141,13 +143,13 @@ static nb_status body_grad(const xform *x, nbi_trace *tr, nb_tensor **out) {
   st = seed ? nbi_sweep_collect(&s, &y, 1, xs, x->n_arg) : nb_last_status();
   if (!st) st = nbi_sweep_reverse(&s, &y, &seed, 1, g);
   nbi_sweep_free(&s);
-  if (st) return st;
   int base = x->kind == K_VALUE_AND_GRAD ? tr->n_out : 0;
-  for (int k = 0; k < base; k++)
+  for (int k = 0; k < base && !st; k++)
     out[k] = tr->y[k];
-  for (int a = 0; a < x->n_arg; a++)
+  for (int a = 0; a < x->n_arg && !st; a++)
     out[base + a] = g[a] ? g[a] : nbi_zeros_like(xs[a]);
-  return NB_OK;
+  free(xs);
+  return st;
 }
 
 /* Jacobians, output-major: out[o * n_arg + a] = d y[o] / d x[arg[a]].
@@ -163,11 +165,13 @@ static nb_status body_jac(const xform *x, nbi_trace *tr, nb_tensor **out) {
     if (!nb_dtype_is_float(tr->y[o]->dtype))
       return nbi_error(NB_ERR_DTYPE, "%s: output %d is %s; Jacobians need floating-point outputs",
                        x->name, o, nb_dtype_name(tr->y[o]->dtype));
-  nb_tensor *xs[na];
+  /* heap, not the stack: NB_ALL may cover any number of inputs */
+  nb_tensor **xs = calloc(4 * (size_t)na, sizeof *xs), **g = xs + na, **bg = g + na, **t = bg + na;
+  if (!xs) return nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
   for (int a = 0; a < na; a++)
     xs[a] = tr->x[x->arg[a]];
   nbi_sweep s = {.fn = x->name, .seq0 = tr->seq0};
-  nb_tensor **seeds = calloc((size_t)n_out + 1, sizeof *seeds), *g[na], *bg[na];
+  nb_tensor **seeds = calloc((size_t)n_out + 1, sizeof *seeds);
   if (!seeds) st = nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
   if (!st) st = nbi_sweep_collect(&s, tr->y, n_out, xs, na);
   if (x->kind == K_JACREV) {
@@ -193,11 +197,9 @@ static nb_status body_jac(const xform *x, nbi_trace *tr, nb_tensor **out) {
       }
     }
   } else {
-    nb_tensor *t[na], **ty = calloc((size_t)n_out + 1, sizeof *ty),
-                      **bty = calloc((size_t)n_out + 1, sizeof *bty);
+    nb_tensor **ty = calloc((size_t)n_out + 1, sizeof *ty),
+              **bty = calloc((size_t)n_out + 1, sizeof *bty);
     if (!st && (!ty || !bty)) st = nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
-    for (int a = 0; a < na; a++)
-      t[a] = NULL;
     for (int a = 0; a < na && !st; a++) {
       int64_t n = nbi_numel(&xs[a]->shape);
       nb_tensor *p = nbi_placeholder(&xs[a]->shape, xs[a]->dtype);
@@ -225,6 +227,7 @@ static nb_status body_jac(const xform *x, nbi_trace *tr, nb_tensor **out) {
   }
   nbi_sweep_free(&s);
   free(seeds);
+  free(xs);
   return st;
 }
 
