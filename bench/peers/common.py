@@ -2,6 +2,13 @@
 import json
 import time
 
+# case -> (warm-up steps, timed steps); bench_mlp.c / bench_train.c use the same
+STEPS = {
+    "readme_mlp_step": (50, 1000),
+    "mlp_784_1024_1024_10_step": (10, 100),
+    "transformer_block_fwd_bwd": (5, 50),
+}
+
 
 def time_steps(step, warmup, steps):
     """Runs step() warmup + steps times; returns (median seconds of the timed

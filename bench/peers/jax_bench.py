@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import emit, time_steps  # noqa: E402
+from common import STEPS, emit, time_steps  # noqa: E402
 
 LR = 0.01
 
@@ -117,11 +117,11 @@ def transformer_case(key):
     return ps, (x,), jax.jit(jax.value_and_grad(block_loss)), False
 
 
-# case name, builder, warm-up steps, timed steps (bench_mlp.c / bench_train.c use the same)
+# case name and builder; warm-up and timed steps are common.STEPS
 CASES = [
-    ("readme_mlp_step", readme_mlp_case, 50, 1000),
-    ("mlp_784_1024_1024_10_step", mlp784_case, 10, 100),
-    ("transformer_block_fwd_bwd", transformer_case, 5, 50),
+    ("readme_mlp_step", readme_mlp_case),
+    ("mlp_784_1024_1024_10_step", mlp784_case),
+    ("transformer_block_fwd_bwd", transformer_case),
 ]
 
 
@@ -129,7 +129,8 @@ def main():
     smoke = "--smoke" in sys.argv[1:]
     setup = setup_string()
     key = jax.random.PRNGKey(0)
-    for name, build, warmup, steps in CASES:
+    for name, build in CASES:
+        warmup, steps = STEPS[name]
         if smoke:
             warmup, steps = 1, 3
         key, k = jax.random.split(key)

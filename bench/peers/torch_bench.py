@@ -24,7 +24,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import emit, time_steps  # noqa: E402
+from common import STEPS, emit, time_steps  # noqa: E402
 
 THREADS = 2
 LR = 0.01
@@ -111,11 +111,11 @@ def transformer_case():
     return ps, loss, False
 
 
-# case name, builder, warm-up steps, timed steps (bench_mlp.c / bench_train.c use the same)
+# case name and builder; warm-up and timed steps are common.STEPS
 CASES = [
-    ("readme_mlp_step", readme_mlp_case, 50, 1000),
-    ("mlp_784_1024_1024_10_step", mlp784_case, 10, 100),
-    ("transformer_block_fwd_bwd", transformer_case, 5, 50),
+    ("readme_mlp_step", readme_mlp_case),
+    ("mlp_784_1024_1024_10_step", mlp784_case),
+    ("transformer_block_fwd_bwd", transformer_case),
 ]
 
 
@@ -124,7 +124,8 @@ def main():
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
     setup = setup_string()
-    for name, build, warmup, steps in CASES:
+    for name, build in CASES:
+        warmup, steps = STEPS[name]
         if smoke:
             warmup, steps = 1, 3
         ps, loss_fn, update = build()

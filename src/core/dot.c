@@ -39,8 +39,7 @@ static void write_dot(FILE *f, const nbi_plan_desc *d, int *pos) {
   /* fused groups: runs of run positions sharing group[] */
   for (int c = 0, cluster = 0; c < d->n_run; c++) {
     int first = c;
-    while (c + 1 < d->n_run && d->group[c + 1] == d->group[first] && d->group[c + 1] != c + 1)
-      c++;
+    c = nbi_fuse_group_end(d->group, d->n_run, c);
     if (c == first) continue;
     fprintf(f, "  subgraph cluster_%d {\n    label=\"fused kernel %d (%d ops)\";\n", cluster,
             cluster, c - first + 1);

@@ -212,6 +212,13 @@ void nbi_fuse_plan(nb_tensor *const *nodes, int n_nodes, const bool *held, int *
   }
 }
 
+int nbi_fuse_group_end(const int *group, int n, int i) {
+  int f = group[i];
+  while (i + 1 < n && group[i + 1] == f && f != i + 1)
+    i++;
+  return i;
+}
+
 bool nbi_fuse_view(const nb_tensor *t) {
   return t->op == NBI_OP_RESHAPE || t->op == NBI_OP_BROADCAST_TO || t->op == NBI_OP_IDENTITY ||
          t->op == NBI_OP_STOP_GRADIENT;

@@ -315,14 +315,6 @@ static void graph_hash(const graph *g, const int *uses, const uint8_t *flags, in
   }
 }
 
-/* The step that runs run position i: its group's last member. */
-static int group_end(const plan *p, int n, int i) {
-  int f = p->group[i];
-  while (i + 1 < n && p->group[i + 1] == f && f != i + 1)
-    i++;
-  return i;
-}
-
 /* The tensor a mark names: a step (>= 0) or a leaf (-3 - k). */
 static nb_tensor *mark_tensor(const graph *g, int m) {
   return m >= 0 ? g->nodes[m] : g->leaves[-3 - m];
@@ -441,7 +433,7 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
   for (int l = 0; l < g->n_leaves; l++)
     llast[l] = -1;
   for (int c = 0, end = -1; c < n_run; c++) {
-    if (c > end) end = group_end(p, n_run, c);
+    if (c > end) end = nbi_fuse_group_end(p->group, n_run, c);
     for (int k = 0; k < cn[c]->n_in; k++) {
       int x = cn[c]->in[k]->mark;
       if (x >= 0)
@@ -459,8 +451,9 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
    * what a lazy step reads with one is kept, like the held steps with one. */
   for (int i = 0; i < n; i++) {
     int a = p->alias[i], c = a >= 0 ? pos[a] : -1;
-    has[i] =
-        a < 0 || (c >= 0 && (p->store[c] || (p->group[c] == c && group_end(p, n_run, c) == c)));
+    has[i] = a < 0 ||
+             (c >= 0 &&
+              (p->store[c] || (p->group[c] == c && nbi_fuse_group_end(p->group, n_run, c) == c)));
     p->fate[i] = held[i] && !has[i] ? FATE_LAZY : FATE_TEMP;
   }
   for (int i = n - 1; i >= 0; i--) {
@@ -488,7 +481,7 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
     if (p->fate[i] != FATE_KEEP || p->alias[i] == i) continue;
     int a = p->alias[i], slot = 0;
     if (a >= 0) {
-      int e = group_end(p, n_run, pos[a]);
+      int e = nbi_fuse_group_end(p->group, n_run, pos[a]);
       slot = e + 1;
       if (last[pos[a]] < e) last[pos[a]] = e;
       spare[pos[a]] = false;
@@ -506,7 +499,7 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
   for (int i = 0; i < n; i++)
     if (p->fate[i] == FATE_KEEP && p->alias[i] != i) {
       int a = p->alias[i];
-      p->mat_idx[count[a >= 0 ? group_end(p, n_run, pos[a]) + 1 : 0]++] = i;
+      p->mat_idx[count[a >= 0 ? nbi_fuse_group_end(p->group, n_run, pos[a]) + 1 : 0]++] = i;
     }
 
   /* In place: elementwise steps with a buffer, on the simplified graph. */
@@ -514,7 +507,7 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
     p->inplace[c] = -1;
   simplified_view(p, g, cn, true);
   for (int f = 0; f < n_run;) {
-    int e = group_end(p, n_run, f);
+    int e = nbi_fuse_group_end(p->group, n_run, f);
     /* a GEMM epilogue's primitive reads its operands (the bias too) while it
      * writes its result: none of its members writes over an input */
     bool epi = e > f && cn[f]->op == NBI_OP_MATMUL;

@@ -455,6 +455,8 @@ void nbi_set_fusion(bool on);
  * held[i]: node i's value must be kept after the realization. Writes group[i]
  * (first step of i's group; groups are runs of consecutive steps that run as
  * one kernel at their last step) and store[i] (i's value needs a buffer). */
+/* The last step of the group step i belongs to (the step that runs it). */
+int nbi_fuse_group_end(const int *group, int n, int i);
 void nbi_fuse_plan(nb_tensor *const *nodes, int n, const bool *held, int *group, bool *store);
 /* Runs the group nodes[0..m-1] (m >= 2): allocates buffers of the stored
  * members, runs the fused kernel; on failure no member keeps a buffer. */
