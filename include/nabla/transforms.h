@@ -99,7 +99,10 @@ nb_fn *nb_vmap(nb_fn *f, const int *in_axes, const int *out_axes);
 /* The same function, traced once per input signature (shapes and dtypes)
  * into a program that later calls replay without calling f's body: a call
  * costs microseconds, whatever the body does in C. At top level the outputs
- * come back realized (one planned graph per call, the plan cached); under
+ * come back realized: on plain arguments (realized, no nb_backward
+ * provenance, the first call's layouts) the program runs as an executable
+ * planned once, with no graph recorded and no plan looked up per call
+ * (otherwise it is replayed as one graph, its plan cached); under
  * another transform the program is recorded into the enclosing trace, so
  * jit composes with every transform. The last 16 signatures are kept (least
  * recently used out); nb_stats counts jit_cache_hits / jit_cache_misses.

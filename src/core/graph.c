@@ -651,6 +651,38 @@ static nb_status run_group(const plan *p, nb_tensor *const *cn, int f, int e) {
   return nbi_fuse_run(cn + f, e - f + 1, p->store + f);
 }
 
+/* Executes p's running steps over g's nodes (step 4): the steps that compute,
+ * in order, aliased inputs reading their sources, dead intermediates freed.
+ * cn_buf: room for n_run nodes, or NULL (allocated here when needed). On
+ * failure some nodes may hold partial results (the caller drops them). */
+static nb_status plan_exec(const plan *p, graph *g, nb_tensor **cn_buf) {
+  nb_status st = NB_OK;
+  nb_tensor **cn = cn_buf ? cn_buf : g->nodes;
+  if (!cn_buf && p->n_run < g->n && !(cn = malloc(sizeof *cn * (size_t)(p->n_run ? p->n_run : 1))))
+    return nbi_error(NB_ERR_OOM, "nb_eval: out of memory running %d nodes", g->n);
+  for (int c = 0; c < p->n_run; c++)
+    cn[c] = g->nodes[p->run[c]];
+  swap_inputs(p, g, true);
+  share_sources(p, g, 0);
+  for (int c = 0; c < p->n_run && !st; c++) {
+    if (c + 1 < p->n_run && p->group[c + 1] == p->group[c])
+      ; /* a member of a fused group that runs at its last step */
+    else if (p->group[c] != c)
+      st = run_group(p, cn, p->group[c], c);
+    else
+      st = run_node(cn[c], inplace_buffer(p, cn, c));
+    if (!st) share_sources(p, g, c + 1);
+    for (int f = p->free_start[c]; f < p->free_start[c + 1] && !st; f++) {
+      nb_tensor *dead = g->nodes[p->free_idx[f]];
+      nbi_buffer_release(dead->shard0.buf);
+      dead->shard0.buf = NULL;
+    }
+  }
+  swap_inputs(p, g, false);
+  if (cn != g->nodes && cn != cn_buf) free(cn);
+  return st;
+}
+
 /* Depth of realizations running on this thread: a kernel may realize a nested
  * graph (control flow, checkpoint); only the outermost adds to the timers. */
 static _Thread_local int depth;
@@ -658,6 +690,10 @@ static _Thread_local int depth;
 /* nbi_realize, where dying_t (a realized tensor, or NULL) is nb_assign's dst:
  * its value dies in this realization. */
 static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) {
+  int r = 0;
+  while (r < n && (ts[r]->flags & NBI_T_REALIZED))
+    r++;
+  if (r == n) return NB_OK; /* nothing pending (reading a value back, say) */
   uint64_t t0 = now_ns(), t1 = 0;
   plan *p = NULL;
   graph g = {0};
@@ -699,32 +735,7 @@ static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) 
   t1 = now_ns();
   if (!depth) stats.plan_ns += t1 - t0;
   depth++;
-  /* the steps that compute, in order; aliased inputs read their sources */
-  nb_tensor **cn = g.nodes;
-  if (p->n_run < g.n && !(cn = malloc(sizeof *cn * (size_t)(p->n_run ? p->n_run : 1))))
-    st = nbi_error(NB_ERR_OOM, "nb_eval: out of memory running %d nodes", g.n);
-  for (int c = 0; c < p->n_run && !st; c++)
-    cn[c] = g.nodes[p->run[c]];
-  if (!st) swap_inputs(p, &g, true);
-  if (!st) share_sources(p, &g, 0);
-  for (int c = 0; c < p->n_run && !st; c++) {
-    if (c + 1 < p->n_run && p->group[c + 1] == p->group[c])
-      ; /* a member of a fused group that runs at its last step */
-    else if (p->group[c] != c)
-      st = run_group(p, cn, p->group[c], c);
-    else
-      st = run_node(cn[c], inplace_buffer(p, cn, c));
-    if (!st) share_sources(p, &g, c + 1);
-    for (int f = p->free_start[c]; f < p->free_start[c + 1] && !st; f++) {
-      nb_tensor *dead = g.nodes[p->free_idx[f]];
-      nbi_buffer_release(dead->shard0.buf);
-      dead->shard0.buf = NULL;
-    }
-  }
-  if (cn != g.nodes) {
-    swap_inputs(p, &g, false);
-    free(cn);
-  }
+  st = plan_exec(p, &g, NULL);
   /* room in the lazy set for this realization's lazy nodes, reserved after
    * the steps ran: nested realizations (control flow) may have added theirs */
   int n_lazy = 0;
@@ -777,6 +788,135 @@ done:
 }
 
 nb_status nbi_realize(nb_tensor *const *ts, int n) { return realize(ts, n, NULL); }
+
+/* ---- planned executables (nb_jit's fast path) ----------------------------------------
+ * The graph and plan of one realization kept for reuse: the nodes stay pending
+ * between runs (retained through the roots), each run binds the slots (leaves
+ * standing for the inputs) to the call's tensors, executes the plan with no
+ * collection, hashing, lookup or allocation of its own, hands each root's
+ * value to a fresh leaf and clears every node's buffer again. */
+struct nbi_exec {
+  graph g;
+  plan p;
+  nb_tensor **cn;    /* [p.n_run] scratch for plan_exec */
+  nb_tensor **slots; /* [n_slots] retained */
+  int n_slots;
+  nb_tensor **roots; /* [n_roots] retained */
+  int n_roots;
+  bool fusion, simplify; /* the settings it was planned under */
+  bool busy;             /* a run is in progress (a nested call takes the slow path) */
+};
+
+void nbi_exec_free(nbi_exec *x) {
+  if (!x) return;
+  plan_clear(&x->p);
+  free(x->g.nodes);
+  free(x->g.leaves);
+  free(x->cn);
+  for (int r = 0; r < x->n_roots; r++)
+    nb_release(x->roots[r]);
+  for (int k = 0; k < x->n_slots; k++)
+    nb_release(x->slots[k]);
+  free(x->roots);
+  free(x->slots);
+  free(x);
+}
+
+nbi_exec *nbi_exec_build(nb_tensor *const *slots, int n_slots, nb_tensor *const *roots,
+                         int n_roots) {
+  nbi_exec *x = calloc(1, sizeof *x);
+  if (!x) return NULL;
+  x->slots = malloc(sizeof *x->slots * (size_t)(n_slots ? n_slots : 1));
+  x->roots = malloc(sizeof *x->roots * (size_t)(n_roots ? n_roots : 1));
+  if (!x->slots || !x->roots) goto fail;
+  for (int k = 0; k < n_slots; k++)
+    x->slots[x->n_slots++] = nb_retain(slots[k]);
+  for (int r = 0; r < n_roots; r++)
+    x->roots[x->n_roots++] = nb_retain(roots[r]);
+  x->fusion = nbi_fusion_enabled();
+  x->simplify = nbi_simplify_enabled();
+  nb_status st = graph_collect(&x->g, roots, n_roots);
+  int m = x->g.n ? x->g.n : 1;
+  int *uses = st ? NULL : calloc((size_t)m, sizeof(int));
+  uint8_t *flags = st ? NULL : calloc((size_t)m, 1);
+  bool ok = uses && flags;
+  if (ok) {
+    count_flags(&x->g, roots, n_roots, uses, flags);
+    ok = plan_fill(&x->p, &x->g, flags, -1);
+  }
+  free(uses);
+  free(flags);
+  for (int i = 0; i < x->g.n; i++)
+    x->g.nodes[i]->mark = -1;
+  for (int i = 0; i < x->g.n_leaves; i++)
+    x->g.leaves[i]->mark = -1;
+  if (!ok || !(x->cn = malloc(sizeof *x->cn * (size_t)(x->p.n_run ? x->p.n_run : 1)))) goto fail;
+  for (int k = 0; k < x->n_slots; k++) { /* bound per run */
+    nbi_buffer_release(x->slots[k]->shard0.buf);
+    x->slots[k]->shard0.buf = NULL;
+  }
+  return x;
+fail:
+  nbi_exec_free(x);
+  return NULL;
+}
+
+bool nbi_exec_fits(const nbi_exec *x, nb_tensor *const *in) {
+  if (x->busy || x->fusion != nbi_fusion_enabled() || x->simplify != nbi_simplify_enabled())
+    return false;
+  for (int k = 0; k < x->n_slots; k++) {
+    const nb_tensor *t = in[k], *s = x->slots[k];
+    if (!(t->flags & NBI_T_REALIZED) || (t->flags & NBI_T_TRACED) || t->n_shards != 1 || t->mesh ||
+        !t->shard0.buf || t->dtype != s->dtype || !nbi_shape_eq(&t->shape, &s->shape))
+      return false;
+    /* the plan was made for the slots' layouts (in-place and fusion choices read them) */
+    for (int d = 0; d < t->shape.ndim; d++)
+      if (t->shape.dims[d] != 1 && t->shard0.strides[d] != s->shard0.strides[d]) return false;
+  }
+  return true;
+}
+
+nb_status nbi_exec_run(nbi_exec *x, nb_tensor *const *in, nb_tensor **out) {
+  uint64_t t0 = depth ? 0 : now_ns();
+  for (int r = 0; r < x->n_roots; r++)
+    out[r] = NULL;
+  for (int k = 0; k < x->n_slots; k++) { /* bind: the slots share the inputs' storage */
+    nb_tensor *s = x->slots[k];
+    s->shard0 = in[k]->shard0;
+    nbi_buffer_retain(s->shard0.buf);
+  }
+  /* marked as during a realization: group kernels find their members by mark */
+  for (int i = 0; i < x->g.n; i++)
+    x->g.nodes[i]->mark = i;
+  for (int i = 0; i < x->g.n_leaves; i++)
+    x->g.leaves[i]->mark = -3 - i;
+  x->busy = true;
+  depth++;
+  stats.realizations++;
+  nb_status st = plan_exec(&x->p, &x->g, x->cn);
+  depth--;
+  x->busy = false;
+  for (int i = 0; i < x->g.n; i++)
+    x->g.nodes[i]->mark = -1;
+  for (int i = 0; i < x->g.n_leaves; i++)
+    x->g.leaves[i]->mark = -1;
+  for (int r = 0; r < x->n_roots && !st; r++)
+    if (!(out[r] = nbi_leaf_share(x->roots[r]))) st = nb_last_status();
+  if (st)
+    for (int r = 0; r < x->n_roots; r++)
+      out[r] = NULL;                 /* the scope frees those made */
+  for (int i = 0; i < x->g.n; i++) { /* every node pending and empty again */
+    nb_tensor *t = x->g.nodes[i];
+    nbi_buffer_release(t->shard0.buf);
+    t->shard0.buf = NULL;
+  }
+  for (int k = 0; k < x->n_slots; k++) {
+    nbi_buffer_release(x->slots[k]->shard0.buf);
+    x->slots[k]->shard0.buf = NULL;
+  }
+  if (t0) stats.exec_ns += now_ns() - t0;
+  return st;
+}
 
 /* nb_assign: marks every pending tensor reachable from cand[0..n-1] by whether
  * it reads dst (transitively) and returns, in roots, val and the candidates
@@ -896,6 +1036,8 @@ static nb_status rewire_lazy(nb_tensor *dst, const nb_tensor *val, nb_tensor **r
 nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val) {
   if (depth)
     return nbi_error(NB_ERR_STATE, "nb_assign: cannot rebind a tensor while a kernel runs");
+  if ((val->flags & NBI_T_REALIZED) && !nbi_any_held_pending())
+    return NB_OK; /* nothing pending reads dst or needs realizing */
   nb_tensor **cand = NULL, **roots = NULL;
   int n = 0, cap = 0, n_roots = 0;
   nb_status st = nbi_held_pending(&cand, &n, &cap);

@@ -199,6 +199,8 @@ uint64_t nbi_next_seq(void);
  * in the calling thread's scopes or is a lazy node (NBI_T_LAZY) to *out
  * (malloc'd array grown as needed; a tensor may appear twice). */
 nb_status nbi_held_pending(nb_tensor ***out, int *n, int *cap);
+/* Whether nbi_held_pending would append anything (allocates nothing). */
+bool nbi_any_held_pending(void);
 /* The lazy set: nbi_lazy_reserve makes room for n more (error naming
  * nb_eval on OOM), nbi_lazy_add then cannot fail; a lazy node leaves the set
  * when it is realized (nbi_lazy_remove) or freed. */
@@ -513,6 +515,21 @@ void nbi_plan_describe_free(nbi_plan_desc *d);
  * own realization runs; nested realizations count in nb_stats like any other
  * but their time is not added to plan_ns/exec_ns twice. */
 nb_status nbi_realize(nb_tensor *const *ts, int n);
+/* A planned executable: the pending graph ending in roots, planned once and
+ * run on new inputs with no graph work (nb_jit's fast path). slots are
+ * realized leaves standing for the inputs (their layouts are planned for);
+ * the graph's other leaves stay fixed. nbi_exec_build retains slots and roots
+ * and releases the slots' storage (bound per run); NULL when out of memory (no error recorded: the
+ * caller takes the slow path). nbi_exec_fits: in[k] (one per slot) can be bound to slot k:
+ * realized, single-device, same dtype, shape and strides, and x is not running. nbi_exec_run: binds
+ * them, runs the plan and returns each root's value as a fresh realized leaf in the current scope;
+ * the nodes stay pending and empty. Requires nbi_exec_fits. */
+typedef struct nbi_exec nbi_exec;
+nbi_exec *nbi_exec_build(nb_tensor *const *slots, int n_slots, nb_tensor *const *roots,
+                         int n_roots);
+bool nbi_exec_fits(const nbi_exec *x, nb_tensor *const *in);
+nb_status nbi_exec_run(nbi_exec *x, nb_tensor *const *in, nb_tensor **out);
+void nbi_exec_free(nbi_exec *x);
 /* nb_assign's realization (src/core/graph.c): realizes val together with every
  * pending tensor held by the thread's scopes that reads dst (transitively), so
  * none of them can see dst's next value; lazy readers read a leaf sharing

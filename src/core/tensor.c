@@ -3,7 +3,53 @@
 #include "nbi.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
+
+/* ---- handle storage -------------------------------------------------------------
+ * Freed handles are kept on a per-thread list (up to SPARE_MAX) for the next
+ * tensor_new: a jitted training step makes and drops the same number of
+ * handles each call without calling the allocator. A thread's list is freed
+ * when the thread exits (spare_key), the main thread's at exit
+ * (root_scope_cleanup). */
+#if defined(__SANITIZE_ADDRESS__)
+enum { SPARE_MAX = 0 }; /* AddressSanitizer sees every use after free */
+#else
+enum { SPARE_MAX = 256 };
+#endif
+typedef struct spare_list {
+  nb_tensor *head; /* linked through in_inline[0] */
+  int n;
+} spare_list;
+static _Thread_local spare_list spare;
+static pthread_key_t spare_key;
+static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+
+static void spare_drain(void *p) {
+  spare_list *l = p;
+  while (l->head) {
+    nb_tensor *t = l->head;
+    l->head = t->in_inline[0];
+    free(t);
+  }
+  l->n = 0;
+}
+static void spare_key_make(void) { (void)pthread_key_create(&spare_key, spare_drain); }
+static bool spare_closed; /* at exit: handles go straight back to the allocator */
+
+static void tensor_free(nb_tensor *t) {
+  if (spare.n == SPARE_MAX || spare_closed) {
+    free(t);
+    return;
+  }
+  if (spare.n == 0) { /* (re)arm the thread-exit drain */
+    pthread_once(&spare_once, spare_key_make);
+    (void)pthread_setspecific(spare_key, &spare);
+  }
+  t->in_inline[0] = spare.head;
+  spare.head = t;
+  spare.n++;
+}
 
 /* ---- scopes ------------------------------------------------------------------
  * A thread's scopes form a stack of frames; frame 0 is the root. Each frame owns
@@ -55,22 +101,31 @@ void nb_scope_begin(void) {
       return;
     }
     frames = nf;
+    for (int i = cap_frames; i < 2 * cap_frames; i++)
+      frames[i] = (scope_frame){0};
     cap_frames *= 2;
   }
-  frames[n_frames++] = (scope_frame){0};
+  frames[n_frames++].n = 0; /* reuses the array an earlier scope at this depth grew */
 }
 
-static void frame_clear(scope_frame *f) {
+/* Releases f's tensors. Its array stays for the next scope at this depth
+ * (a training loop's per-step scope allocates nothing), unless it grew past
+ * SCOPE_KEEP items or free_all. */
+enum { SCOPE_KEEP = 4096 };
+static void frame_clear(scope_frame *f, bool free_all) {
   for (size_t i = f->n; i-- > 0;)
     nb_release(f->items[i]);
-  free(f->items);
-  *f = (scope_frame){0};
+  f->n = 0;
+  if (free_all || f->cap > SCOPE_KEEP) {
+    free(f->items);
+    *f = (scope_frame){0};
+  }
 }
 
 nb_status nb_scope_end(void) {
   if (n_frames <= 1)
     return nbi_error(NB_ERR_SCOPE, "nb_scope_end: no open scope (begin/end are unbalanced)");
-  frame_clear(&frames[--n_frames]);
+  frame_clear(&frames[--n_frames], false);
   return NB_OK;
 }
 
@@ -90,11 +145,14 @@ static size_t lazy_cap, lazy_n; /* lazy_cap: 0 or a power of two */
 /* Empties the main thread's root scope at exit so leak checkers see no leaks. */
 __attribute__((destructor)) static void root_scope_cleanup(void) {
   while (n_frames > 1)
-    frame_clear(&frames[--n_frames]);
-  if (n_frames == 1) frame_clear(&frames[0]);
+    frame_clear(&frames[--n_frames], true);
+  for (int i = 0; i < cap_frames; i++)
+    frame_clear(&frames[i], true);
   free(frames);
   frames = NULL;
   n_frames = cap_frames = 0;
+  spare_closed = true;
+  spare_drain(&spare);
   free(lazy_slot); /* lazy nodes still alive leave it unchecked from now on */
   lazy_slot = NULL;
   lazy_cap = lazy_n = 0;
@@ -187,7 +245,7 @@ void nb_release(nb_tensor *t) {
     if (x->shards != &x->shard0) free(x->shards);
     if (x->grad) nb_release(x->grad); /* a leaf: recursion depth is one */
     nbi_payload_release(x->payload);
-    free(x);
+    tensor_free(x);
     live_tensors--;
   }
   if (stack != local) free(stack);
@@ -229,8 +287,14 @@ static _Atomic uint64_t next_seq = 1;
 _Thread_local bool nbi_no_grad;
 
 static nb_tensor *tensor_new(const nb_shape *shape, nb_dtype dt, int op) {
-  nb_tensor *t = calloc(1, sizeof *t);
-  if (!t) return NULL;
+  nb_tensor *t = spare.head;
+  if (t) {
+    spare.head = t->in_inline[0];
+    spare.n--;
+    memset(t, 0, sizeof *t);
+  } else if (!(t = calloc(1, sizeof *t))) {
+    return NULL;
+  }
   t->seq = next_seq++;
   t->refcount = 1;
   t->shape = *shape;
@@ -261,6 +325,13 @@ static nb_status pending_push(nb_tensor ***out, int *n, int *cap, nb_tensor *t) 
   return NB_OK;
 }
 
+bool nbi_any_held_pending(void) {
+  for (int f = 0; f < n_frames; f++)
+    for (size_t i = 0; i < frames[f].n; i++)
+      if (!(frames[f].items[i]->flags & (NBI_T_REALIZED | NBI_T_TRACED))) return true;
+  return lazy_n > 0;
+}
+
 nb_status nbi_held_pending(nb_tensor ***out, int *n, int *cap) {
   nb_status st = NB_OK;
   for (int f = 0; f < n_frames && !st; f++)
@@ -281,7 +352,7 @@ nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *con
   if (n_in > 3) {
     t->in = malloc((size_t)n_in * sizeof *t->in);
     if (!t->in) {
-      free(t);
+      tensor_free(t);
       live_tensors--;
       nbi_error(NB_ERR_OOM, "nb_%s: out of memory", nbi_op_table[op]->name);
       return NULL;

@@ -51,7 +51,7 @@ nb_status nb_call(nb_fn *f, nb_tensor *const *in, nb_tensor **out) {
   if (f->n_in > 0 && !in) return nbi_error(NB_ERR_NULL, "nb_call: in is NULL");
   for (int k = 0; k < f->n_in; k++)
     if (!in[k]) return nbi_error(NB_ERR_NULL, "nb_call: input %d is NULL", k);
-  nb_tensor *local[8], **tmp = f->n_out <= 8 ? local : calloc((size_t)f->n_out, sizeof *tmp);
+  nb_tensor *local[32], **tmp = f->n_out <= 32 ? local : calloc((size_t)f->n_out, sizeof *tmp);
   if (!tmp) return nbi_error(NB_ERR_OOM, "nb_call: out of memory");
   for (int k = 0; k < f->n_out; k++)
     tmp[k] = NULL;

@@ -7,9 +7,14 @@
  * (closures, constants it made) are retained by the entry and passed as the
  * program's further inputs on every replay.
  *
- * At top level the replayed outputs are realized at once in one nb_eval: the
- * replayed graph has the same structure each call, so its plan comes from the
- * plan cache. Under another transform the replay is just recorded into the
+ * At top level, when every argument is a plain value (realized on one device,
+ * not traced, no nb_backward provenance), the entry's program is planned once
+ * into an executable (nbi_exec: persistent pending nodes, simplification,
+ * fusion and memory plan done) and each call just binds the arguments and
+ * runs it: no nodes recorded, no graph collected or hashed, no plan looked up.
+ * Arguments of another layout than the first call's, or with provenance, are
+ * replayed and realized at once in one nb_eval (the plan cache makes that
+ * cheap too). Under another transform the replay is just recorded into the
  * enclosing trace (that transform's rules see ordinary ops).
  *
  * A program that captured a traced tensor (a closure over an enclosing
@@ -26,6 +31,8 @@ typedef struct jit_entry {
   nbi_program *prog; /* NULL: empty slot */
   nb_tensor **capt;  /* retained captures: the program's inputs after f's */
   int n_capt;
+  nbi_exec *exec; /* the program planned once for top-level calls (NULL: not yet) */
+  bool no_exec;   /* planning it failed: replay instead */
   uint64_t last_used;
 } jit_entry;
 
@@ -38,6 +45,7 @@ typedef struct jit_fn {
 static const char *FN = "nb_jit";
 
 static void entry_clear(jit_entry *e) {
+  nbi_exec_free(e->exec);
   nbi_program_release(e->prog);
   nbi_release_all(e->capt, e->n_capt);
   *e = (jit_entry){0};
@@ -74,18 +82,47 @@ static jit_entry *victim(jit_fn *j) {
   return v;
 }
 
-/* Applies e's program to the call's inputs followed by its captures. */
-static nb_status replay(const jit_entry *e, nb_tensor *const *in, int n_in, nb_tensor **out) {
-  nb_tensor *local[16],
-      **args = e->prog->n_in <= 16 ? local : malloc(sizeof *args * (size_t)e->prog->n_in);
-  if (!args) return nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
+/* The call's inputs followed by e's captures: in local (room for LOCAL_ARGS)
+ * when they fit, else malloc'd. */
+enum { LOCAL_ARGS = 64 };
+static nb_tensor **gather_args(const jit_entry *e, nb_tensor *const *in, int n_in,
+                               nb_tensor **local) {
+  nb_tensor **args =
+      e->prog->n_in <= LOCAL_ARGS ? local : malloc(sizeof *args * (size_t)e->prog->n_in);
+  if (!args) return NULL;
   for (int k = 0; k < n_in; k++)
     args[k] = in[k];
   for (int c = 0; c < e->n_capt; c++)
     args[n_in + c] = e->capt[c];
-  nb_status st = nbi_program_apply(FN, e->prog, args, out);
-  if (args != local) free(args);
-  return st;
+  return args;
+}
+
+/* A top-level call whose arguments are plain values (no trace, no
+ * nb_backward provenance): it can run e's planned executable. */
+static bool plain(nb_tensor *const *args, int n) {
+  for (int k = 0; k < n; k++)
+    if (args[k]->flags & (NBI_T_TRACED | NBI_T_REQUIRES_GRAD | NBI_T_GRAD_PATH)) return false;
+  return true;
+}
+
+/* Plans e's program once over slots standing for args (the first fast call):
+ * leaves sharing the arguments' storage, so the plan sees their layouts. */
+static void plan_exec(jit_entry *e, nb_tensor *const *args) {
+  int n = e->prog->n_in, n_out = e->prog->n_out;
+  nb_tensor *local[32], **t = n + n_out <= 32 ? local : malloc(sizeof *t * (size_t)(n + n_out));
+  e->no_exec = true;
+  if (!t) return;
+  nb_status before = nb_last_status();
+  nb_scope_begin();
+  bool ok = true;
+  for (int k = 0; k < n && ok; k++)
+    ok = (t[k] = nbi_leaf_share(args[k])) != NULL;
+  if (ok && nbi_program_apply(FN, e->prog, t, t + n) == NB_OK &&
+      (e->exec = nbi_exec_build(t, n, t + n, n_out)))
+    e->no_exec = false;
+  nb_scope_end();
+  if (!before) nb_clear_error(); /* a failed plan is not the caller's error: it replays */
+  if (t != local) free(t);
 }
 
 static nb_status jit_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
@@ -108,7 +145,21 @@ static nb_status jit_body(void *user, nb_tensor *const *in, int n_in, nb_tensor 
     }
   }
   e->last_used = ++j->clock;
-  st = replay(e, in, n_in, out);
+  nb_tensor *local[LOCAL_ARGS], **args = gather_args(e, in, n_in, local);
+  if (!args) {
+    entry_clear(&fresh);
+    return nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
+  }
+  if (e != &fresh && !e->no_exec && plain(args, e->prog->n_in)) {
+    if (!e->exec) plan_exec(e, args);
+    if (e->exec && nbi_exec_fits(e->exec, args)) {
+      st = nbi_exec_run(e->exec, args, out);
+      if (args != local) free(args);
+      return st;
+    }
+  }
+  st = nbi_program_apply(FN, e->prog, args, out);
+  if (args != local) free(args);
   entry_clear(&fresh);
   if (st) return st;
   for (int k = 0; k < n_out; k++)

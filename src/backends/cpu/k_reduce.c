@@ -23,6 +23,7 @@
  * so results do not change with OMP_NUM_THREADS.
  */
 #include "k_reduce.h"
+#include "k_linalg.h" /* nbi_cpu_scratch */
 
 #include <math.h>
 #include <stdlib.h>
@@ -777,10 +778,10 @@ nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
   void *owned = NULL;
   if (numel > 0 && stage_input(opname, in, p.ct, numel, &p.x, &owned)) return NB_ERR_OOM;
   /* acc: states; ix / centre: arg indices, or the centres of pass 2 */
-  double *acc = malloc((size_t)n_out * 2 * sizeof(double));
+  double *acc = nbi_cpu_scratch(opname, (size_t)n_out * 2 * sizeof(double)); /* buffer cache */
   if (!acc) {
     free(owned);
-    return nbi_error(NB_ERR_OOM, "nb_%s: out of memory for %lld outputs", opname, (long long)n_out);
+    return NB_ERR_OOM;
   }
   double *centre = acc + n_out;
   p.acc = acc;
@@ -823,7 +824,7 @@ nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
   default: st = run_pass(&p, simple_fold(n->op), NULL, opname); break;
   }
   if (!st) write_out(out, arg ? (void *)p.ix : (void *)acc, arg ? NB_I64 : res, n_out);
-  free(acc);
+  nbi_cpu_scratch_free(acc);
   free(owned);
   return st;
 }
@@ -1058,7 +1059,8 @@ nb_status nbi_cpu_cumsum(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
 
 /* ---- one row of an axis op, for fused groups ---------------------------------------- */
 bool nbi_cpu_axis_row_fusible(const nb_tensor *n) {
-  if (n->op != NBI_OP_SOFTMAX && n->op != NBI_OP_LOG_SOFTMAX && n->op != NBI_OP_CUMSUM) return false;
+  if (n->op != NBI_OP_SOFTMAX && n->op != NBI_OP_LOG_SOFTMAX && n->op != NBI_OP_CUMSUM)
+    return false;
   return (n->dtype == NB_F32 || n->dtype == NB_F64) && n->in[0]->dtype == n->dtype &&
          n->attrs.i[0] == n->shape.ndim - 1;
 }
