@@ -8,5 +8,6 @@
 #include "nn.h"
 #include "transforms.h"
 #include "custom.h"
+#include "sharding.h"
 
 #endif

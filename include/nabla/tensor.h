@@ -33,6 +33,7 @@ extern "C" {
   X(ERR_DEVICE, "device unavailable")                                                              \
   X(ERR_SCOPE, "scope misuse")                                                                     \
   X(ERR_STATE, "invalid state")                                                                    \
+  X(ERR_SHARDING, "invalid sharding")                                                              \
   X(ERR_INTERNAL, "internal error")
 
 typedef enum nb_status {

@@ -160,7 +160,7 @@ struct nb_tensor {
   nbi_attrs attrs;
   /* Data: one storage per shard of the tensor's mesh. A single-device tensor
    * (mesh NULL) has one shard: shards == &shard0. */
-  struct nbi_mesh *mesh;
+  struct nb_mesh *mesh;
   int n_shards;
   nbi_storage *shards;
   nbi_storage shard0;

@@ -1,0 +1,165 @@
+/* src/sharding/sharding.h — the sharding layer's internal contract (design:
+ * SHARDING.md; this folder's README.md says how the pieces fit).
+ *
+ * Data model:
+ *  - nb_mesh: named axes with sizes, devices row-major (last axis fastest).
+ *  - nbi_axis: a (sub-)axis of a mesh axis: axis a (size n) split as
+ *    [pre, size, n / (pre * size)], the middle part. A whole axis has pre 1,
+ *    size n. A device's coordinate on it: (coord_a / (n / (pre * size))) % size.
+ *  - nbi_sharding: per dimension an ordered axis list (major first), open or
+ *    closed, an optional priority; per tensor the explicitly replicated axes
+ *    and the partial axes (values are partial sums over them). A dimension's
+ *    shard index on a device is the mixed-radix number of the device's
+ *    coordinates on its axes (major first). A dimension of size N over S
+ *    shards: chunk c = ceil(N / S); shard i holds [i c, min((i + 1) c, N)),
+ *    possibly empty.
+ *  - A sharded tensor (README.md) is a logical nb_tensor whose mesh is set,
+ *    with a sharding and one physical single-device tensor per device.
+ *
+ * Functions taking `fn` name the public function in their error messages. */
+#ifndef NABLA_SHARDING_INTERNAL_H
+#define NABLA_SHARDING_INTERNAL_H
+
+#include <nabla/sharding.h>
+
+#include "../core/nbi.h"
+
+#define NBI_MESH_MAX_AXES 8
+#define NBI_AXIS_NAME_MAX 32
+
+struct nb_mesh {
+  int32_t refcount;
+  int n_axes;
+  char name[NBI_MESH_MAX_AXES][NBI_AXIS_NAME_MAX];
+  int64_t size[NBI_MESH_MAX_AXES];
+  int n_dev;
+  nb_device *dev; /* [n_dev], row-major */
+  char text[NBI_MESH_MAX_AXES * (NBI_AXIS_NAME_MAX + 24)]; /* nb_mesh_str */
+};
+
+typedef struct nbi_axis {
+  int axis;     /* index into the mesh's axes */
+  int64_t pre;  /* product of the major part it skips (1: from the start) */
+  int64_t size; /* its size (the whole axis: the axis size) */
+} nbi_axis;
+
+typedef struct nbi_dim_sharding {
+  int n;                             /* axes sharding this dimension, major first */
+  nbi_axis ax[NBI_MESH_MAX_AXES];
+  bool open;    /* propagation may extend it */
+  int priority; /* -1: none given */
+} nbi_dim_sharding;
+
+typedef struct nbi_sharding {
+  int ndim;
+  nbi_dim_sharding dim[NB_MAX_DIMS];
+  int n_repl; /* explicitly replicated (sub-)axes */
+  nbi_axis repl[NBI_MESH_MAX_AXES];
+  int n_partial; /* pending partial sums over these (sub-)axes */
+  nbi_axis partial[NBI_MESH_MAX_AXES];
+} nbi_sharding;
+
+/* ---- meshes (mesh.c) ------------------------------------------------------- */
+/* Parses "x=4,y=2" into a new mesh (refcount 1) over devs (NULL: n virtual CPU
+ * devices); n must equal the product of the sizes. NULL + NB_ERR_SHARDING. */
+nb_mesh *nbi_mesh_new(const char *fn, const char *axes, const nb_device *devs, int n);
+/* Index of the axis named name[0..len), or -1. */
+int nbi_mesh_axis(const nb_mesh *m, const char *name, size_t len);
+/* Device dev's coordinate on the (sub-)axis a. */
+int64_t nbi_axis_coord(const nb_mesh *m, const nbi_axis *a, int dev);
+/* Whether two (sub-)axes share devices' coordinates (same axis, overlapping
+ * ranges of the split). */
+bool nbi_axis_overlap(const nbi_axis *a, const nbi_axis *b);
+bool nbi_axis_eq(const nbi_axis *a, const nbi_axis *b);
+/* The whole axis i of m. */
+nbi_axis nbi_axis_whole(const nb_mesh *m, int i);
+
+/* ---- shardings (spec.c) ---------------------------------------------------- */
+/* Parses spec for a tensor of ndim dimensions on m into *out (dimensions the
+ * spec does not list: unsharded, and open when open_rest). Checks everything
+ * nbi_sharding_check checks. NB_ERR_SHARDING with a message naming fn and the
+ * spec on failure. */
+nb_status nbi_sharding_parse(const char *fn, const nb_mesh *m, const char *spec, int ndim,
+                             bool open_rest, nbi_sharding *out);
+/* No (sub-)axis used twice or overlapping across dims, replicated and partial
+ * sets; sub-axes divide their axis. */
+nb_status nbi_sharding_check(const char *fn, const nb_mesh *m, const nbi_sharding *s);
+/* Canonical text into buf (cap bytes, NUL-terminated, truncated to fit):
+ * "[x, _]", "[(x, y), _?@1] replicated(z) partial(w)"; a whole axis prints as
+ * its name, a sub-axis as "x:(pre)size". Returns the length it needed. */
+size_t nbi_sharding_format(const nb_mesh *m, const nbi_sharding *s, char *buf, size_t cap);
+/* A fully replicated sharding of ndim dims (closed, no partial). */
+nbi_sharding nbi_sharding_replicated(int ndim);
+bool nbi_sharding_eq(const nbi_sharding *a, const nbi_sharding *b); /* layouts (not flags) */
+/* Shards of dimension d: the product of its axes' sizes. */
+int64_t nbi_dim_shards(const nbi_sharding *s, int d);
+/* Device dev's shard index along dimension d. */
+int64_t nbi_dim_index(const nb_mesh *m, const nbi_sharding *s, int d, int dev);
+/* Device dev's local shape of a logical shape, and where its block starts. */
+void nbi_local_block(const nb_mesh *m, const nbi_sharding *s, const nb_shape *logical, int dev,
+                     nb_shape *local, int64_t *start);
+
+/* ---- factor rules (rules.c) ------------------------------------------------
+ * An op's rule (SHARDING.md "Op rules"): factors with sizes and kinds; each
+ * operand and result dimension maps to a list of factors, major to minor (a
+ * compound dimension of a reshape has several; a size-1 dimension that is
+ * broadcast has none and stays unsharded). Tensors 0 .. n_in-1 are the
+ * operands, n_in .. n_in+n_out-1 the results. linear says which partial
+ * operands the op keeps partial (SHARDING.md "Partial sums are lazy"). */
+enum {
+  NBI_FACTOR_PASS,        /* in operands and results: elementwise, batch, matmul m/n */
+  NBI_FACTOR_REDUCTION,   /* in operands only: sharding it makes partial results */
+  NBI_FACTOR_NEED_REPL,   /* must be unsharded to compute locally */
+  NBI_FACTOR_PERMUTATION, /* flip, pad, slice dims: unsharded (needs data movement) */
+};
+enum {
+  NBI_LINEAR_NONE,  /* nonlinear: every partial operand is all-reduced first */
+  NBI_LINEAR_SUM,   /* add-like: partial on y stays when every operand is partial on y */
+  NBI_LINEAR_MULTI, /* mul-like (mul, matmul): stays when exactly one operand is partial */
+  NBI_LINEAR_FIRST, /* div-like: stays when only operand 0 is partial on y */
+  NBI_LINEAR_UNARY, /* views, negation, casts to wider floats, sums: a partial operand stays */
+};
+#define NBI_RULE_MAX_FACTORS 32
+#define NBI_RULE_MAX_TENSORS 8
+#define NBI_RULE_MAX_COMPOUND 4
+typedef struct nbi_rule_dim {
+  int n;
+  int8_t f[NBI_RULE_MAX_COMPOUND];
+} nbi_rule_dim;
+typedef struct nbi_shard_rule {
+  int n_factors;
+  int64_t size[NBI_RULE_MAX_FACTORS];
+  uint8_t kind[NBI_RULE_MAX_FACTORS];
+  int n_in, n_out;
+  int ndim[NBI_RULE_MAX_TENSORS];
+  nbi_rule_dim dim[NBI_RULE_MAX_TENSORS][NB_MAX_DIMS];
+  uint8_t linear;
+} nbi_shard_rule;
+
+/* The rule of op (attrs a) on operands of shapes in_shapes[0..n_in) giving a
+ * result of shape out (single-result ops; multi-output packs, control flow
+ * and custom calls without a rule get the all-replicated rule). Every op of
+ * the registry has one. NB_ERR_INTERNAL for an op or arity it cannot
+ * describe (n_in + 1 > NBI_RULE_MAX_TENSORS: the caller replicates). */
+nb_status nbi_shard_rule_of(int op, const nbi_attrs *a, const nb_shape *in_shapes, int n_in,
+                            const nb_shape *out, nbi_shard_rule *r);
+
+/* ---- propagation (propagate.c) ---------------------------------------------
+ * One op, eagerly (SHARDING.md "Propagation", aggressive mode): in[k] is
+ * operand k's sharding (NULL: not on the mesh, i.e. replicated and closed);
+ * chooses each factor's axes (projection with sub-axes, candidate folding,
+ * priorities, conflict truncation, conflicts resolved in favour of the larger
+ * tensor) and writes in_target[k] (the sharding operand k must have when the
+ * op runs per shard: its projection of the chosen factors, keeping the
+ * partial axes the op's linearity keeps) and out (the result's sharding: its
+ * factors' axes per dimension, stopping a dimension at the first factor not
+ * fully sharded; reduction factors' axes and kept partial axes as partial).
+ * out_constraint (NULL: none) is a sharding the result must have (graph
+ * mode, shard_map out specs); the operands are then chosen to produce it when
+ * the rule allows. */
+nb_status nbi_propagate(const char *fn, const nb_mesh *m, const nbi_shard_rule *r,
+                        const nbi_sharding *const *in, const nb_shape *in_shapes,
+                        const nbi_sharding *out_constraint, nbi_sharding *in_target,
+                        nbi_sharding *out);
+
+#endif
