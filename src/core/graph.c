@@ -82,6 +82,13 @@ void nbi_stats_alloc(size_t nbytes) {
 }
 void nbi_stats_free(size_t nbytes) { stats.live_bytes -= nbytes; }
 void nbi_stats_kernel(void) { stats.kernels_run++; }
+void nbi_stats_collective(int kind, uint64_t bytes) {
+  uint64_t *count[] = {&stats.n_all_reduce, &stats.n_all_gather, &stats.n_reduce_scatter,
+                       &stats.n_all_to_all, &stats.n_permute};
+  if (kind < 0 || kind > NBI_COLL_PERMUTE) return;
+  (*count[kind])++;
+  stats.collective_bytes += bytes;
+}
 void nbi_stats_jit(bool hit) {
   if (hit)
     stats.jit_cache_hits++;

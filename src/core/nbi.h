@@ -539,6 +539,15 @@ void nbi_exec_free(nbi_exec *x);
  * buffer but its values are unspecified). */
 nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val);
 void nbi_stats_jit(bool hit);
+/* One collective of kind NBI_COLL_* sending bytes (summed over devices). */
+enum {
+  NBI_COLL_ALL_REDUCE,
+  NBI_COLL_ALL_GATHER,
+  NBI_COLL_REDUCE_SCATTER,
+  NBI_COLL_ALL_TO_ALL,
+  NBI_COLL_PERMUTE
+};
+void nbi_stats_collective(int kind, uint64_t bytes);
 void nbi_stats_alloc(size_t nbytes);
 void nbi_stats_free(size_t nbytes);
 void nbi_stats_kernel(void);
