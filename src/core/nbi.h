@@ -127,6 +127,9 @@ typedef struct nbi_payload {
   void (*destroy)(struct nbi_payload *p); /* frees the concrete payload */
   uint64_t h1, h2;                        /* structural hash */
 } nbi_payload;
+/* Sets a node's payload just recorded (retained), on its physical tensors too
+ * when the node is sharded (src/sharding records one node per device). */
+void nbi_set_payload(nb_tensor *t, nbi_payload *p);
 nbi_payload *nbi_payload_retain(nbi_payload *p); /* NULL is ignored */
 void nbi_payload_release(nbi_payload *p);        /* NULL is ignored */
 
@@ -216,6 +219,12 @@ void nbi_tensor_drop_graph(nb_tensor *t);
  * its inputs to a nested realization (src/core/program.c). t must hold data
  * (realized, or an intermediate of the realization running t's consumer). */
 nb_tensor *nbi_leaf_share(nb_tensor *t);
+/* A sharded tensor (see struct nb_tensor) of that logical shape and dtype,
+ * registered in the current scope. Takes over a mesh reference, the sharding
+ * (freed by the release hook) and one reference per entry of phys (the array
+ * is copied). NULL + NB_ERR_OOM (nothing taken over) on failure. */
+nb_tensor *nbi_sharded_new(const nb_shape *shape, nb_dtype dt, struct nb_mesh *m,
+                           struct nbi_sharding *sh, nb_tensor *const *phys, int n_phys);
 /* A symbolic input of a trace: a pending, traced node of op PLACEHOLDER with
  * that shape and dtype. It is never realized (it has no value); transforms
  * replace it (vmap by a batched value, jit by the call's arguments). */

@@ -434,10 +434,35 @@ nb_tensor *nbi_leaf_share(nb_tensor *t) {
   return l;
 }
 
+nb_tensor *nbi_sharded_new(const nb_shape *shape, nb_dtype dt, struct nb_mesh *m,
+                           struct nbi_sharding *sh, nb_tensor *const *phys, int n_phys) {
+  nb_tensor *t = tensor_new(shape, dt, NBI_OP_CONST);
+  nb_tensor **p = t ? malloc(sizeof *p * (size_t)(n_phys ? n_phys : 1)) : NULL;
+  if (!p) {
+    if (t) tensor_free(t), live_tensors--;
+    nbi_error(NB_ERR_OOM, "nb_shard: out of memory");
+    return NULL;
+  }
+  memcpy(p, phys, sizeof *p * (size_t)n_phys);
+  t->flags |= NBI_T_REALIZED;
+  t->mesh = m;
+  t->sharding = sh;
+  t->phys = p;
+  t->n_phys = n_phys;
+  nbi_scope_register(t);
+  return t;
+}
+
 nb_tensor *nbi_placeholder(const nb_shape *shape, nb_dtype dt) {
   nb_tensor *t = nbi_record(NBI_OP_PLACEHOLDER, dt, shape, NULL, 0, NULL);
   if (t) t->flags |= NBI_T_TRACED;
   return t;
+}
+
+void nbi_set_payload(nb_tensor *t, nbi_payload *p) {
+  t->payload = nbi_payload_retain(p);
+  for (int d = 0; d < t->n_phys; d++)
+    if (!t->phys[d]->payload) t->phys[d]->payload = nbi_payload_retain(p);
 }
 
 nbi_payload *nbi_payload_retain(nbi_payload *p) {
