@@ -509,11 +509,9 @@ typedef struct ew_rows {
 static const ew_rows rows_by_isa[NBI_ISA_COUNT] = {NBI_FOR_ISAS(ROWS_OF)};
 #undef ROWS_OF
 
-/* The active ISA's tables, [domain][op] (where_rows: [domain]); looked up at
- * each use, so nbi_isa_select takes effect at once. */
-#define unary_rows (rows_by_isa[nbi_isa_active()].un)
-#define binary_rows (rows_by_isa[nbi_isa_active()].bin)
-#define where_rows (rows_by_isa[nbi_isa_active()].where)
+/* The executors take the active ISA's table (rows_by_isa[nbi_isa_active()])
+ * once per call, so nbi_isa_select takes effect at the next kernel. Every ISA
+ * has the same ops: the portable table answers which ops have a row function. */
 /* Ops whose row function writes bool directly. */
 static const bool is_pred[NBI_OP_COUNT] = {EW_UNARY_PRED(ENTRY_PRED, portable)
                                                EW_BINARY_PRED(ENTRY_PRED, portable)};
@@ -886,8 +884,9 @@ bool nbi_cpu_elementwise_fusible(const nb_tensor *n) {
   nb_dtype cdt = (nb_dtype)n->attrs.i[0];
   if ((cdt != NB_F32 && cdt != NB_F64) || n->dtype != cdt) return false;
   if (n->op == NBI_OP_WHERE) return true;
-  return n->n_in == 1 ? unary_rows[domain_of(cdt)][n->op] != NULL
-                      : binary_rows[domain_of(cdt)][n->op] != NULL;
+  const ew_rows *rt = &rows_by_isa[NBI_ISA_PORTABLE];
+  return n->n_in == 1 ? rt->un[domain_of(cdt)][n->op] != NULL
+                      : rt->bin[domain_of(cdt)][n->op] != NULL;
 }
 
 typedef enum member_kind { M_VIEW, M_WHERE, M_UNARY, M_BINARY } member_kind;
@@ -1073,6 +1072,7 @@ typedef struct row_ext {
 typedef struct row_plan {
   int m, ra, n_slots;
   domain dom;
+  const ew_rows *rt; /* the active ISA's row functions */
   size_t es;
   int64_t rows, n;
   size_t pitch; /* bytes between scratch rows (n elements, 64-byte aligned) */
@@ -1197,11 +1197,11 @@ static void fused_row(const row_plan *rp, int64_t r, char *scr) {
     } else if (nbi_fuse_view(t)) {
       copy_row(rp->es, o, p[0], ps[0], n);
     } else if (t->op == NBI_OP_WHERE) {
-      where_rows[rp->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], n);
+      rp->rt->where[rp->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], n);
     } else if (t->n_in == 1) {
-      unary_rows[rp->dom][t->op](o, p[0], ps[0], n);
+      rp->rt->un[rp->dom][t->op](o, p[0], ps[0], n);
     } else {
-      binary_rows[rp->dom][t->op](o, p[0], ps[0], p[1], ps[1], n);
+      rp->rt->bin[rp->dom][t->op](o, p[0], ps[0], p[1], ps[1], n);
     }
     if (rp->full[k])
       row[k] = o;
@@ -1239,11 +1239,11 @@ static void fused_global(const row_plan *rp) {
     } else if (nbi_fuse_view(t)) {
       copy_row(rp->es, o, p[0], ps[0], 1);
     } else if (t->op == NBI_OP_WHERE) {
-      where_rows[rp->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], 1);
+      rp->rt->where[rp->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], 1);
     } else if (t->n_in == 1) {
-      unary_rows[rp->dom][t->op](o, p[0], ps[0], 1);
+      rp->rt->un[rp->dom][t->op](o, p[0], ps[0], 1);
     } else {
-      binary_rows[rp->dom][t->op](o, p[0], ps[0], p[1], ps[1], 1);
+      rp->rt->bin[rp->dom][t->op](o, p[0], ps[0], p[1], ps[1], 1);
     }
     if (rp->out[k]) memcpy(rp->out[k], o, rp->es);
   }
@@ -1252,6 +1252,7 @@ static void fused_global(const row_plan *rp) {
 nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out,
                              int ra) {
   row_plan rp = {.m = m, .ra = ra, .nodes = nodes, .dom = domain_of(nodes[0]->dtype), .rows = 1};
+  rp.rt = &rows_by_isa[nbi_isa_active()];
   rp.es = nb_dtype_size(domain_dtype[rp.dom]);
   const nb_shape *full = NULL;
   for (int k = 0; k < m && !full; k++)
