@@ -20,6 +20,7 @@
  * streaming stores. The row functions and tables are looked up once per call.
  */
 #include "k_elementwise.h"
+#include "k_linalg.h" /* nbi_cpu_scratch */
 #include "k_reduce.h"
 
 #include <math.h>
@@ -1058,7 +1059,7 @@ nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *
  * offset from the row index and the strides of the row dims, then either one
  * stride over the row (read in place when it is 0 or 1 and of the domain's
  * type) or a gather of its trailing dims. Blocks of rows go to the threads;
- * each thread allocates its scratch once per call. Global members (single
+ * each thread gets its part of one scratch block from the buffer cache. Global members (single
  * values from all rows) run after the row loop, on the stored per-row values. */
 
 /* An outside operand broadcast to its consumer's shape: dims [0, ra) index
@@ -1304,23 +1305,20 @@ nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, 
   rp.pitch = ((size_t)rp.n * rp.es + 63) / 64 * 64;
   size_t scr_bytes = (size_t)(rp.n_slots + 3) * rp.pitch;
   int64_t rb = 8192 / rp.n + 1, n_blocks = (rp.rows + rb - 1) / rb;
-  bool oom = false;
-#pragma omp parallel if (rp.rows * rp.n >= NBI_PAR_MIN && n_blocks > 1)
+  /* per-thread scratch, one block from the buffer cache (nothing allocated per call) */
+  bool par = rp.rows * rp.n >= NBI_PAR_MIN && n_blocks > 1;
+  int n_threads = par ? omp_get_max_threads() : 1;
+  char *scr_all = nbi_cpu_scratch("nb_eval", scr_bytes * (size_t)n_threads);
+  if (!scr_all) return NB_ERR_OOM;
+#pragma omp parallel if (par) num_threads(n_threads)
   {
-    char *scr = aligned_alloc(64, scr_bytes);
-    if (!scr) {
-#pragma omp atomic write
-      oom = true;
-    }
+    char *scr = scr_all + (size_t)omp_get_thread_num() * scr_bytes;
 #pragma omp for schedule(dynamic)
     for (int64_t b = 0; b < n_blocks; b++)
-      for (int64_t r = b * rb; scr && r < rp.rows && r < (b + 1) * rb; r++)
+      for (int64_t r = b * rb; r < rp.rows && r < (b + 1) * rb; r++)
         fused_row(&rp, r, scr);
-    free(scr);
   }
-  if (oom)
-    return nbi_error(NB_ERR_OOM, "nb_eval: out of memory for a fused group's rows (%lld bytes)",
-                     (long long)scr_bytes);
+  nbi_cpu_scratch_free(scr_all);
   fused_global(&rp);
   return NB_OK;
 }
