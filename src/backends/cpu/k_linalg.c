@@ -16,6 +16,7 @@
 #include "k_linalg.h"
 
 #include "k_gemm_epi.h"
+#include "k_gemm_small.h"
 
 /* A single 2-D f32 product of at least this many multiply-adds goes to sgemm. */
 #define MM_SGEMM_MIN_MACS (1 << 29)
@@ -218,6 +219,23 @@ static void mm_dnnl_layout(const mm_operand *o, int onb, bool trans, int64_t ld,
  * parallel region is the top-level one (nested inside even an inactive region,
  * libgomp would start fresh threads for every call). */
 static nb_status mm_float(mm_operand *a, mm_operand *b, nbi_view *out, int onb, int64_t batches) {
+  if (batches == 1 && out->dtype == NB_F32 && a->dt == NB_F32 && b->dt == NB_F32 && b->sc == 1 &&
+      nbi_gemm_small_fits(a->r, b->c, a->c)) {
+    /* small 2-D: the in-house kernel at the operands' strides (B's rows unit-stride: packing a
+     * transposed B costs more than it gains) */
+    nbi_gemm_small_args s = {.m = a->r,
+                             .n = b->c,
+                             .k = a->c,
+                             .a = (const float *)a->data,
+                             .sa_r = a->sr,
+                             .sa_c = a->sc,
+                             .b = (const float *)b->data,
+                             .sb_r = b->sr,
+                             .sb_c = 1,
+                             .c = (float *)out->data,
+                             .ldc = b->c};
+    return nbi_gemm_small(&s);
+  }
   nb_dtype cdt = out->dtype == NB_F64 ? NB_F64 : NB_F32;
   mm_gemms g = {
       .a = a, .b = b, .dt = cdt, .es = (int64_t)nb_dtype_size(cdt), .odims = out->dims, .onb = onb};
