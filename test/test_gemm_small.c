@@ -236,3 +236,34 @@ Test(gemm_small, jitted_epilogue_groups_fuse_and_match) {
       free(x), free(w), free(bias), free(res[0]), free(res[1]);
     }
 }
+
+/* Matrix-vector products (a 1-D operand on either side) take the small kernel too. */
+Test(gemm_small, matvec_and_vecmat_products) {
+  uint64_t seed = 31;
+  for (int t = 0; t < 2; t++) {
+    int64_t m = 37, k = 53;
+    double *a = tc_rand_floats(m * k, NB_F32, &seed), *v = tc_rand_floats(k, NB_F32, &seed),
+           *u = tc_rand_floats(m, NB_F32, &seed);
+    nb_scope_begin();
+    nb_tensor *ta =
+        t ? tc_strided_tensor(a, NB_SHAPE(m, k), NB_F32) : tc_tensor(a, NB_SHAPE(m, k), NB_F32);
+    double *av = tc_read(nb_matmul(ta, tc_tensor(v, NB_SHAPE(k), NB_F32)));
+    double *ua = tc_read(nb_matmul(tc_tensor(u, NB_SHAPE(m), NB_F32), ta));
+    nb_scope_end();
+    for (int64_t i = 0; i < m; i++) {
+      double r = 0;
+      for (int64_t p = 0; p < k; p++)
+        r += a[i * k + p] * v[p];
+      cr_assert(fabs(av[i] - r) <= 1e-5 * (1 + fabs(r)), "A v [%lld]: %.9g vs %.9g", (long long)i,
+                av[i], r);
+    }
+    for (int64_t p = 0; p < k; p++) {
+      double r = 0;
+      for (int64_t i = 0; i < m; i++)
+        r += u[i] * a[i * k + p];
+      cr_assert(fabs(ua[p] - r) <= 1e-5 * (1 + fabs(r)), "u A [%lld]: %.9g vs %.9g", (long long)p,
+                ua[p], r);
+    }
+    free(a), free(v), free(u), free(av), free(ua);
+  }
+}

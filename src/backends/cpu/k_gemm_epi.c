@@ -2,6 +2,12 @@
  * add bias, activation] (f32, 2-D) runs as one oneDNN matmul primitive with
  * the bias and an eltwise post-op, writing only the group's result.
  *
+ * Groups below EPI_MIN_WORK multiply-adds (2^20) run on the small kernel of
+ * k_gemm_small.c instead, on the calling thread: operands at their strides,
+ * bias and relu in registers, other activations over the finished rows (the
+ * bits of the unfused activation kernels), the sum stored first where it is
+ * needed. There oneDNN's per-call costs exceed the product's arithmetic.
+ *
  * Operands go in place when their matrices are row- or column-major with a
  * leading dimension (transposed views become strides of the memory
  * descriptor, as nbi_cpu_matmul's transpose flags); anything else is packed
