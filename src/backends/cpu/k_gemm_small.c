@@ -30,7 +30,11 @@
 
 /* Full unrolling of the tile's row and vector loops (their bounds are
  * constants), which keeps the accumulators in registers. */
+#if defined(__clang__)
+#define GS_UNROLL _Pragma("clang loop unroll(full)")
+#else
 #define GS_UNROLL _Pragma("GCC unroll 16")
+#endif
 
 enum {
   GS_MR_MAX = 12,  /* rows of the largest register tile */
@@ -185,23 +189,35 @@ typedef struct gs_dot {
         if (nv > 1) acc[r][1] = GS_FMA_##S(av, b1, acc[r][1]);                                     \
       }                                                                                            \
     }                                                                                              \
-    GS_UNROLL for (int r = 0; r < mr; r++) {                                                       \
-      GS_UNROLL for (int v = 0; v < nv; v++) {                                                     \
-        GS_V_##S x = acc[r][v];                                                                    \
-        if (bias_c) x = GS_ADD_##S(x, GS_LD_##S(bias_c + j + v * GS_W_##S));                       \
-        if (bias_r) x = GS_ADD_##S(x, GS_BC_##S(bias_r[(i + r) * s_r]));                           \
-        if (relu) x = GS_RELU_##S(x);                                                              \
-        if (cols >= (v + 1) * GS_W_##S) {                                                          \
-          GS_ST_##S(c + r * ldc + v * GS_W_##S, x);                                                \
-        } else {                                                                                   \
-          float t[GS_W_##S];                                                                       \
-          GS_ST_##S(t, x);                                                                         \
-          memcpy(c + r * ldc + v * GS_W_##S, t, sizeof *t * (size_t)(cols - v * GS_W_##S));        \
-        }                                                                                          \
+    /* each condition once per tile, not per vector (taken branches cost) */                       \
+    if (bias_c) {                                                                                  \
+      GS_V_##S b0 = GS_LD_##S(bias_c + j), b1 = b0;                                                \
+      if (nv > 1) b1 = GS_LD_##S(bias_c + j + GS_W_##S);                                           \
+      GS_UNROLL for (int r = 0; r < mr; r++) {                                                     \
+        acc[r][0] = GS_ADD_##S(acc[r][0], b0);                                                     \
+        if (nv > 1) acc[r][1] = GS_ADD_##S(acc[r][1], b1);                                         \
+      }                                                                                            \
+    }                                                                                              \
+    if (bias_r) {                                                                                  \
+      GS_UNROLL for (int r = 0; r < mr; r++) GS_UNROLL for (int v = 0; v < nv; v++) acc[r][v] =    \
+          GS_ADD_##S(acc[r][v], GS_BC_##S(bias_r[(i + r) * s_r]));                                 \
+    }                                                                                              \
+    if (relu) {                                                                                    \
+      GS_UNROLL for (int r = 0; r < mr; r++) GS_UNROLL for (int v = 0; v < nv; v++) acc[r][v] =    \
+          GS_RELU_##S(acc[r][v]);                                                                  \
+    }                                                                                              \
+    if (cols == nv * GS_W_##S) {                                                                   \
+      GS_UNROLL for (int r = 0; r < mr; r++) GS_UNROLL for (int v = 0; v < nv; v++)                \
+          GS_ST_##S(c + r * ldc + v * GS_W_##S, acc[r][v]);                                        \
+    } else {                                                                                       \
+      GS_UNROLL for (int r = 0; r < mr; r++) GS_UNROLL for (int v = 0; v < nv; v++) {              \
+        float t[GS_W_##S];                                                                         \
+        GS_ST_##S(t, acc[r][v]);                                                                   \
+        int64_t w = cols - v * GS_W_##S;                                                           \
+        memcpy(c + r * ldc + v * GS_W_##S, t, sizeof *t * (size_t)(w < GS_W_##S ? w : GS_W_##S));  \
       }                                                                                            \
     }                                                                                              \
   }                                                                                                \
-                                                                                                   \
   /* One block of mr rows over all column tiles, then an activation other                          \
    * than relu over its rows (in L1). */                                                           \
   GS_ATTR_##S static inline                                                                        \
