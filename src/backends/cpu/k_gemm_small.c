@@ -1,18 +1,19 @@
 /* src/backends/cpu/k_gemm_small.c — small f32 products C = act(A @ B + bias)
- * on the calling thread (k_gemm_small.h). Below ~2^20 multiply-adds the
- * per-call costs of oneDNN (sgemm's setup, a primitive's argument handling)
- * exceed the arithmetic, and shapes like K = 1 or N = 1 leave its kernels
- * idle; this register-blocked kernel has none of that.
+ * on the calling thread (k_gemm_small.h). Measured against oneDNN's sgemm on
+ * the README MLP's products (2^13 to 2^19 multiply-adds): as fast from 2^19
+ * down (both near the FMA peak), faster for the tiniest (K = 1, N = 1: sgemm's
+ * per-call setup dominates there), and the bias and activation come free in
+ * the tile instead of separate elementwise passes (k_gemm_epi.c's groups).
  *
  * The kernel keeps an MR x 2W tile of C in registers (W: the vector width;
  * MR = 12 rows with AVX-512, 6 with AVX2 and portable), broadcasts A's
  * elements (any strides) and loads B's rows as vectors: B goes in place when
  * its rows are unit-stride and n is a multiple of W, else it is packed once
- * (zero-padded to a multiple of W). Bias is added to the tile in registers;
- * the activation runs over each finished block of rows (still in L1) with
- * vmath.h's functions, so it gives the bits of the unfused activation kernel.
- * Two shapes get their own loop: n == 1 with a row-major A (one dot product
- * per row, W-lane partial sums) and n == 1 with a column-major A (the
+ * (zero-padded to a multiple of W). Bias and relu are applied to the tile in
+ * registers; other activations run over each finished block of rows (still in
+ * L1) with vmath.h's functions, so they give the bits of the unfused
+ * activation kernels. Two shapes get their own loop: n == 1 with a row-major A
+ * (dot products, four rows at a time) and n == 1 with a column-major A (the
  * transposed product, a 1 x m row, whose B is then A^T in place).
  *
  * One variant per ISA (NBI_FOR_ISAS); the AVX2 one needs FMA too and falls
@@ -72,7 +73,13 @@ static inline gs_v4 gs_relu_portable(gs_v4 v) {
   return v;
 }
 #define GS_RELU_portable(v) gs_relu_portable(v)
-#define GS_HSUM_portable(v) (((v)[0] + (v)[1]) + ((v)[2] + (v)[3]))
+static inline void gs_hsum4_portable(gs_v4 a, gs_v4 b, gs_v4 c, gs_v4 d, float *o) {
+  o[0] = (a[0] + a[1]) + (a[2] + a[3]);
+  o[1] = (b[0] + b[1]) + (b[2] + b[3]);
+  o[2] = (c[0] + c[1]) + (c[2] + c[3]);
+  o[3] = (d[0] + d[1]) + (d[2] + d[3]);
+}
+#define GS_HSUM4_portable gs_hsum4_portable
 
 #if NBI_HAVE_ISA_VARIANTS
 #define GS_V_avx2 __m256
@@ -86,11 +93,15 @@ static inline gs_v4 gs_relu_portable(gs_v4 v) {
 #define GS_ADD_avx2(a, b) _mm256_add_ps(a, b)
 #define GS_ATTR_avx2 __attribute__((target("avx2,fma")))
 #define GS_RELU_avx2(v) _mm256_max_ps(_mm256_setzero_ps(), v) /* NaN: v */
-#define GS_HSUM_avx2(v) gs_hsum_avx2(v)
-GS_ATTR_avx2 static inline float gs_hsum_avx2(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+#define GS_HSUM4_avx2 gs_hsum4_avx2
+/* o[0..3]: the sums of a, b, c, d's lanes (halves added, then horizontal adds). */
+GS_ATTR_avx2 static inline __attribute__((always_inline)) void
+gs_hsum4_avx2(__m256 a, __m256 b, __m256 c, __m256 d, float *o) {
+  __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  __m128 b4 = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+  __m128 c4 = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
+  __m128 d4 = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+  _mm_storeu_ps(o, _mm_hadd_ps(_mm_hadd_ps(a4, b4), _mm_hadd_ps(c4, d4)));
 }
 
 #define GS_V_avx512 __m512
@@ -104,7 +115,18 @@ GS_ATTR_avx2 static inline float gs_hsum_avx2(__m256 v) {
 #define GS_ADD_avx512(a, b) _mm512_add_ps(a, b)
 #define GS_ATTR_avx512 NBI_ISA_ATTR_avx512
 #define GS_RELU_avx512(v) _mm512_max_ps(_mm512_setzero_ps(), v) /* NaN: v */
-#define GS_HSUM_avx512(v) _mm512_reduce_add_ps(v)
+#define GS_HSUM4_avx512 gs_hsum4_avx512
+GS_ATTR_avx512 static inline __attribute__((always_inline)) __m256 gs_half_avx512(__m512 v) {
+  return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+}
+GS_ATTR_avx512 static inline __attribute__((always_inline)) void
+gs_hsum4_avx512(__m512 a, __m512 b, __m512 c, __m512 d, float *o) {
+  __m256 h[4] = {gs_half_avx512(a), gs_half_avx512(b), gs_half_avx512(c), gs_half_avx512(d)};
+  __m128 q[4];
+  for (int i = 0; i < 4; i++)
+    q[i] = _mm_add_ps(_mm256_castps256_ps128(h[i]), _mm256_extractf128_ps(h[i], 1));
+  _mm_storeu_ps(o, _mm_hadd_ps(_mm_hadd_ps(q[0], q[1]), _mm_hadd_ps(q[2], q[3])));
+}
 #endif
 
 /* What the per-ISA drivers run: C = act(A @ B + bias) with B's rows unit-stride
@@ -253,31 +275,49 @@ typedef struct gs_dot {
     }                                                                                              \
   }                                                                                                \
                                                                                                    \
+  /* Four rows at a time (one load of b for four FMAs), reduced together. */                       \
   GS_ATTR_##S static void dot_##S(const gs_dot *d) {                                               \
-    const int64_t w = GS_W_##S;                                                                    \
+    const int64_t w = GS_W_##S, k = d->k, m = d->m, sa_r = d->sa_r, ldc = d->ldc;                  \
+    const float *b = d->b, *a0 = d->a;                                                             \
+    const float bias = d->bias;                                                                    \
+    float *c = d->c;                                                                               \
     float sum[64], out[64];                                                                        \
-    for (int64_t i0 = 0; i0 < d->m; i0 += 64) {                                                    \
-      int64_t rows = d->m - i0 < 64 ? d->m - i0 : 64;                                              \
-      for (int64_t r = 0; r < rows; r++) {                                                         \
-        const float *a = d->a + (i0 + r) * d->sa_r;                                                \
-        GS_V_##S s0 = GS_Z_##S, s1 = GS_Z_##S;                                                     \
+    for (int64_t i0 = 0; i0 < m; i0 += 64) {                                                       \
+      int64_t rows = m - i0 < 64 ? m - i0 : 64, r = 0;                                             \
+      for (; r + 4 <= rows; r += 4) {                                                              \
+        const float *a = a0 + (i0 + r) * sa_r;                                                     \
+        GS_V_##S s0 = GS_Z_##S, s1 = GS_Z_##S, s2 = GS_Z_##S, s3 = GS_Z_##S;                       \
         int64_t p = 0;                                                                             \
-        for (; p + 2 * w <= d->k; p += 2 * w) {                                                    \
-          s0 = GS_FMA_##S(GS_LD_##S(a + p), GS_LD_##S(d->b + p), s0);                              \
-          s1 = GS_FMA_##S(GS_LD_##S(a + p + w), GS_LD_##S(d->b + p + w), s1);                      \
+        for (; p + w <= k; p += w) {                                                               \
+          GS_V_##S bv = GS_LD_##S(b + p);                                                          \
+          s0 = GS_FMA_##S(GS_LD_##S(a + p), bv, s0);                                               \
+          s1 = GS_FMA_##S(GS_LD_##S(a + sa_r + p), bv, s1);                                        \
+          s2 = GS_FMA_##S(GS_LD_##S(a + 2 * sa_r + p), bv, s2);                                    \
+          s3 = GS_FMA_##S(GS_LD_##S(a + 3 * sa_r + p), bv, s3);                                    \
         }                                                                                          \
-        if (p + w <= d->k) {                                                                       \
-          s0 = GS_FMA_##S(GS_LD_##S(a + p), GS_LD_##S(d->b + p), s0);                              \
-          p += w;                                                                                  \
-        }                                                                                          \
-        float s = GS_HSUM_##S(GS_ADD_##S(s0, s1));                                                 \
-        for (; p < d->k; p++)                                                                      \
-          s += a[p] * d->b[p];                                                                     \
-        sum[r] = s + d->bias;                                                                      \
+        GS_HSUM4_##S(s0, s1, s2, s3, sum + r);                                                     \
+        if (p < k) /* the last k % w terms */                                                      \
+          for (int q = 0; q < 4; q++)                                                              \
+            for (int64_t pp = p; pp < k; pp++)                                                     \
+              sum[r + q] += a[q * sa_r + pp] * b[pp];                                              \
       }                                                                                            \
+      for (; r < rows; r++) {                                                                      \
+        const float *a = a0 + (i0 + r) * sa_r;                                                     \
+        GS_V_##S s0 = GS_Z_##S;                                                                    \
+        int64_t p = 0;                                                                             \
+        for (; p + w <= k; p += w)                                                                 \
+          s0 = GS_FMA_##S(GS_LD_##S(a + p), GS_LD_##S(b + p), s0);                                 \
+        float t[4];                                                                                \
+        GS_HSUM4_##S(s0, s0, s0, s0, t);                                                           \
+        for (; p < k; p++)                                                                         \
+          t[0] += a[p] * b[p];                                                                     \
+        sum[r] = t[0];                                                                             \
+      }                                                                                            \
+      for (r = 0; r < rows; r++)                                                                   \
+        sum[r] += bias;                                                                            \
       act_##S(d->act, sum, out, rows);                                                             \
-      for (int64_t r = 0; r < rows; r++)                                                           \
-        d->c[(i0 + r) * d->ldc] = out[r];                                                          \
+      for (r = 0; r < rows; r++)                                                                   \
+        c[(i0 + r) * ldc] = out[r];                                                                \
     }                                                                                              \
   }
 

@@ -34,15 +34,17 @@ typedef struct nbi_gemm_small_args {
 } nbi_gemm_small_args;
 
 /* Whether an m x k by k x n product is small enough for nbi_gemm_small: fewer
- * than NBI_GEMM_SMALL_MACS multiply-adds (measured: below it the kernel beats
- * oneDNN's sgemm and matmul primitive, whose per-call costs dominate there). */
+ * than NBI_GEMM_SMALL_MACS multiply-adds, the size up to which products run on
+ * one thread anyway (NBI_GEMM_SERIAL_MACS) and the kernel keeps up with
+ * oneDNN's sgemm (measured on the README MLP's shapes). */
 #define NBI_GEMM_SMALL_MACS (1 << 20)
 bool nbi_gemm_small_fits(int64_t m, int64_t n, int64_t k);
 
 /* Runs g on the calling thread (any size; meant for those that fit) with the
  * active ISA's kernel (vmath.h). The K sum runs in order p = 0..k-1 per
  * element (the AVX2 / AVX-512 kernels with FMA, the portable one without), or
- * for n == 1 with a row-major A as W-lane partial sums (W the vector width).
+ * for n == 1 with a row-major A as W-lane partial sums (W the vector width)
+ * added pairwise, so the ISAs differ in the last bits.
  * NB_ERR_OOM (naming nb_matmul) when packing scratch cannot be had. */
 nb_status nbi_gemm_small(const nbi_gemm_small_args *g);
 
