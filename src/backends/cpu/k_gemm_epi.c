@@ -2,6 +2,12 @@
  * add bias, activation] (f32, 2-D) runs as one oneDNN matmul primitive with
  * the bias and an eltwise post-op, writing only the group's result.
  *
+ * Groups below EPI_MIN_WORK multiply-adds (2^20) run on the small kernel of
+ * k_gemm_small.c instead, on the calling thread: operands at their strides,
+ * bias and relu in registers, other activations over the finished rows (the
+ * bits of the unfused activation kernels), the sum stored first where it is
+ * needed. There oneDNN's per-call costs exceed the product's arithmetic.
+ *
  * Operands go in place when their matrices are row- or column-major with a
  * leading dimension (transposed views become strides of the memory
  * descriptor, as nbi_cpu_matmul's transpose flags); anything else is packed
@@ -27,11 +33,13 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "k_gemm_small.h"
 #include "k_linalg.h"
 
-/* EPI_MIN_WORK: the multiply-adds below which a product stays on sgemm (and a
- * group unfused): a oneDNN primitive always opens an OpenMP region, while
- * gemm.c runs such products on the calling thread (NBI_GEMM_SERIAL_MACS). */
+/* EPI_MIN_WORK: the multiply-adds below which a plain product stays on sgemm
+ * and a group runs on the small kernel (k_gemm_small.c): a oneDNN primitive
+ * always opens an OpenMP region, while gemm.c runs such products on the
+ * calling thread (NBI_GEMM_SERIAL_MACS). */
 enum { EPI_MAX_ALIASES = 4, EPI_MIN_WORK = NBI_GEMM_SERIAL_MACS };
 
 /* ---- matching ------------------------------------------------------------------------ */
@@ -83,8 +91,7 @@ int nbi_cpu_gemm_epi_match(nb_tensor *const *nodes, int n, int i, const bool *he
   if (mm->in[0]->shape.ndim != 2 || mm->in[1]->shape.ndim != 2 || mm->in[0]->dtype != NB_F32 ||
       mm->in[1]->dtype != NB_F32)
     return 0;
-  int64_t k = mm->in[0]->shape.dims[1];
-  if ((double)nbi_numel(&mm->shape) * (double)(k > 1 ? k : 1) < EPI_MIN_WORK) return 0;
+  /* any size: below EPI_MIN_WORK (= NBI_GEMM_SMALL_MACS) the small kernel runs the group */
   int j = i + 1; /* the add, after aliases of values from outside the group */
   while (j < n && j - i < EPI_MAX_ALIASES && is_alias(nodes[j]) && nodes[j]->in[0]->mark < i)
     j++;
@@ -383,6 +390,47 @@ static nbi_view outside_view(const epi_group *g, const nb_tensor *t) {
   return nbi_tensor_view(t);
 }
 
+/* The epilogue activation of op (NBI_EPI_NONE for none of them). */
+static nbi_epi_act epi_act(int op) {
+  switch (op) {
+  case NBI_OP_RELU: return NBI_EPI_RELU;
+  case NBI_OP_GELU: return NBI_EPI_GELU;
+  case NBI_OP_TANH: return NBI_EPI_TANH;
+  case NBI_OP_SIGMOID: return NBI_EPI_SIGMOID;
+  case NBI_OP_SILU: return NBI_EPI_SILU;
+  default: return NBI_EPI_NONE;
+  }
+}
+
+/* A group below oneDNN's sizes on the small kernel, operands at their strides
+ * (a, b: the product's 2-D inputs; bias: its row, [N] or [1, N]); the sum is
+ * stored first where it is needed (two_pass), then the activation from it. */
+static nb_status run_small(const epi_group *g, const nbi_view *a, const nbi_view *b,
+                           const nbi_view *bias, int res, bool two_pass) {
+  bool has_act = g->add + 1 < g->m;
+  nbi_epi_act act = has_act ? epi_act(g->nodes[g->add + 1]->op) : NBI_EPI_NONE;
+  int64_t rows = a->dims[0], cols = b->dims[1];
+  nbi_gemm_small_args s = {.m = rows,
+                           .n = cols,
+                           .k = a->dims[1],
+                           .a = (const float *)a->data,
+                           .sa_r = a->strides[0],
+                           .sa_c = a->strides[1],
+                           .b = (const float *)b->data,
+                           .sb_r = b->strides[0],
+                           .sb_c = b->strides[1],
+                           .bias = (const float *)bias->data,
+                           .s_bias = bias->strides[bias->ndim - 1],
+                           .act = two_pass ? NBI_EPI_NONE : act,
+                           .c = (float *)g->out[res].data,
+                           .ldc = cols};
+  nb_status st = nbi_gemm_small(&s);
+  if (!st && two_pass && g->store[g->add + 1])
+    nbi_epi_act_apply(act, (const float *)g->out[g->add].data, (float *)g->out[g->add + 1].data,
+                      rows * cols);
+  return st;
+}
+
 nb_status nbi_cpu_gemm_epi_run(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out) {
   epi_group g = {.nodes = nodes, .m = m, .add = 1, .store = store, .out = out};
   while (is_alias(nodes[g.add]))
@@ -401,6 +449,7 @@ nb_status nbi_cpu_gemm_epi_run(nb_tensor *const *nodes, int m, const bool *store
   int64_t rows = a.dims[0], inner = a.dims[1], cols = b.dims[1];
   if (rows == 0 || cols == 0) return NB_OK;
   if (inner == 0) return run_unfused(&g, false);
+  if (nbi_gemm_small_fits(rows, cols, inner)) return run_small(&g, &a, &b, &bias, res, two_pass);
   key.ad[0] = key.cd[0] = rows;
   key.ad[1] = key.bd[0] = inner;
   key.bd[1] = key.cd[1] = cols;

@@ -1,6 +1,6 @@
 /* src/backends/cpu/k_gemm_epi.h — GEMM with a bias / activation epilogue: the
  * planner's [matmul, add bias, activation] groups, run as one oneDNN matmul
- * primitive with post-ops. */
+ * primitive with post-ops (or, small, on k_gemm_small.c's kernel). */
 #ifndef NABLA_K_GEMM_EPI_H
 #define NABLA_K_GEMM_EPI_H
 
@@ -9,10 +9,11 @@
 /* For the planner (src/core/fuse.c): the length (2 or 3) of the epilogue group
  * that starts at step i of nodes[0..n-1] (topological order, mark = index,
  * held[j]: step j's value is kept after the realization), or 0 when none does.
- * A group is an f32 2-D MATMUL of at least 2^20 multiply-adds, the ADD of a row bias ([N] or [1,
- * N]) to it, and optionally one activation (relu, gelu, tanh, sigmoid, silu) of that sum. The
- * product's value must be needed by the add only; the sum's may be needed elsewhere too (the group
- * then stores it: the activation runs as a second pass from the stored sum). */
+ * A group is an f32 2-D MATMUL (any size: below 2^20 multiply-adds it runs on the small kernel
+ * of k_gemm_small.c, above as a oneDNN primitive), the ADD of a row bias ([N] or [1, N]) to it, and
+ * optionally one activation (relu, gelu, tanh, sigmoid, silu) of that sum. The product's value must
+ * be needed by the add only; the sum's may be needed elsewhere too (the group then stores it: the
+ * activation runs as a second pass from the stored sum). */
 int nbi_cpu_gemm_epi_match(nb_tensor *const *nodes, int n, int i, const bool *held);
 
 /* Runs a group nbi_cpu_gemm_epi_match claimed: nodes[0..m-1]; out[k] is member

@@ -1,5 +1,7 @@
 /* src/backends/cpu/k_linalg.c — MATMUL kernel and operand packing.
  *
+ * A single 2-D f32 product below NBI_GEMM_SMALL_MACS whose right operand has unit-stride rows
+ * runs on the small kernel (k_gemm_small.c) at the operands' strides. Other
  * f32 products (f16/bf16 widened to f32, rounded once at the end) run as one
  * cached oneDNN matmul primitive over all batch items, batch strides and
  * broadcast included (k_gemm_epi.c), from the second call of a shape and
@@ -16,6 +18,7 @@
 #include "k_linalg.h"
 
 #include "k_gemm_epi.h"
+#include "k_gemm_small.h"
 
 /* A single 2-D f32 product of at least this many multiply-adds goes to sgemm. */
 #define MM_SGEMM_MIN_MACS (1 << 29)
@@ -218,6 +221,16 @@ static void mm_dnnl_layout(const mm_operand *o, int onb, bool trans, int64_t ld,
  * parallel region is the top-level one (nested inside even an inactive region,
  * libgomp would start fresh threads for every call). */
 static nb_status mm_float(mm_operand *a, mm_operand *b, nbi_view *out, int onb, int64_t batches) {
+  if (batches == 1 && out->dtype == NB_F32 && a->dt == NB_F32 && b->dt == NB_F32 &&
+      (b->sc == 1 || b->c == 1) && nbi_gemm_small_fits(a->r, b->c, a->c)) {
+    /* small 2-D: the in-house kernel at the operands' strides (B's rows unit-stride, or one
+     * column: packing a transposed B costs more than oneDNN's sgemm takes) */
+    nbi_gemm_small_args s = {.m = a->r, .n = b->c, .k = a->c};
+    s.a = (const float *)a->data, s.sa_r = a->sr, s.sa_c = a->sc;
+    s.b = (const float *)b->data, s.sb_r = b->sr, s.sb_c = b->sc;
+    s.c = (float *)out->data, s.ldc = b->c;
+    return nbi_gemm_small(&s);
+  }
   nb_dtype cdt = out->dtype == NB_F64 ? NB_F64 : NB_F32;
   mm_gemms g = {
       .a = a, .b = b, .dt = cdt, .es = (int64_t)nb_dtype_size(cdt), .odims = out->dims, .onb = onb};
