@@ -423,7 +423,8 @@ Test(sharding_coll, replicated_inputs_share_results) {
   /* x=2,y=2: a block per x coordinate, replicated over y (two devices hold
    * one object). Gathering over x gives one object for all four devices;
    * reduce-scatter over x one object per rank. */
-  nb_mesh m = tm_mesh("x=2,y=2");
+  nb_mesh *m = nb_mesh_cpu("x=2,y=2");
+  cr_assert(m, "%s", nb_last_error());
   uint64_t live = nbi_live_tensors();
   nb_scope_begin();
   const double a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {-1, 0.5, 2, 7, 8, 9};
@@ -431,12 +432,12 @@ Test(sharding_coll, replicated_inputs_share_results) {
             *tb = nb_from_data(b, NB_SHAPE(2, 3), NB_F64);
   nb_tensor *phys[4] = {ta, ta, tb, tb}, *out[4];
   nbi_axis x = AX(0, 1, 2);
-  cr_assert_eq(nbi_coll_all_gather("t", &m, phys, &x, 1, 0, out), NB_OK);
+  cr_assert_eq(nbi_coll_all_gather("t", m, phys, &x, 1, 0, out), NB_OK);
   cr_assert(out[0] == out[1] && out[1] == out[2] && out[2] == out[3]);
   double cat[12];
   memcpy(cat, a, sizeof a), memcpy(cat + 6, b, sizeof b);
   tc_assert_close(out[3], cat, NB_SHAPE(4, 3));
-  cr_assert_eq(nbi_coll_reduce_scatter("t", &m, phys, &x, 1, 1, out), NB_OK);
+  cr_assert_eq(nbi_coll_reduce_scatter("t", m, phys, &x, 1, 1, out), NB_OK);
   cr_assert(out[0] == out[1] && out[2] == out[3] && out[0] != out[2]);
   double r0[4] = {0, 2.5, 11, 13}, r1[2] = {5, 15};
   tc_assert_close(out[0], r0, NB_SHAPE(2, 2));
@@ -444,13 +445,14 @@ Test(sharding_coll, replicated_inputs_share_results) {
   /* every device the same object: an all-reduce over both axes is 4 a. */
   nb_tensor *same[4] = {ta, ta, ta, ta};
   nbi_axis xy[2] = {AX(0, 1, 2), AX(1, 1, 2)};
-  cr_assert_eq(nbi_coll_all_reduce("t", &m, same, xy, 2, NB_REDUCE_SUM, out), NB_OK);
+  cr_assert_eq(nbi_coll_all_reduce("t", m, same, xy, 2, NB_REDUCE_SUM, out), NB_OK);
   double a4[6];
   for (int i = 0; i < 6; i++)
     a4[i] = 4 * a[i];
   tc_assert_close(out[2], a4, NB_SHAPE(2, 3));
   nb_scope_end();
   cr_assert_eq(nbi_live_tensors(), live);
+  nb_mesh_release(m);
 }
 
 /* ---- derivatives ------------------------------------------------------------------ */
@@ -675,7 +677,7 @@ Test(sharding_coll, argument_errors) {
   nb_tensor *a = nb_zeros(NB_SHAPE(2, 3), NB_F32), *b = nb_zeros(NB_SHAPE(3, 3), NB_F32);
   nb_tensor *phys[4] = {a, a, a, a}, *out[4];
   nbi_axis x = AX(0, 1, 2), y = AX(1, 1, 2), bad = AX(2, 1, 2), big = AX(0, 1, 4);
-  nbi_axis over[2] = {AX(0, 1, 2), AX(0, 1, 2)};
+  nbi_axis over[2] = {AX(0, 1, 2), AX(0, 1, 2)}, unnested[2] = {AX(0, 1, 2), AX(0, 3, 2)};
   nb_clear_error();
   expect_fail(nbi_coll_all_reduce("nb_all_reduce", &m, phys, &bad, 1, NB_REDUCE_SUM, out),
               NB_ERR_SHARDING, "nb_all_reduce: axes[0] is not a (sub-)axis of mesh x=2,y=2", out,
@@ -684,6 +686,11 @@ Test(sharding_coll, argument_errors) {
               NB_ERR_SHARDING, "not a (sub-)axis", out, 4);
   expect_fail(nbi_coll_all_gather("nb_all_gather", &m, phys, over, 2, 0, out), NB_ERR_SHARDING,
               "nb_all_gather: axes[0] and axes[1] overlap", out, 4);
+  /* x:(1)2 and x:(3)2 of x=6 do not nest: their coordinates are not independent */
+  nb_mesh m6 = tm_mesh("x=6");
+  nb_tensor *six[6] = {a, a, a, a, a, a}, *out6[6];
+  expect_fail(nbi_coll_all_gather("nb_all_gather", &m6, six, unnested, 2, 0, out6), NB_ERR_SHARDING,
+              "nb_all_gather: axes[0] and axes[1] overlap", out6, 6);
   expect_fail(nbi_coll_all_gather("nb_all_gather", &m, phys, &x, 1, 2, out), NB_ERR_AXIS,
               "nb_all_gather", out, 4);
   expect_fail(nbi_coll_all_reduce("nb_all_reduce", &m, phys, &x, 1, 9, out), NB_ERR_ARG,

@@ -9,9 +9,8 @@
  * all-to-all, of a ppermute as the inverse ppermute.
  *
  * Groups: the devices whose coordinates differ only on `axes`; a device's rank
- * is the mixed-radix number of its coordinates on them (major first). The
- * device coordinate helpers below are local (mesh.c's nbi_axis_coord computes
- * the same thing for one (sub-)axis).
+ * is the mixed-radix number of its coordinates on them (major first,
+ * nbi_axis_coord); its group's leader is the device with those coordinates 0.
  *
  * Ownership: out[] entries are borrowed, like any op's result: each distinct
  * result object is registered once in the caller's current scope, however
@@ -48,7 +47,6 @@ typedef struct groups {
   int n;          /* devices per group */
   int n_groups;   /* n_dev / n */
   int *member;    /* [n_groups * n]: the device of rank r in group g */
-  int *group;     /* [n_dev] */
   int *rank;      /* [n_dev] */
   int *same_as;   /* [n_groups]: earliest group holding the same objects rank by rank */
   nb_dtype dtype; /* of every phys tensor */
@@ -58,14 +56,6 @@ typedef struct groups {
 static void groups_free(groups *g) {
   free(g->member);
   *g = (groups){0};
-}
-
-/* Device dev's coordinate on mesh axis i (row-major, the last axis fastest). */
-static int64_t mesh_coord(const nb_mesh *m, int dev, int i) {
-  int64_t c = dev;
-  for (int a = m->n_axes - 1; a > i; a--)
-    c /= m->size[a];
-  return c % m->size[i];
 }
 
 /* Place value of (sub-)axis a's digit inside its axis's coordinate. */
@@ -103,7 +93,7 @@ static nb_status make_groups(const char *fn, const nb_mesh *m, nb_tensor *const 
                        m->text);
     for (int j = 0; j < i; j++) {
       const nbi_axis *b = &axes[j];
-      if (b->axis == a->axis && a->pre < b->pre * b->size && b->pre < a->pre * a->size)
+      if (nbi_axis_overlap(a, b))
         return nbi_error(NB_ERR_SHARDING, "%s: axes[%d] and axes[%d] overlap", fn, j, i);
     }
     n *= a->size;
@@ -124,13 +114,12 @@ static nb_status make_groups(const char *fn, const nb_mesh *m, nb_tensor *const 
   g->dtype = phys[0]->dtype;
   g->elt = nb_dtype_size(g->dtype);
   int nd = m->n_dev;
-  int *mem = malloc((size_t)(3 * nd + g->n_groups + nd) * sizeof *mem);
+  int *mem = malloc((size_t)(3 * nd + g->n_groups) * sizeof *mem);
   if (!mem) return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
   g->member = mem;
-  g->group = mem + nd;
-  g->rank = mem + 2 * nd;
+  g->rank = mem + nd;
+  int *of_key = mem + 2 * nd; /* group id of a leader device, or -1 */
   g->same_as = mem + 3 * nd;
-  int *of_key = mem + 3 * nd + g->n_groups; /* group id of a leader device, or -1 */
   for (int d = 0; d < nd; d++) {
     of_key[d] = -1;
     g->member[d] = -1;
@@ -138,16 +127,15 @@ static nb_status make_groups(const char *fn, const nb_mesh *m, nb_tensor *const 
   int next = 0;
   for (int d = 0; d < nd; d++) {
     int64_t c[NBI_MESH_MAX_AXES];
-    for (int i = 0; i < m->n_axes; i++)
-      c[i] = mesh_coord(m, d, i);
-    int64_t r = 0;
-    for (int i = 0; i < n_axes; i++) {
-      int64_t s = sub_stride(m, &axes[i]), digit = (c[axes[i].axis] / s) % axes[i].size;
-      r = r * axes[i].size + digit;
+    for (int i = 0; i < m->n_axes; i++) {
+      nbi_axis whole = nbi_axis_whole(m, i);
+      c[i] = nbi_axis_coord(m, &whole, d);
     }
-    for (int i = 0; i < n_axes; i++) { /* the leader: the group's digits zeroed */
-      int64_t s = sub_stride(m, &axes[i]);
-      c[axes[i].axis] -= ((c[axes[i].axis] / s) % axes[i].size) * s;
+    int64_t r = 0;
+    for (int i = 0; i < n_axes; i++) { /* the rank; the leader: the group's digits zeroed */
+      int64_t digit = nbi_axis_coord(m, &axes[i], d);
+      r = r * axes[i].size + digit;
+      c[axes[i].axis] -= digit * sub_stride(m, &axes[i]);
     }
     int64_t key = 0;
     for (int i = 0; i < m->n_axes; i++)
@@ -159,7 +147,6 @@ static nb_status make_groups(const char *fn, const nb_mesh *m, nb_tensor *const 
     int gi = of_key[key];
     if (g->member[gi * g->n + r] >= 0) break; /* two devices of one rank: caught below */
     g->member[gi * g->n + r] = d;
-    g->group[d] = gi;
     g->rank[d] = (int)r;
   }
   for (int k = 0; k < nd; k++) {
