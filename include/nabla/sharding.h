@@ -58,6 +58,14 @@ nb_tensor *nb_reshard(nb_tensor *t, const char *spec);
 /* Canonical sharding text ("[x, _] partial(y)"), "" for a tensor on no mesh.
  * Owned by t: valid while t lives. */
 const char *nb_sharding_str(const nb_tensor *t);
+/* Reductions of collectives (nb_all_reduce in shard_map bodies, NB_REDUCE_*). */
+typedef enum nb_reduce_op {
+  NB_REDUCE_SUM,
+  NB_REDUCE_MAX,
+  NB_REDUCE_MIN,
+  NB_REDUCE_MEAN
+} nb_reduce_op;
+
 /* The mesh t lives on, or NULL (not retained). */
 nb_mesh *nb_mesh_of(const nb_tensor *t);
 

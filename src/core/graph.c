@@ -82,6 +82,13 @@ void nbi_stats_alloc(size_t nbytes) {
 }
 void nbi_stats_free(size_t nbytes) { stats.live_bytes -= nbytes; }
 void nbi_stats_kernel(void) { stats.kernels_run++; }
+void nbi_stats_collective(int kind, uint64_t bytes) {
+  uint64_t *count[] = {&stats.n_all_reduce, &stats.n_all_gather, &stats.n_reduce_scatter,
+                       &stats.n_all_to_all, &stats.n_permute};
+  if (kind < 0 || kind > NBI_COLL_PERMUTE) return;
+  (*count[kind])++;
+  stats.collective_bytes += bytes;
+}
 void nbi_stats_jit(bool hit) {
   if (hit)
     stats.jit_cache_hits++;
@@ -787,7 +794,25 @@ done:
   return st;
 }
 
-nb_status nbi_realize(nb_tensor *const *ts, int n) { return realize(ts, n, NULL); }
+/* A sharded root stands for its physical tensors: they are realized instead
+ * (pending partial sums stay partial). */
+nb_status nbi_realize(nb_tensor *const *ts, int n) {
+  int extra = 0;
+  for (int i = 0; i < n; i++)
+    if (ts[i]->mesh) extra += ts[i]->n_phys;
+  if (!extra) return realize(ts, n, NULL);
+  nb_tensor **all = malloc(sizeof *all * (size_t)(n + extra));
+  if (!all) return nbi_error(NB_ERR_OOM, "nb_eval: out of memory");
+  int m = 0;
+  for (int i = 0; i < n; i++) {
+    if (!ts[i]->mesh) all[m++] = ts[i];
+    for (int d = 0; ts[i]->mesh && d < ts[i]->n_phys; d++)
+      all[m++] = ts[i]->phys[d];
+  }
+  nb_status st = realize(all, m, NULL);
+  free(all);
+  return st;
+}
 
 /* ---- planned executables (nb_jit's fast path) ----------------------------------------
  * The graph and plan of one realization kept for reuse: the nodes stay pending

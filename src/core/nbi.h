@@ -127,6 +127,9 @@ typedef struct nbi_payload {
   void (*destroy)(struct nbi_payload *p); /* frees the concrete payload */
   uint64_t h1, h2;                        /* structural hash */
 } nbi_payload;
+/* Sets a node's payload just recorded (retained), on its physical tensors too
+ * when the node is sharded (src/sharding records one node per device). */
+void nbi_set_payload(nb_tensor *t, nbi_payload *p);
 nbi_payload *nbi_payload_retain(nbi_payload *p); /* NULL is ignored */
 void nbi_payload_release(nbi_payload *p);        /* NULL is ignored */
 
@@ -158,15 +161,43 @@ struct nb_tensor {
   nb_tensor **in; /* retained inputs while pending; in_inline when n_in <= 3 */
   nb_tensor *in_inline[3];
   nbi_attrs attrs;
+  /* A sharded tensor (src/sharding) has a mesh (retained), a sharding
+   * (owned, freed by the sharding layer's release hook) and one physical
+   * single-device tensor per device (phys[0..n_phys), one reference per
+   * entry; entries may repeat). It is marked realized and has no storage of
+   * its own: readers gather it (nbi_shard_hooks), realizations realize its
+   * physical tensors. */
+  struct nb_mesh *mesh;
+  struct nbi_sharding *sharding;
+  int n_phys;
+  nb_tensor **phys;
   /* Data: one storage per shard of the tensor's mesh. A single-device tensor
    * (mesh NULL) has one shard: shards == &shard0. */
-  struct nb_mesh *mesh;
   int n_shards;
   nbi_storage *shards;
   nbi_storage shard0;
   nb_tensor *grad;      /* accumulated gradient of a requires-grad leaf (owned) */
   nbi_payload *payload; /* retained; multi-output ops and custom calls */
 };
+
+/* The sharding layer's entry points into core (set by src/sharding when the
+ * first mesh is made; core does not depend on sharding):
+ *  record: nbi_record of an op one of whose inputs is sharded (per-op
+ *    propagation, resharding, one node per device);
+ *  gather: t's (sharded) logical value as a new single-device tensor in the
+ *    current scope (pending partial sums reduced), for readers;
+ *  release: frees t's sharding when t dies (core releases mesh and phys). */
+typedef struct nbi_shard_hooks {
+  nb_tensor *(*record)(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,
+                       const nbi_attrs *attrs);
+  nb_tensor *(*gather)(const char *fn, nb_tensor *t);
+  void (*release)(nb_tensor *t);
+  void (*mesh_release)(struct nb_mesh *m);
+} nbi_shard_hooks;
+extern nbi_shard_hooks nbi_shard_hook;
+/* What a reader reads: t, or a sharded t gathered into one tensor (in the
+ * current scope). NULL + error on failure. */
+nb_tensor *nbi_readable(const char *fn, nb_tensor *t);
 
 /* View of shard 0 of a realized tensor. */
 nbi_view nbi_tensor_view(const nb_tensor *t);
@@ -188,6 +219,12 @@ void nbi_tensor_drop_graph(nb_tensor *t);
  * its inputs to a nested realization (src/core/program.c). t must hold data
  * (realized, or an intermediate of the realization running t's consumer). */
 nb_tensor *nbi_leaf_share(nb_tensor *t);
+/* A sharded tensor (see struct nb_tensor) of that logical shape and dtype,
+ * registered in the current scope. Takes over a mesh reference, the sharding
+ * (freed by the release hook) and one reference per entry of phys (the array
+ * is copied). NULL + NB_ERR_OOM (nothing taken over) on failure. */
+nb_tensor *nbi_sharded_new(const nb_shape *shape, nb_dtype dt, struct nb_mesh *m,
+                           struct nbi_sharding *sh, nb_tensor *const *phys, int n_phys);
 /* A symbolic input of a trace: a pending, traced node of op PLACEHOLDER with
  * that shape and dtype. It is never realized (it has no value); transforms
  * replace it (vmap by a batched value, jit by the call's arguments). */
@@ -539,6 +576,15 @@ void nbi_exec_free(nbi_exec *x);
  * buffer but its values are unspecified). */
 nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val);
 void nbi_stats_jit(bool hit);
+/* One collective of kind NBI_COLL_* sending bytes (summed over devices). */
+enum {
+  NBI_COLL_ALL_REDUCE,
+  NBI_COLL_ALL_GATHER,
+  NBI_COLL_REDUCE_SCATTER,
+  NBI_COLL_ALL_TO_ALL,
+  NBI_COLL_PERMUTE
+};
+void nbi_stats_collective(int kind, uint64_t bytes);
 void nbi_stats_alloc(size_t nbytes);
 void nbi_stats_free(size_t nbytes);
 void nbi_stats_kernel(void);

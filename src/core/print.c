@@ -54,14 +54,17 @@ void nb_fprint(FILE *f, nb_tensor *t) {
     fprintf(f, "<traced %s %s>\n", nb_dtype_name(t->dtype), nb_shape_str(t->shape, b, sizeof b));
     return;
   }
-  if (nbi_realize(&t, 1)) {
+  nb_scope_begin();
+  nb_tensor *r = nbi_readable("nb_fprint", t);
+  if (!r || nbi_realize(&r, 1)) {
     fprintf(f, "<error: %s>\n", nb_last_error());
-    return;
+  } else {
+    nbi_view v = nbi_tensor_view(r);
+    char b[160];
+    print_rec(f, &v, 0, 0, nbi_numel(&t->shape) > 1000);
+    fprintf(f, " (%s %s)\n", nb_dtype_name(t->dtype), nb_shape_str(t->shape, b, sizeof b));
   }
-  nbi_view v = nbi_tensor_view(t);
-  char b[160];
-  print_rec(f, &v, 0, 0, nbi_numel(&t->shape) > 1000);
-  fprintf(f, " (%s %s)\n", nb_dtype_name(t->dtype), nb_shape_str(t->shape, b, sizeof b));
+  nb_scope_end();
 }
 
 void nb_print(nb_tensor *t) { nb_fprint(stdout, t); }

@@ -51,7 +51,7 @@ nb_status nbi_record_multi(int op, nb_tensor *const *in, int n_in, nbi_multi *m,
   nb_shape s = {.ndim = 1, .dims = {m->nbytes}};
   nb_tensor *p = nbi_record(op, NB_BOOL, &s, in, n_in, &a);
   if (!p) return nb_last_status();
-  p->payload = nbi_payload_retain(&m->base);
+  nbi_set_payload(p, &m->base);
   for (int j = 0; j < m->n_out; j++)
     if (!(outs[j] = nbi_multi_get(p, j))) {
       for (int i = 0; i < j; i++)
@@ -510,7 +510,7 @@ nb_status nbi_program_apply(const char *fn, const nbi_program *p, nb_tensor *con
     if (!t[i])
       st = nb_last_status();
     else
-      t[i]->payload = nbi_payload_retain(pn->payload);
+      nbi_set_payload(t[i], pn->payload);
     if (ins != ins_local) free(ins);
   }
   for (int j = 0; j < p->n_out && !st; j++) {

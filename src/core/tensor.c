@@ -228,6 +228,9 @@ nb_tensor *nb_retain(nb_tensor *t) {
 }
 
 static void tensor_drop_inputs(nb_tensor *t, nb_tensor ***stack, size_t *n, size_t *cap);
+static void tensor_drop_shards(nb_tensor *t, nb_tensor ***stack, size_t *n, size_t *cap);
+
+nbi_shard_hooks nbi_shard_hook;
 
 /* Frees t and, iteratively (deep graphs must not overflow the C stack), every
  * input whose last reference it held. */
@@ -240,6 +243,7 @@ void nb_release(nb_tensor *t) {
     nb_tensor *x = stack[--n];
     nbi_lazy_remove(x);
     tensor_drop_inputs(x, &stack, &n, &cap);
+    if (x->mesh) tensor_drop_shards(x, &stack, &n, &cap);
     for (int s = 0; s < x->n_shards; s++)
       if (x->shards[s].buf) nbi_buffer_release(x->shards[s].buf);
     if (x->shards != &x->shard0) free(x->shards);
@@ -251,27 +255,43 @@ void nb_release(nb_tensor *t) {
   if (stack != local) free(stack);
 }
 
-static void tensor_drop_inputs(nb_tensor *t, nb_tensor ***stack, size_t *n, size_t *cap) {
-  for (int i = 0; i < t->n_in; i++) {
-    nb_tensor *x = t->in[i];
-    if (--x->refcount > 0) continue;
-    if (*n == *cap) {
-      size_t nc = *cap * 2;
-      nb_tensor **ns = malloc(nc * sizeof *ns);
-      if (!ns) { /* cannot grow: leak rather than crash */
-        x->refcount = 1;
-        continue;
-      }
-      memcpy(ns, *stack, *n * sizeof *ns);
-      if (*cap != 64) free(*stack);
-      *stack = ns;
-      *cap = nc;
+/* Drops one reference of x; pushes x on the release stack when it was the last. */
+static void drop_ref(nb_tensor *x, nb_tensor ***stack, size_t *n, size_t *cap) {
+  if (--x->refcount > 0) return;
+  if (*n == *cap) {
+    size_t nc = *cap * 2;
+    nb_tensor **ns = malloc(nc * sizeof *ns);
+    if (!ns) { /* cannot grow: leak rather than crash */
+      x->refcount = 1;
+      return;
     }
-    (*stack)[(*n)++] = x;
+    memcpy(ns, *stack, *n * sizeof *ns);
+    if (*cap != 64) free(*stack);
+    *stack = ns;
+    *cap = nc;
   }
+  (*stack)[(*n)++] = x;
+}
+
+static void tensor_drop_inputs(nb_tensor *t, nb_tensor ***stack, size_t *n, size_t *cap) {
+  for (int i = 0; i < t->n_in; i++)
+    drop_ref(t->in[i], stack, n, cap);
   if (t->in != t->in_inline) free(t->in);
   t->in = t->in_inline;
   t->n_in = 0;
+}
+
+/* A sharded tensor's parts: its physical tensors, sharding and mesh. */
+static void tensor_drop_shards(nb_tensor *t, nb_tensor ***stack, size_t *n, size_t *cap) {
+  for (int d = 0; d < t->n_phys; d++)
+    if (t->phys[d]) drop_ref(t->phys[d], stack, n, cap);
+  free(t->phys);
+  t->phys = NULL;
+  t->n_phys = 0;
+  if (t->sharding && nbi_shard_hook.release) nbi_shard_hook.release(t);
+  if (t->mesh && nbi_shard_hook.mesh_release) nbi_shard_hook.mesh_release(t->mesh);
+  t->sharding = NULL;
+  t->mesh = NULL;
 }
 
 /* Drops a realized tensor's graph edges (its value no longer needs them). */
@@ -344,6 +364,9 @@ nb_status nbi_held_pending(nb_tensor ***out, int *n, int *cap) {
 
 nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,
                       const nbi_attrs *attrs) {
+  if (nbi_shard_hook.record)
+    for (int i = 0; i < n_in; i++)
+      if (in[i]->mesh) return nbi_shard_hook.record(op, dt, shape, in, n_in, attrs);
   nb_tensor *t = tensor_new(shape, dt, op);
   if (!t) {
     nbi_error(NB_ERR_OOM, "nb_%s: out of memory", nbi_op_table[op]->name);
@@ -411,10 +434,35 @@ nb_tensor *nbi_leaf_share(nb_tensor *t) {
   return l;
 }
 
+nb_tensor *nbi_sharded_new(const nb_shape *shape, nb_dtype dt, struct nb_mesh *m,
+                           struct nbi_sharding *sh, nb_tensor *const *phys, int n_phys) {
+  nb_tensor *t = tensor_new(shape, dt, NBI_OP_CONST);
+  nb_tensor **p = t ? malloc(sizeof *p * (size_t)(n_phys ? n_phys : 1)) : NULL;
+  if (!p) {
+    if (t) tensor_free(t), live_tensors--;
+    nbi_error(NB_ERR_OOM, "nb_shard: out of memory");
+    return NULL;
+  }
+  memcpy(p, phys, sizeof *p * (size_t)n_phys);
+  t->flags |= NBI_T_REALIZED;
+  t->mesh = m;
+  t->sharding = sh;
+  t->phys = p;
+  t->n_phys = n_phys;
+  nbi_scope_register(t);
+  return t;
+}
+
 nb_tensor *nbi_placeholder(const nb_shape *shape, nb_dtype dt) {
   nb_tensor *t = nbi_record(NBI_OP_PLACEHOLDER, dt, shape, NULL, 0, NULL);
   if (t) t->flags |= NBI_T_TRACED;
   return t;
+}
+
+void nbi_set_payload(nb_tensor *t, nbi_payload *p) {
+  t->payload = nbi_payload_retain(p);
+  for (int d = 0; d < t->n_phys; d++)
+    if (!t->phys[d]->payload) t->phys[d]->payload = nbi_payload_retain(p);
 }
 
 nbi_payload *nbi_payload_retain(nbi_payload *p) {
@@ -488,7 +536,21 @@ nb_shape nb_shape_of(const nb_tensor *t) {
 int nb_ndim(const nb_tensor *t) { return t ? t->shape.ndim : -1; }
 int64_t nb_numel(const nb_tensor *t) { return t ? nbi_numel(&t->shape) : -1; }
 nb_dtype nb_dtype_of(const nb_tensor *t) { return t ? t->dtype : NB_DTYPE_COUNT; }
-bool nb_is_realized(const nb_tensor *t) { return t && (t->flags & NBI_T_REALIZED); }
+bool nb_is_realized(const nb_tensor *t) {
+  if (!t || !(t->flags & NBI_T_REALIZED)) return false;
+  for (int d = 0; d < t->n_phys; d++)
+    if (!(t->phys[d]->flags & NBI_T_REALIZED)) return false;
+  return true;
+}
+
+nb_tensor *nbi_readable(const char *fn, nb_tensor *t) {
+  if (!t->mesh) return t;
+  if (!nbi_shard_hook.gather) {
+    nbi_error(NB_ERR_INTERNAL, "%s: a sharded tensor without the sharding layer", fn);
+    return NULL;
+  }
+  return nbi_shard_hook.gather(fn, t);
+}
 
 /* ---- reading data ------------------------------------------------------------------- */
 static nb_status check_readable(const char *fn, nb_tensor *t) {
@@ -507,12 +569,17 @@ nb_status nb_to_host(nb_tensor *t, void *dst, size_t nbytes) {
   if (nbytes != need)
     return nbi_error(NB_ERR_ARG, "nb_to_host: nbytes is %zu but the %s tensor needs %zu", nbytes,
                      nb_dtype_name(t->dtype), need);
-  if ((st = nbi_realize(&t, 1))) return st;
-  nbi_view src = nbi_tensor_view(t), out = src;
-  out.data = dst;
-  nbi_contig_strides(&t->shape, out.strides);
-  if (need) nbi_copy_view(&out, &src);
-  return NB_OK;
+  nb_scope_begin();
+  nb_tensor *r = nbi_readable("nb_to_host", t);
+  st = r ? nbi_realize(&r, 1) : nb_last_status();
+  if (!st) {
+    nbi_view src = nbi_tensor_view(r), out = src;
+    out.data = dst;
+    nbi_contig_strides(&r->shape, out.strides);
+    if (need) nbi_copy_view(&out, &src);
+  }
+  nb_scope_end();
+  return st;
 }
 
 double nb_item(nb_tensor *t) {
@@ -523,9 +590,15 @@ double nb_item(nb_tensor *t) {
               nb_shape_str(t->shape, b, sizeof b), (long long)nbi_numel(&t->shape));
     return NAN;
   }
-  if (nbi_realize(&t, 1)) return NAN;
-  nbi_view v = nbi_tensor_view(t);
-  return nbi_load_f64(v.data, t->dtype, 0);
+  nb_scope_begin();
+  nb_tensor *r = nbi_readable("nb_item", t);
+  double x = NAN;
+  if (r && !nbi_realize(&r, 1)) {
+    nbi_view v = nbi_tensor_view(r);
+    x = nbi_load_f64(v.data, r->dtype, 0);
+  }
+  nb_scope_end();
+  return x;
 }
 
 nb_status nb_eval(nb_tensor *const *ts, int n) {

@@ -33,7 +33,7 @@ struct nb_mesh {
   char name[NBI_MESH_MAX_AXES][NBI_AXIS_NAME_MAX];
   int64_t size[NBI_MESH_MAX_AXES];
   int n_dev;
-  nb_device *dev; /* [n_dev], row-major */
+  nb_device *dev;                                          /* [n_dev], row-major */
   char text[NBI_MESH_MAX_AXES * (NBI_AXIS_NAME_MAX + 24)]; /* nb_mesh_str */
 };
 
@@ -44,7 +44,7 @@ typedef struct nbi_axis {
 } nbi_axis;
 
 typedef struct nbi_dim_sharding {
-  int n;                             /* axes sharding this dimension, major first */
+  int n; /* axes sharding this dimension, major first */
   nbi_axis ax[NBI_MESH_MAX_AXES];
   bool open;    /* propagation may extend it */
   int priority; /* -1: none given */
@@ -161,5 +161,46 @@ nb_status nbi_propagate(const char *fn, const nb_mesh *m, const nbi_shard_rule *
                         const nbi_sharding *const *in, const nb_shape *in_shapes,
                         const nbi_sharding *out_constraint, nbi_sharding *in_target,
                         nbi_sharding *out);
+
+/* ---- collectives on physical shards (collectives.c) -------------------------
+ * phys[0..n_dev) are a logical tensor's per-device tensors (single-device,
+ * pending or realized; two devices may share one tensor object, which is how
+ * replicated blocks are held). Each function writes n_dev new tensors to out
+ * (registered in the current scope; devices whose results are equal share one
+ * object) and records them as ordinary ops (sums, concatenations, slices), so
+ * autodiff, vmap and jit see ordinary ops; it counts the collective in
+ * nb_stats (kind, and bytes sent summed over devices: ring all-reduce
+ * 2 (n-1)/n B per device, all-gather and reduce-scatter (n-1)/n B, all-to-all
+ * (n-1)/n of its shard, permute the bytes it moves, B the full size of the
+ * tensor over the group). A group is the set of devices whose coordinates
+ * differ only on `axes` (n_axes (sub-)axes, major first: a device's rank in
+ * its group is the mixed-radix number of its coordinates on them). Blocks are
+ * ceil chunks (the last short or empty), as nbi_local_block cuts them.
+ * NULL entries never occur on success; on failure out is all NULL and an
+ * error is recorded naming fn. Counting: nbi_stats_collective (nbi.h). */
+nb_status nbi_coll_all_reduce(const char *fn, const nb_mesh *m, nb_tensor *const *phys,
+                              const nbi_axis *axes, int n_axes, int op /* NB_REDUCE_* */,
+                              nb_tensor **out);
+/* Each device gets the group's blocks concatenated along dim (in rank order). */
+nb_status nbi_coll_all_gather(const char *fn, const nb_mesh *m, nb_tensor *const *phys,
+                              const nbi_axis *axes, int n_axes, int dim, nb_tensor **out);
+/* The group's sum, cut along dim into ceil chunks: device of rank r gets chunk r. */
+nb_status nbi_coll_reduce_scatter(const char *fn, const nb_mesh *m, nb_tensor *const *phys,
+                                  const nbi_axis *axes, int n_axes, int dim, nb_tensor **out);
+/* Each device cuts its block along split_dim into group-size ceil chunks and
+ * gets, concatenated along concat_dim in rank order, chunk r of every member
+ * (r its rank). */
+nb_status nbi_coll_all_to_all(const char *fn, const nb_mesh *m, nb_tensor *const *phys,
+                              const nbi_axis *axes, int n_axes, int split_dim, int concat_dim,
+                              nb_tensor **out);
+/* Device of rank dst in its group gets the block of rank src, for each
+ * (src, dst) pair (ranks on `axes`); devices no pair names get zeros. */
+nb_status nbi_coll_ppermute(const char *fn, const nb_mesh *m, nb_tensor *const *phys,
+                            const nbi_axis *axes, int n_axes, const int (*pairs)[2], int n_pairs,
+                            nb_tensor **out);
+/* No communication: each device keeps chunk r (its rank on axes) of its block
+ * cut along dim into ceil chunks. */
+nb_status nbi_local_slice(const char *fn, const nb_mesh *m, nb_tensor *const *phys,
+                          const nbi_axis *axes, int n_axes, int dim, nb_tensor **out);
 
 #endif

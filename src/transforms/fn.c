@@ -26,7 +26,9 @@ nb_fn *nb_fn_create(nb_fn_body body, void *user, int n_in, int n_out) {
               n_in, n_out);
     return NULL;
   }
-  return nbi_fn_make("nb_fn_create", body, user, NULL, n_in, n_out);
+  nb_fn *f = nbi_fn_make("nb_fn_create", body, user, NULL, n_in, n_out);
+  if (f) f->user_body = true;
+  return f;
 }
 
 nb_fn *nb_fn_retain(nb_fn *f) {
@@ -43,6 +45,34 @@ void nb_fn_release(nb_fn *f) {
 int nb_fn_n_in(const nb_fn *f) { return f ? f->n_in : -1; }
 int nb_fn_n_out(const nb_fn *f) { return f ? f->n_out : -1; }
 
+/* A transform's function on sharded values: its program, traced on unsharded
+ * placeholders of the inputs' logical shapes, applied to the sharded inputs,
+ * so every op it records (VJP, JVP and batched ops included) is sharded by
+ * per-op propagation (src/sharding). A user's body runs as it is: its ops
+ * see the sharded values directly. */
+static nb_status call_sharded(nb_fn *f, nb_tensor *const *in, nb_tensor **out) {
+  nbi_program *prog;
+  nb_tensor **capt;
+  int n_capt;
+  nb_status st = nbi_trace_program_like("nb_call", f, in, &prog, &capt, &n_capt);
+  if (st) return st;
+  nb_tensor **args = malloc(sizeof *args * (size_t)(prog->n_in + 1));
+  if (!args) st = nbi_error(NB_ERR_OOM, "nb_call: out of memory");
+  for (int k = 0; k < prog->n_in && !st; k++)
+    args[k] = k < f->n_in ? in[k] : capt[k - f->n_in];
+  if (!st) st = nbi_program_apply("nb_call", prog, args, out);
+  free(args);
+  nbi_release_all(capt, n_capt);
+  nbi_program_release(prog);
+  return st;
+}
+
+static bool any_sharded(nb_tensor *const *in, int n) {
+  for (int k = 0; k < n; k++)
+    if (in[k]->mesh) return true;
+  return false;
+}
+
 nb_status nb_call(nb_fn *f, nb_tensor *const *in, nb_tensor **out) {
   if (!f) return nbi_error(NB_ERR_NULL, "nb_call: f is NULL");
   if (!out) return nbi_error(NB_ERR_NULL, "nb_call: out is NULL");
@@ -56,7 +86,9 @@ nb_status nb_call(nb_fn *f, nb_tensor *const *in, nb_tensor **out) {
   for (int k = 0; k < f->n_out; k++)
     tmp[k] = NULL;
   nb_scope_begin();
-  nb_status st = f->body(f->user, in, f->n_in, tmp, f->n_out);
+  nb_status st = !f->user_body && any_sharded(in, f->n_in)
+                     ? call_sharded(f, in, tmp)
+                     : f->body(f->user, in, f->n_in, tmp, f->n_out);
   if (st == NB_OK)
     for (int k = 0; k < f->n_out && !st; k++)
       if (!tmp[k]) {

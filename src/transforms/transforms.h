@@ -25,6 +25,7 @@ struct nb_fn {
   nb_fn_body body;
   void *user;
   void (*destroy)(void *user); /* frees user (transforms' own state), or NULL */
+  bool user_body;              /* made by nb_fn_create (else a transform's) */
 };
 
 /* Makes an nb_fn whose user state is freed by destroy when the last reference
@@ -97,11 +98,12 @@ nb_tensor *nbi_trace_result(const nbi_trace *tr, nb_tensor *t);
 /* Traces f on placeholders of the given types (n = f->n_in) into a program
  * whose inputs are f's inputs then the tensors f captured (returned retained
  * in *capt, *n_capt; see nbi_program_build). */
-nb_status nbi_trace_program(const char *fn, nb_fn *f, const nb_shape *shapes, const nb_dtype *dtypes,
-                            nbi_program **prog, nb_tensor ***capt, int *n_capt);
+nb_status nbi_trace_program(const char *fn, nb_fn *f, const nb_shape *shapes,
+                            const nb_dtype *dtypes, nbi_program **prog, nb_tensor ***capt,
+                            int *n_capt);
 /* The same, with the types of the tensors in[0..f->n_in-1]. */
-nb_status nbi_trace_program_like(const char *fn, nb_fn *f, nb_tensor *const *in,
-                                 nbi_program **prog, nb_tensor ***capt, int *n_capt);
+nb_status nbi_trace_program_like(const char *fn, nb_fn *f, nb_tensor *const *in, nbi_program **prog,
+                                 nb_tensor ***capt, int *n_capt);
 /* An nb_fn (p->n_in inputs, p->n_out outputs) that applies p: what control
  * flow and checkpoint rules hand to the transforms (nb_vjp_fn of a body). */
 nb_fn *nbi_program_fn(const char *fn, nbi_program *p);

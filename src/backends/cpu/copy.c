@@ -15,16 +15,19 @@ void nbi_iter_init(nbi_iter *it, int n_ops, const nbi_view *const *views) {
       merge = it->strides[k][nd - 1] == views[k]->strides[d] * v0->dims[d];
     if (merge) {
       it->dims[nd - 1] *= v0->dims[d];
-      for (int k = 0; k < n_ops; k++) it->strides[k][nd - 1] = views[k]->strides[d];
+      for (int k = 0; k < n_ops; k++)
+        it->strides[k][nd - 1] = views[k]->strides[d];
       continue;
     }
     it->dims[nd] = v0->dims[d];
-    for (int k = 0; k < n_ops; k++) it->strides[k][nd] = views[k]->strides[d];
+    for (int k = 0; k < n_ops; k++)
+      it->strides[k][nd] = views[k]->strides[d];
     nd++;
   }
   if (nd == 0) { /* 0-d or all size-1: one element */
     it->dims[0] = 1;
-    for (int k = 0; k < n_ops; k++) it->strides[k][0] = 1;
+    for (int k = 0; k < n_ops; k++)
+      it->strides[k][0] = 1;
     nd = 1;
   }
   for (int d = 0; d < v0->ndim; d++)
@@ -34,17 +37,39 @@ void nbi_iter_init(nbi_iter *it, int n_ops, const nbi_view *const *views) {
 
 int64_t nbi_iter_rows(const nbi_iter *it) {
   int64_t r = 1;
-  for (int d = 0; d < it->ndim - 1; d++) r *= it->dims[d];
+  for (int d = 0; d < it->ndim - 1; d++)
+    r *= it->dims[d];
   return it->dims[it->ndim - 1] == 0 ? 0 : r;
 }
 
-void nbi_iter_row(const nbi_iter *it, int64_t row, int64_t *offs) {
-  for (int k = 0; k < it->n_ops; k++) offs[k] = 0;
+void nbi_iter_seek(const nbi_iter *it, int64_t row, nbi_iter_pos *p) {
+  for (int k = 0; k < it->n_ops; k++)
+    p->off[k] = 0;
   for (int d = it->ndim - 2; d >= 0; d--) {
-    int64_t i = row % it->dims[d];
+    p->idx[d] = row % it->dims[d];
     row /= it->dims[d];
-    for (int k = 0; k < it->n_ops; k++) offs[k] += i * it->strides[k][d];
+    for (int k = 0; k < it->n_ops; k++)
+      p->off[k] += p->idx[d] * it->strides[k][d];
   }
+}
+
+void nbi_iter_row(const nbi_iter *it, int64_t row, int64_t *offs) {
+  nbi_iter_pos p;
+  nbi_iter_seek(it, row, &p);
+  memcpy(offs, p.off, (size_t)it->n_ops * sizeof *offs);
+}
+
+bool nbi_iter_flat(const nbi_iter *it, int k) {
+  bool zero = true, flat = it->strides[k][it->ndim - 1] == 1;
+  int64_t run = it->dims[it->ndim - 1];
+  for (int d = it->ndim - 1; d >= 0; d--) {
+    zero = zero && it->strides[k][d] == 0;
+    if (d < it->ndim - 1) {
+      flat = flat && it->strides[k][d] == run;
+      run *= it->dims[d];
+    }
+  }
+  return zero || flat;
 }
 
 bool nbi_view_is_contiguous(const nbi_view *v) {
@@ -70,8 +95,8 @@ nbi_view nbi_view_broadcast(const nbi_view *v, const nb_shape *s) {
 
 /* One row of a copy: same dtype moves bytes; integers and bools convert through
  * int64 (exact), everything else through double. */
-static void copy_row(char *dst, nb_dtype ddt, int64_t ds, const char *src, nb_dtype sdt,
-                     int64_t ss, int64_t n) {
+static void copy_row(char *dst, nb_dtype ddt, int64_t ds, const char *src, nb_dtype sdt, int64_t ss,
+                     int64_t n) {
   if (ddt == sdt) {
     size_t es = nb_dtype_size(ddt);
     if (ds == 1 && ss == 1) {
@@ -80,32 +105,40 @@ static void copy_row(char *dst, nb_dtype ddt, int64_t ds, const char *src, nb_dt
     }
     switch (es) {
     case 1:
-      for (int64_t j = 0; j < n; j++) dst[j * ds] = src[j * ss];
+      for (int64_t j = 0; j < n; j++)
+        dst[j * ds] = src[j * ss];
       return;
     case 2:
-      for (int64_t j = 0; j < n; j++) ((uint16_t *)dst)[j * ds] = ((const uint16_t *)src)[j * ss];
+      for (int64_t j = 0; j < n; j++)
+        ((uint16_t *)dst)[j * ds] = ((const uint16_t *)src)[j * ss];
       return;
     case 4:
-      for (int64_t j = 0; j < n; j++) ((uint32_t *)dst)[j * ds] = ((const uint32_t *)src)[j * ss];
+      for (int64_t j = 0; j < n; j++)
+        ((uint32_t *)dst)[j * ds] = ((const uint32_t *)src)[j * ss];
       return;
     default:
-      for (int64_t j = 0; j < n; j++) ((uint64_t *)dst)[j * ds] = ((const uint64_t *)src)[j * ss];
+      for (int64_t j = 0; j < n; j++)
+        ((uint64_t *)dst)[j * ds] = ((const uint64_t *)src)[j * ss];
       return;
     }
   }
   if (ddt == NB_F32 && sdt == NB_F64) {
-    for (int64_t j = 0; j < n; j++) ((float *)dst)[j * ds] = (float)((const double *)src)[j * ss];
+    for (int64_t j = 0; j < n; j++)
+      ((float *)dst)[j * ds] = (float)((const double *)src)[j * ss];
     return;
   }
   if (ddt == NB_F64 && sdt == NB_F32) {
-    for (int64_t j = 0; j < n; j++) ((double *)dst)[j * ds] = ((const float *)src)[j * ss];
+    for (int64_t j = 0; j < n; j++)
+      ((double *)dst)[j * ds] = ((const float *)src)[j * ss];
     return;
   }
   if (!nb_dtype_is_float(ddt) && !nb_dtype_is_float(sdt)) {
-    for (int64_t j = 0; j < n; j++) nbi_store_i64(dst, ddt, j * ds, nbi_load_i64(src, sdt, j * ss));
+    for (int64_t j = 0; j < n; j++)
+      nbi_store_i64(dst, ddt, j * ds, nbi_load_i64(src, sdt, j * ss));
     return;
   }
-  for (int64_t j = 0; j < n; j++) nbi_store_f64(dst, ddt, j * ds, nbi_load_f64(src, sdt, j * ss));
+  for (int64_t j = 0; j < n; j++)
+    nbi_store_f64(dst, ddt, j * ds, nbi_load_f64(src, sdt, j * ss));
 }
 
 void nbi_copy_view(nbi_view *dst, const nbi_view *src) {
@@ -128,6 +161,7 @@ void nbi_fill_view(nbi_view *dst, double value) {
   nbi_store_f64(one, dst->dtype, 0, value);
   nbi_view src = *dst;
   src.data = one;
-  for (int d = 0; d < src.ndim; d++) src.strides[d] = 0;
+  for (int d = 0; d < src.ndim; d++)
+    src.strides[d] = 0;
   nbi_copy_view(dst, &src);
 }

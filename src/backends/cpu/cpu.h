@@ -29,4 +29,29 @@ void nbi_iter_init(nbi_iter *it, int n_ops, const nbi_view *const *views);
 int64_t nbi_iter_rows(const nbi_iter *it);
 void nbi_iter_row(const nbi_iter *it, int64_t row, int64_t *offs);
 
+/* A position in a walk over consecutive rows: the row's index over dims
+ * [0, ndim - 1) and every operand's element offset. nbi_iter_seek places it
+ * at a row (a division per dim); nbi_iter_next steps to the next row (an
+ * odometer: additions only). */
+typedef struct nbi_iter_pos {
+  int64_t idx[NB_MAX_DIMS];
+  int64_t off[NBI_ITER_MAX_OPS];
+} nbi_iter_pos;
+
+void nbi_iter_seek(const nbi_iter *it, int64_t row, nbi_iter_pos *p);
+static inline void nbi_iter_next(const nbi_iter *it, nbi_iter_pos *p) {
+  for (int d = it->ndim - 2; d >= 0; d--) {
+    for (int k = 0; k < it->n_ops; k++)
+      p->off[k] += it->strides[k][d];
+    if (++p->idx[d] < it->dims[d] || d == 0) return;
+    for (int k = 0; k < it->n_ops; k++)
+      p->off[k] -= it->dims[d] * it->strides[k][d];
+    p->idx[d] = 0;
+  }
+}
+/* Whether operand k is flat: row r starts r * n elements after row 0 and runs
+ * with stride 1 (n: the row length), or every stride is 0 (one value). A
+ * block of consecutive rows of a flat operand is then one run. */
+bool nbi_iter_flat(const nbi_iter *it, int k);
+
 #endif

@@ -6,19 +6,28 @@
  * scalar expression is written once in an X-macro list below and instantiated
  * per domain type as a row function over unit-stride or stride-0 operands.
  *
- * The driver walks rows with nbi_iter and cuts them into chunks of CHUNK
- * elements (the unit of OpenMP work, so a single long row parallelizes too).
- * Per chunk, an operand that already has the domain's type with stride 0 or 1
- * is read in place (the f32/f64 fast path: no copies, vectorizable loops);
- * anything else (other dtypes, arbitrary or negative strides) is first
- * converted into a chunk buffer. The result goes straight to out when out has
+ * The driver walks rows with nbi_iter in units of up to CHUNK elements (the
+ * "walks" section): pieces of a long row, or blocks of whole short rows, so a
+ * row function always runs on many elements and a single long row
+ * parallelizes too; each thread takes one contiguous range of units. Per
+ * unit, an operand that already has the domain's type and is one run of
+ * stride 0 or 1 is read in place (the f32/f64 fast path: no copies,
+ * vectorizable loops); anything else (other dtypes, arbitrary or negative
+ * strides, a broadcast row repeated over a block) is first converted or
+ * gathered into a chunk buffer. The result goes straight to out when out has
  * the domain's type (or is bool for predicates), else through a buffer that is
- * converted once at the store.
+ * converted once at the store; outputs of STREAM_MIN bytes or more go out by
+ * streaming stores. The row functions and tables are looked up once per call.
  */
 #include "k_elementwise.h"
+#include "k_linalg.h" /* nbi_cpu_scratch */
 #include "k_reduce.h"
 
 #include <math.h>
+#include <omp.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 #include <stdlib.h>
 
 #include "vmath.h"
@@ -501,17 +510,16 @@ typedef struct ew_rows {
 static const ew_rows rows_by_isa[NBI_ISA_COUNT] = {NBI_FOR_ISAS(ROWS_OF)};
 #undef ROWS_OF
 
-/* The active ISA's tables, [domain][op] (where_rows: [domain]); looked up at
- * each use, so nbi_isa_select takes effect at once. */
-#define unary_rows (rows_by_isa[nbi_isa_active()].un)
-#define binary_rows (rows_by_isa[nbi_isa_active()].bin)
-#define where_rows (rows_by_isa[nbi_isa_active()].where)
+/* The executors take the active ISA's table (rows_by_isa[nbi_isa_active()])
+ * once per call, so nbi_isa_select takes effect at the next kernel. Every ISA
+ * has the same ops: the portable table answers which ops have a row function. */
 /* Ops whose row function writes bool directly. */
 static const bool is_pred[NBI_OP_COUNT] = {EW_UNARY_PRED(ENTRY_PRED, portable)
                                                EW_BINARY_PRED(ENTRY_PRED, portable)};
 
 /* ---- driver ---------------------------------------------------------------------------- */
-enum { CHUNK = 512 };
+enum { CHUNK = 512, FUSE_CHUNK = 256 };
+_Static_assert(FUSE_CHUNK <= CHUNK, "a fused unit fits a chunk buffer");
 
 /* What one kernel call does, shared read-only by the threads. */
 typedef struct ew_plan {
@@ -519,10 +527,12 @@ typedef struct ew_plan {
   bool is_where, is_cast;
   nb_dtype cdt;    /* compute dtype */
   domain dom;      /* its domain */
+  int64_t des;     /* the domain's element size (walks) */
   bool direct_out; /* the row function writes out itself */
-  nb_dtype out_dt, in_dt[3];
-  unary_row un;
+  nb_dtype out_dt;
+  unary_row un; /* the active ISA's row function, looked up once per call */
   binary_row bin;
+  where_row where;
 } ew_plan;
 
 typedef union chunk_buf {
@@ -531,125 +541,299 @@ typedef union chunk_buf {
   int64_t i[CHUNK];
 } chunk_buf;
 
+/* d[0..n) = src[j * s] converted to the domain's type. An integer operand of an
+ * f16/bf16 computation is first rounded to that dtype, as if cast to it. */
+static void convert(const ew_plan *pl, void *d, const char *src, nb_dtype dt, int64_t s,
+                    int64_t n) {
+  if (pl->dom == DOM_F32 && dt != pl->cdt && pl->cdt != NB_F32) {
+    int64_t wide[CHUNK];
+    uint16_t half[CHUNK];
+    load_i64(wide, src, dt, s, n);
+    store_i64((char *)half, pl->cdt, wide, n);
+    load_f32(d, (const char *)half, pl->cdt, 1, n);
+  } else {
+    load(pl->dom, d, src, dt, s, n);
+  }
+}
+
 /* Points *p at operand values in the domain's type: in place when src already
  * has that type and stride 0 or 1, else converted into buf (one value for a
- * broadcast operand). Returns the stride of *p (0 or 1). An integer operand of
- * an f16/bf16 computation is first rounded to that dtype, as if cast to it. */
+ * broadcast operand). Returns the stride of *p (0 or 1). */
 static int64_t operand(const ew_plan *pl, const char *src, nb_dtype dt, int64_t s, int64_t n,
                        void *buf, const void **p) {
-  domain dom = pl->dom;
-  if (dt == domain_dtype[dom] && (s == 0 || s == 1)) {
+  if (dt == domain_dtype[pl->dom] && (s == 0 || s == 1)) {
     *p = src;
     return s;
   }
-  int64_t m = s == 0 ? 1 : n;
-  if (dom == DOM_F32 && dt != pl->cdt && pl->cdt != NB_F32) {
-    int64_t wide[CHUNK];
-    uint16_t half[CHUNK];
-    load_i64(wide, src, dt, s, m);
-    store_i64((char *)half, pl->cdt, wide, m);
-    load_f32(buf, (const char *)half, pl->cdt, 1, m);
-  } else {
-    load(dom, buf, src, dt, s, m);
-  }
+  convert(pl, buf, src, dt, s, s == 0 ? 1 : n);
   *p = buf;
   return s == 0 ? 0 : 1;
 }
 
-/* One chunk: n elements; out contiguous; operand k at src[k] with stride s[k]. */
-static void run_chunk(const ew_plan *pl, char *out, const char *const *src, const int64_t *s,
-                      int64_t n) {
-  chunk_buf buf[3], obuf;
-  if (pl->is_cast) { /* load in the source's domain, store converting */
-    if (pl->out_dt == domain_dtype[pl->dom]) {
-      load(pl->dom, out, src[0], pl->in_dt[0], s[0], n);
-    } else if (pl->in_dt[0] == domain_dtype[pl->dom] && s[0] == 1) {
-      store(pl->dom, out, pl->out_dt, src[0], n);
+/* ---- walks -------------------------------------------------------------------------------
+ * Both executors cut an nbi_iter's rows (n elements each) into units of at most
+ * `chunk` elements: pieces of one row when n >= chunk, else blocks of chunk / n
+ * whole rows (one row per unit when an output is not flat), so the row
+ * functions run on a chunk's worth of elements however short the rows. Over a
+ * block, a flat operand (nbi_iter_flat) is one run read in place; any other is
+ * gathered row by row into a buffer. Outputs have stride 1 along the row. Each
+ * thread takes one contiguous range of units and steps through it with
+ * nbi_iter_next (one division per dim per range, not per unit). */
+typedef struct ew_walk {
+  _Alignas(64) nbi_iter it; /* own cache lines: the threads only read them */
+  int64_t rows, n, chunk;
+  int64_t b;       /* rows per unit: > 1 for blocks */
+  int64_t per_row; /* units per row: > 1 for pieces */
+  int64_t units;
+  char *base[NBI_ITER_MAX_OPS];
+  nb_dtype dt[NBI_ITER_MAX_OPS];
+  int64_t es[NBI_ITER_MAX_OPS]; /* element size */
+  int64_t s[NBI_ITER_MAX_OPS];  /* stride along the row */
+  bool flat[NBI_ITER_MAX_OPS];
+  bool same_row[NBI_ITER_MAX_OPS]; /* every row is row 0 (a broadcast row) */
+  bool stream;                     /* outputs go out by stream_out */
+} ew_walk;
+
+/* Outputs of STREAM_MIN bytes or more (per call, all together; far beyond the
+ * L2s) that the row functions write in the domain's type are computed into
+ * scratch and copied out with streaming stores. Regular stores to such an
+ * output miss the caches, and as stores retire in order, the scratch stores
+ * of the next members queue behind them until the store buffer fills and the
+ * row functions stall (measured: a 5-op f32 chain ran at 0.5x a STREAM triad;
+ * streamed, above 0.8x). Streamed lines need no read for ownership either. */
+enum { STREAM_MIN = 16 << 20 };
+
+static void stream_out(char *restrict d, const char *restrict src, int64_t bytes) {
+#if defined(__SSE2__)
+  int64_t j = (int64_t)(-(uintptr_t)d & 15); /* to a 16-byte boundary */
+  j = j < bytes ? j : bytes;
+  memcpy(d, src, (size_t)j);
+  for (; j + 16 <= bytes; j += 16)
+    _mm_stream_si128((__m128i *)(d + j), _mm_loadu_si128((const __m128i *)(src + j)));
+  memcpy(d + j, src + j, (size_t)(bytes - j));
+#else
+  memcpy(d, src, (size_t)bytes);
+#endif
+}
+
+/* After a thread's streamed stores: orders them before what follows (the
+ * region's end, where other threads may read them). */
+static void stream_end(const ew_walk *w) {
+#if defined(__SSE2__)
+  if (w->stream) _mm_sfence();
+#else
+  (void)w;
+#endif
+}
+
+/* views[0..n_out) are the outputs. */
+static void walk_init(ew_walk *w, int n_ops, const nbi_view *const *views, int n_out,
+                      int64_t chunk) {
+  nbi_iter_init(&w->it, n_ops, views);
+  int last = w->it.ndim - 1;
+  w->rows = nbi_iter_rows(&w->it);
+  w->n = w->it.dims[last];
+  w->chunk = chunk;
+  bool block = w->n < chunk;
+  int64_t out_bytes = 0;
+  for (int q = 0; q < n_ops; q++) {
+    w->base[q] = views[q]->data;
+    w->dt[q] = views[q]->dtype;
+    w->es[q] = (int64_t)nb_dtype_size(w->dt[q]);
+    w->s[q] = w->it.strides[q][last];
+    w->flat[q] = nbi_iter_flat(&w->it, q);
+    w->same_row[q] = true;
+    for (int d = 0; d < last; d++)
+      w->same_row[q] = w->same_row[q] && w->it.strides[q][d] == 0;
+    if (q < n_out && !w->flat[q]) block = false;
+    if (q < n_out) out_bytes += w->es[q];
+  }
+  w->stream = w->rows * w->n * out_bytes >= STREAM_MIN;
+  w->b = block && w->n > 0 ? chunk / w->n : 1;
+  w->per_row = w->n > chunk ? (w->n + chunk - 1) / chunk : 1;
+  w->units = (w->rows + w->b - 1) / w->b * w->per_row;
+}
+
+/* A unit of a walk: nr rows from row r (at pos), or piece c of row r. */
+typedef struct ew_unit {
+  nbi_iter_pos pos;
+  int64_t r, c;
+  int64_t nr, j0, len; /* rows, first element in the row, elements */
+} ew_unit;
+
+static void unit_set(const ew_walk *w, ew_unit *u) {
+  u->nr = w->rows - u->r < w->b ? w->rows - u->r : w->b;
+  u->j0 = u->c * w->chunk;
+  u->len = w->b > 1 ? u->nr * w->n : (w->n - u->j0 < w->chunk ? w->n - u->j0 : w->chunk);
+}
+
+static void unit_seek(const ew_walk *w, ew_unit *u, int64_t k) {
+  u->r = k / w->per_row * w->b;
+  u->c = k % w->per_row;
+  nbi_iter_seek(&w->it, u->r, &u->pos);
+  unit_set(w, u);
+}
+
+static void unit_next(const ew_walk *w, ew_unit *u) {
+  if (++u->c == w->per_row) {
+    u->c = 0;
+    int d = w->it.ndim - 2;                                /* the rows' innermost dim */
+    if (d >= 0 && u->pos.idx[d] + u->nr < w->it.dims[d]) { /* no carry */
+      u->pos.idx[d] += u->nr;
+      for (int q = 0; q < w->it.n_ops; q++)
+        u->pos.off[q] += u->nr * w->it.strides[q][d];
     } else {
-      load(pl->dom, &buf[0], src[0], pl->in_dt[0], s[0], n);
-      store(pl->dom, out, pl->out_dt, &buf[0], n);
+      for (int64_t i = 0; i < u->nr; i++)
+        nbi_iter_next(&w->it, &u->pos);
+    }
+    u->r += u->nr;
+  }
+  unit_set(w, u);
+}
+
+/* Operand q's first element in unit u. */
+static inline char *unit_at(const ew_walk *w, const ew_unit *u, int q) {
+  return w->base[q] + (u->pos.off[q] + u->j0 * w->s[q]) * w->es[q];
+}
+
+/* d[0..n) = src[j * s]: converted to the domain's type, or bytes as they are
+ * (cond: a where's bool condition). */
+static void fetch(const ew_plan *pl, bool cond, void *d, const char *src, nb_dtype dt, int64_t s,
+                  int64_t n) {
+  if (!cond) {
+    convert(pl, d, src, dt, s, n);
+    return;
+  }
+  for (int64_t j = 0; j < n; j++)
+    ((uint8_t *)d)[j] = (uint8_t)src[j * s];
+}
+
+/* Operand q of unit u for a row function, as operand() gives it (cond: read
+ * as bytes). A non-flat operand of a block is gathered into buf row by row (a
+ * broadcast row: once, then copied). Returns the stride of *p (0 or 1). */
+static int64_t unit_operand(const ew_plan *pl, const ew_walk *w, const ew_unit *u, int q, bool cond,
+                            void *buf, const void **p) {
+  int64_t s = w->s[q], n = w->n;
+  const char *src = unit_at(w, u, q);
+  *p = buf;
+  if (u->nr == 1 || w->flat[q]) {
+    if (!cond) return operand(pl, src, w->dt[q], s, u->len, buf, p);
+    if (s == 0 || s == 1) {
+      *p = src;
+      return s;
+    }
+    fetch(pl, true, buf, src, w->dt[q], s, u->len);
+    return 1;
+  }
+  int64_t row = n * (cond ? 1 : pl->des); /* bytes */
+  if (w->same_row[q]) {
+    fetch(pl, cond, buf, src, w->dt[q], s, n);
+    for (int64_t i = 1; i < u->nr; i *= 2)
+      memcpy((char *)buf + i * row, buf, (size_t)((i < u->nr - i ? i : u->nr - i) * row));
+    return 1;
+  }
+  nbi_iter_pos pos = u->pos;
+  for (int64_t i = 0; i < u->nr; i++) {
+    fetch(pl, cond, (char *)buf + i * row, w->base[q] + pos.off[q] * w->es[q], w->dt[q], s, n);
+    nbi_iter_next(&w->it, &pos);
+  }
+  return 1;
+}
+
+/* Runs BODY for units [u0, u1) of w, the unit in U: a thread's part. */
+#define WALK_RANGE(w, u0, u1, U, BODY)                                                             \
+  do {                                                                                             \
+    ew_unit U;                                                                                     \
+    for (int64_t k_ = (u0); k_ < (u1); k_++) {                                                     \
+      if (k_ == (u0))                                                                              \
+        unit_seek((w), &U, k_);                                                                    \
+      else                                                                                         \
+        unit_next((w), &U);                                                                        \
+      BODY;                                                                                        \
+    }                                                                                              \
+  } while (0)
+
+/* ---- single ops --------------------------------------------------------------------------
+ * Operand 0 of the walk is out, operand k + 1 input k. */
+static void run_unit(const ew_plan *pl, const ew_walk *w, const ew_unit *u, chunk_buf *buf) {
+  char *out = unit_at(w, u, 0);
+  int64_t n = u->len;
+  domain dom = pl->dom;
+  if (pl->is_cast) { /* load in the source's domain, store converting */
+    const char *src = unit_at(w, u, 1);
+    nb_dtype dt = w->dt[1];
+    int64_t s = w->s[1];
+    if (u->nr > 1 && !w->flat[1]) { /* gathered: the domain's type, contiguous */
+      const void *p;
+      unit_operand(pl, w, u, 1, false, &buf[1], &p);
+      src = p;
+      dt = domain_dtype[dom];
+      s = 1;
+    }
+    if (pl->out_dt == domain_dtype[dom]) {
+      load(dom, out, src, dt, s, n);
+    } else if (dt == domain_dtype[dom] && s == 1) {
+      store(dom, out, pl->out_dt, src, n);
+    } else {
+      load(dom, &buf[0], src, dt, s, n);
+      store(dom, out, pl->out_dt, &buf[0], n);
     }
     return;
   }
   const void *p[3];
   int64_t ps[3];
-  int first = 0;
-  uint8_t cond[CHUNK];
-  if (pl->is_where) { /* the bool condition is read as bytes */
-    first = 1;
-    if (s[0] == 0 || s[0] == 1) {
-      p[0] = src[0];
-      ps[0] = s[0];
-    } else {
-      for (int64_t j = 0; j < n; j++)
-        cond[j] = (uint8_t)src[0][j * s[0]];
-      p[0] = cond;
-      ps[0] = 1;
-    }
-  }
-  for (int k = first; k < pl->n_in; k++)
-    ps[k] = operand(pl, src[k], pl->in_dt[k], s[k], n, &buf[k], &p[k]);
-  void *o = pl->direct_out ? (void *)out : (void *)&obuf;
+  for (int k = 0; k < pl->n_in; k++)
+    ps[k] = unit_operand(pl, w, u, k + 1, pl->is_where && k == 0, &buf[k], &p[k]);
+  void *o = pl->direct_out && !w->stream ? (void *)out : (void *)&buf[3];
   if (pl->is_where)
-    where_rows[pl->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], n);
+    pl->where(o, p[0], ps[0], p[1], ps[1], p[2], ps[2], n);
   else if (pl->n_in == 1)
     pl->un(o, p[0], ps[0], n);
   else
     pl->bin(o, p[0], ps[0], p[1], ps[1], n);
-  if (!pl->direct_out) store(pl->dom, out, pl->out_dt, o, n);
+  if (!pl->direct_out)
+    store(dom, out, pl->out_dt, o, n);
+  else if (w->stream)
+    stream_out(out, o, n * w->es[0]);
 }
 
-/* One kernel's walk: out and the broadcast inputs v, rows of n elements cut
- * into n_chunks chunks each. */
-typedef struct ew_walk {
-  const ew_plan *pl;
-  nbi_iter it;
-  nbi_view v[3];
-  const nbi_view *out;
-  int64_t n, n_chunks;
-} ew_walk;
-
-/* Unit u of the walk: chunk u % n_chunks of row u / n_chunks. */
-static void run_unit(const ew_walk *w, int64_t u) {
-  const ew_plan *pl = w->pl;
-  int last = w->it.ndim - 1;
-  int64_t r = u / w->n_chunks, j0 = (u % w->n_chunks) * CHUNK;
-  int64_t len = w->n - j0 < CHUNK ? w->n - j0 : CHUNK, off[4], s[3];
-  const char *src[3];
-  nbi_iter_row(&w->it, r, off);
-  for (int k = 0; k < pl->n_in; k++) {
-    s[k] = w->it.strides[k + 1][last];
-    src[k] = w->v[k].data + (off[k + 1] + j0 * s[k]) * (int64_t)nb_dtype_size(w->v[k].dtype);
-  }
-  /* out is contiguous, so its inner stride is 1 */
-  run_chunk(pl, w->out->data + (off[0] + j0) * (int64_t)nb_dtype_size(w->out->dtype), src, s, len);
+static void run_range(const ew_plan *pl, const ew_walk *w, int64_t u0, int64_t u1) {
+  chunk_buf buf[4]; /* three operands, the result */
+  WALK_RANGE(w, u0, u1, u, run_unit(pl, w, &u, buf));
+  stream_end(w);
 }
 
-/* Broadcasts the inputs to out, iterates rows, and runs chunks of rows in
- * parallel when the work is large. Small work never enters an OpenMP region
- * (even one with a false if clause costs about a microsecond). */
+/* This thread's share [*u0, *u1) of units, contiguous. */
+static void thread_range(int64_t units, int64_t *u0, int64_t *u1) {
+  int t = omp_get_thread_num(), nt = omp_get_num_threads();
+  *u0 = units * t / nt;
+  *u1 = units * (t + 1) / nt;
+}
+
+/* Broadcasts the inputs to out and walks the rows, in parallel when the work
+ * is large. Small work never enters an OpenMP region (even one with a false if
+ * clause costs about a microsecond). */
 static void run(const ew_plan *pl, nbi_view *out, const nbi_view *in) {
   nb_shape shape = {.ndim = out->ndim};
   memcpy(shape.dims, out->dims, sizeof shape.dims);
-  ew_walk w = {.pl = pl, .out = out};
+  nbi_view v[3];
   const nbi_view *views[4] = {out};
   for (int k = 0; k < pl->n_in; k++) {
-    w.v[k] = nbi_view_broadcast(&in[k], &shape);
-    views[k + 1] = &w.v[k];
+    v[k] = nbi_view_broadcast(&in[k], &shape);
+    views[k + 1] = &v[k];
   }
-  nbi_iter_init(&w.it, pl->n_in + 1, views);
-  int64_t rows = nbi_iter_rows(&w.it);
-  w.n = w.it.dims[w.it.ndim - 1];
-  w.n_chunks = (w.n + CHUNK - 1) / CHUNK;
-  int64_t units = rows * w.n_chunks;
-  if (rows * w.n < NBI_PAR_MIN || units < 2) {
-    for (int64_t u = 0; u < units; u++)
-      run_unit(&w, u);
+  ew_walk w;
+  walk_init(&w, pl->n_in + 1, views, 1, CHUNK);
+  if (w.rows * w.n < NBI_PAR_MIN || w.units < 2) {
+    run_range(pl, &w, 0, w.units);
     return;
   }
-#pragma omp parallel for schedule(static)
-  for (int64_t u = 0; u < units; u++)
-    run_unit(&w, u);
+#pragma omp parallel
+  {
+    int64_t u0, u1;
+    thread_range(w.units, &u0, &u1);
+    run_range(pl, &w, u0, u1);
+  }
 }
 
 nb_status nbi_cpu_elementwise(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
@@ -657,13 +841,15 @@ nb_status nbi_cpu_elementwise(const nb_tensor *n, nbi_view *out, const nbi_view 
   ew_plan pl = {.n_in = n->n_in, .is_where = n->op == NBI_OP_WHERE, .out_dt = out->dtype};
   pl.cdt = (nb_dtype)n->attrs.i[0];
   pl.dom = domain_of(pl.cdt);
-  for (int k = 0; k < pl.n_in; k++)
-    pl.in_dt[k] = in[k].dtype;
-  if (!pl.is_where) {
+  pl.des = (int64_t)nb_dtype_size(domain_dtype[pl.dom]);
+  const ew_rows *rt = &rows_by_isa[nbi_isa_active()];
+  if (pl.is_where) {
+    pl.where = rt->where[pl.dom];
+  } else {
     if (pl.n_in == 1)
-      pl.un = unary_rows[pl.dom][n->op];
+      pl.un = rt->un[pl.dom][n->op];
     else
-      pl.bin = binary_rows[pl.dom][n->op];
+      pl.bin = rt->bin[pl.dom][n->op];
     if (!pl.un && !pl.bin)
       return nbi_error(NB_ERR_INTERNAL, "nb_eval: op %s has no kernel for compute dtype %s",
                        nbi_op_table[n->op]->name, nb_dtype_name(pl.cdt));
@@ -676,21 +862,24 @@ nb_status nbi_cpu_elementwise(const nb_tensor *n, nbi_view *out, const nbi_view 
 nb_status nbi_cpu_cast(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
   /* out has in[0]'s shape, n's dtype */
   (void)n;
-  ew_plan pl = {.n_in = 1, .is_cast = true, .out_dt = out->dtype, .in_dt = {in[0].dtype}};
+  ew_plan pl = {.n_in = 1, .is_cast = true, .out_dt = out->dtype};
   pl.cdt = in[0].dtype;
   pl.dom = domain_of(pl.cdt);
+  pl.des = (int64_t)nb_dtype_size(domain_dtype[pl.dom]);
   run(&pl, out, in);
   return NB_OK;
 }
 
 /* ---- fused groups ------------------------------------------------------------------------
  * A run of elementwise nodes of one float domain and one shape, evaluated in one
- * pass: per chunk, each member's row goes into a chunk buffer that later
+ * pass over the units of one walk: per unit, each member's row function runs
+ * once on the unit's elements, into a per-thread scratch buffer that later
  * members read, so values used only inside the group never reach memory; the
- * members the planner marks `store` are written to their buffers (and read
- * back from there by later members). Operands from outside the group are
- * read through their views, as the single-op kernel does. */
-enum { FUSE_CHUNK = 256 };
+ * members the planner marks `store` are written to their buffers (the walk's
+ * outputs; later members read them back from there, or from scratch when the
+ * walk streams). Operands from outside the group are the walk's inputs, read
+ * as the single-op kernel reads them. The plan resolves every member's row
+ * function, operands and scratch slot once per call. */
 
 /* (View members, nbi_fuse_view, are copies in both executors.) */
 bool nbi_cpu_elementwise_fusible(const nb_tensor *n) {
@@ -698,27 +887,34 @@ bool nbi_cpu_elementwise_fusible(const nb_tensor *n) {
   nb_dtype cdt = (nb_dtype)n->attrs.i[0];
   if ((cdt != NB_F32 && cdt != NB_F64) || n->dtype != cdt) return false;
   if (n->op == NBI_OP_WHERE) return true;
-  return n->n_in == 1 ? unary_rows[domain_of(cdt)][n->op] != NULL
-                      : binary_rows[domain_of(cdt)][n->op] != NULL;
+  const ew_rows *rt = &rows_by_isa[NBI_ISA_PORTABLE];
+  return n->n_in == 1 ? rt->un[domain_of(cdt)][n->op] != NULL
+                      : rt->bin[domain_of(cdt)][n->op] != NULL;
 }
 
-typedef struct fused_operand {
-  int member; /* >= 0: an earlier member; -1: external operand ext */
-  int ext;
-} fused_operand;
+typedef enum member_kind { M_VIEW, M_WHERE, M_UNARY, M_BINARY } member_kind;
+
+typedef struct fused_member {
+  member_kind kind;
+  int n_in;
+  int src[3]; /* operand: an earlier member, or -1 - its walk operand */
+  int out;    /* the walk output it is stored to, or -1 */
+  int val;    /* its scratch slot (freed after its last reader), or -1: not
+                 stored, or stored when the walk does not stream */
+  unary_row un;
+  binary_row bin;
+  where_row where;
+} fused_member;
 
 typedef struct fused_plan {
-  int m, n_ext, n_store;
-  domain dom;
-  nb_tensor *const *nodes;
-  fused_operand op[NBI_FUSE_MAX][3];
-  int store_slot[NBI_FUSE_MAX]; /* iterator operand of a stored member, or -1 */
-  nb_dtype ext_dt[NBI_FUSE_MAX];
+  _Alignas(64) int m; /* own cache lines, as ew_walk */
+  ew_plan pl;         /* domain, compute dtype, element size: for operand conversions */
+  fused_member mb[NBI_FUSE_MAX];
 } fused_plan;
 
-/* o[0..n) = p[0..n) (s = 1) or n copies of p[0] (s = 0): a view member. */
-static void copy_row(domain dom, void *restrict o, const void *restrict p, int64_t s, int64_t n) {
-  size_t es = nb_dtype_size(domain_dtype[dom]);
+/* o[0..n) = p[0..n) (s = 1) or n copies of p[0] (s = 0), es bytes each: a
+ * view member. */
+static void copy_row(size_t es, void *restrict o, const void *restrict p, int64_t s, int64_t n) {
   if (s) {
     memcpy(o, p, (size_t)n * es);
     return;
@@ -727,103 +923,127 @@ static void copy_row(domain dom, void *restrict o, const void *restrict p, int64
     memcpy((char *)o + (size_t)j * es, p, es);
 }
 
-static void fused_chunk(const fused_plan *fp, char *const *ptr, const int64_t *s, int64_t n) {
-  _Alignas(64) char val[NBI_FUSE_MAX][FUSE_CHUNK * 8];
-  _Alignas(64) char tmp[3][FUSE_CHUNK * 8];
+static void fused_unit(const fused_plan *fp, const ew_walk *w, const ew_unit *u, char *val,
+                       chunk_buf *tmp) {
   const void *mv[NBI_FUSE_MAX]; /* each member's values, contiguous */
-  ew_plan pl = {.dom = fp->dom, .cdt = domain_dtype[fp->dom]};
+  int64_t n = u->len;
   for (int k = 0; k < fp->m; k++) {
-    const nb_tensor *t = fp->nodes[k];
+    const fused_member *mb = &fp->mb[k];
     const void *p[3];
     int64_t ps[3];
-    uint8_t cond[FUSE_CHUNK];
-    for (int q = 0; q < t->n_in; q++) {
-      const fused_operand *o = &fp->op[k][q];
-      if (o->member >= 0) {
-        p[q] = mv[o->member];
-        ps[q] = 1;
-        continue;
-      }
-      int slot = fp->n_store + o->ext;
-      if (t->op == NBI_OP_WHERE && q == 0) { /* the bool condition, as bytes */
-        for (int64_t j = 0; j < n; j++)
-          cond[j] = (uint8_t)(ptr[slot][j * s[slot]] != 0);
-        p[q] = cond;
+    for (int q = 0; q < mb->n_in; q++) {
+      if (mb->src[q] >= 0) {
+        p[q] = mv[mb->src[q]];
         ps[q] = 1;
       } else {
-        ps[q] = operand(&pl, ptr[slot], fp->ext_dt[o->ext], s[slot], n, tmp[q], &p[q]);
+        ps[q] = unit_operand(&fp->pl, w, u, -1 - mb->src[q], mb->kind == M_WHERE && q == 0, &tmp[q],
+                             &p[q]);
       }
     }
-    void *o = fp->store_slot[k] >= 0 ? (void *)ptr[fp->store_slot[k]] : (void *)val[k];
-    if (nbi_fuse_view(t))
-      copy_row(fp->dom, o, p[0], ps[0], n);
-    else if (t->op == NBI_OP_WHERE)
-      where_rows[fp->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], n);
-    else if (t->n_in == 1)
-      unary_rows[fp->dom][t->op](o, p[0], ps[0], n);
-    else
-      binary_rows[fp->dom][t->op](o, p[0], ps[0], p[1], ps[1], n);
+    void *o = mb->val < 0 ? (void *)unit_at(w, u, mb->out)
+                          : (void *)(val + (int64_t)mb->val * FUSE_CHUNK * fp->pl.des);
+    switch (mb->kind) {
+    case M_VIEW: copy_row((size_t)fp->pl.des, o, p[0], ps[0], n); break;
+    case M_WHERE: mb->where(o, p[0], ps[0], p[1], ps[1], p[2], ps[2], n); break;
+    case M_UNARY: mb->un(o, p[0], ps[0], n); break;
+    default: mb->bin(o, p[0], ps[0], p[1], ps[1], n); break;
+    }
     mv[k] = o;
+    if (mb->val >= 0 && mb->out >= 0) stream_out(unit_at(w, u, mb->out), o, n * fp->pl.des);
   }
+}
+
+static void fused_range(const fused_plan *fp, const ew_walk *w, int64_t u0, int64_t u1) {
+  _Alignas(64) char val[NBI_FUSE_MAX * FUSE_CHUNK * 8]; /* the first slots in use */
+  chunk_buf tmp[3];
+  WALK_RANGE(w, u0, u1, u, fused_unit(fp, w, &u, val, tmp));
+  stream_end(w);
 }
 
 nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *store,
                                     nbi_view *out) {
-  fused_plan fp = {.m = m, .nodes = nodes, .dom = domain_of(nodes[0]->dtype)};
+  fused_plan fp = {.m = m, .pl.dom = domain_of(nodes[0]->dtype)};
+  fp.pl.cdt = domain_dtype[fp.pl.dom];
+  fp.pl.des = (int64_t)nb_dtype_size(fp.pl.cdt);
+  const ew_rows *rt = &rows_by_isa[nbi_isa_active()];
   const nb_shape *shape = &nodes[m - 1]->shape;
   nbi_view ext[NBI_FUSE_MAX];
   const nb_tensor *ext_t[NBI_FUSE_MAX];
   const nbi_view *views[NBI_ITER_MAX_OPS];
+  int n_store = 0, n_ext = 0;
   for (int k = 0; k < m; k++) {
-    fp.store_slot[k] = -1;
+    fp.mb[k].out = -1;
     if (store[k]) {
-      fp.store_slot[k] = fp.n_store;
-      views[fp.n_store++] = &out[k];
+      fp.mb[k].out = n_store;
+      views[n_store++] = &out[k];
     }
   }
+  int last[NBI_FUSE_MAX]; /* each member's last reader */
   for (int k = 0; k < m; k++) {
     const nb_tensor *t = nodes[k];
+    fused_member *mb = &fp.mb[k];
+    last[k] = k;
+    mb->n_in = t->n_in;
+    if (nbi_fuse_view(t)) {
+      mb->kind = M_VIEW;
+    } else if (t->op == NBI_OP_WHERE) {
+      mb->kind = M_WHERE;
+      mb->where = rt->where[fp.pl.dom];
+    } else if (t->n_in == 1) {
+      mb->kind = M_UNARY;
+      mb->un = rt->un[fp.pl.dom][t->op];
+    } else {
+      mb->kind = M_BINARY;
+      mb->bin = rt->bin[fp.pl.dom][t->op];
+    }
     for (int q = 0; q < t->n_in; q++) {
       const nb_tensor *x = t->in[q];
-      fused_operand o = {.member = -1, .ext = -1};
-      for (int j = 0; j < k; j++)
-        if (nodes[j] == x) o.member = j;
-      if (o.member < 0) {
-        for (int e = 0; e < fp.n_ext; e++)
-          if (ext_t[e] == x) o.ext = e;
-        if (o.ext < 0) {
-          if (fp.n_ext == NBI_FUSE_MAX || fp.n_store + fp.n_ext + 1 > NBI_ITER_MAX_OPS)
-            return nbi_error(NB_ERR_INTERNAL, "nb_eval: a fused group has too many operands");
-          nbi_view v = nbi_tensor_view(x);
-          ext[fp.n_ext] = nbi_view_broadcast(&v, shape);
-          ext_t[fp.n_ext] = x;
-          fp.ext_dt[fp.n_ext] = x->dtype;
-          o.ext = fp.n_ext++;
-        }
+      int j = k - 1;
+      while (j >= 0 && nodes[j] != x)
+        j--;
+      if (j >= 0) {
+        last[j] = k;
+        mb->src[q] = j;
+        continue;
       }
-      fp.op[k][q] = o;
+      int e = 0;
+      while (e < n_ext && ext_t[e] != x)
+        e++;
+      if (e == n_ext) {
+        if (n_ext == NBI_FUSE_MAX || n_store + n_ext + 1 > NBI_ITER_MAX_OPS)
+          return nbi_error(NB_ERR_INTERNAL, "nb_eval: a fused group has too many operands");
+        nbi_view v = nbi_tensor_view(x);
+        ext[n_ext] = nbi_view_broadcast(&v, shape);
+        ext_t[n_ext++] = x;
+      }
+      mb->src[q] = -1 - (n_store + e);
     }
   }
-  for (int e = 0; e < fp.n_ext; e++)
-    views[fp.n_store + e] = &ext[e];
-  int n_ops = fp.n_store + fp.n_ext;
-  nbi_iter it;
-  nbi_iter_init(&it, n_ops, views);
-  int last = it.ndim - 1;
-  int64_t rows = nbi_iter_rows(&it), n = it.dims[last];
-  int64_t n_chunks = (n + FUSE_CHUNK - 1) / FUSE_CHUNK, units = rows * n_chunks;
-#pragma omp parallel for schedule(static) if (rows * n >= NBI_PAR_MIN && units > 1)
-  for (int64_t u = 0; u < units; u++) {
-    int64_t r = u / n_chunks, j0 = (u % n_chunks) * FUSE_CHUNK;
-    int64_t len = n - j0 < FUSE_CHUNK ? n - j0 : FUSE_CHUNK, off[NBI_ITER_MAX_OPS],
-            s[NBI_ITER_MAX_OPS];
-    char *ptr[NBI_ITER_MAX_OPS];
-    nbi_iter_row(&it, r, off);
-    for (int q = 0; q < n_ops; q++) {
-      s[q] = it.strides[q][last];
-      ptr[q] = views[q]->data + (off[q] + j0 * s[q]) * (int64_t)nb_dtype_size(views[q]->dtype);
-    }
-    fused_chunk(&fp, ptr, s, len);
+  for (int e = 0; e < n_ext; e++)
+    views[n_store + e] = &ext[e];
+  ew_walk w;
+  walk_init(&w, n_store + n_ext, views, n_store, FUSE_CHUNK);
+  /* scratch slots: a member takes a free one, freed after its last reader */
+  int owner[NBI_FUSE_MAX], n_slots = 0;
+  for (int k = 0; k < m; k++) {
+    fp.mb[k].val = -1;
+    if (fp.mb[k].out >= 0 && !w.stream) continue;
+    int s = 0;
+    while (s < n_slots && last[owner[s]] >= k)
+      s++;
+    if (s == n_slots) n_slots++;
+    owner[s] = k;
+    fp.mb[k].val = s;
+  }
+  if (w.rows * w.n < NBI_PAR_MIN || w.units < 2) {
+    fused_range(&fp, &w, 0, w.units);
+    return NB_OK;
+  }
+#pragma omp parallel
+  {
+    int64_t u0, u1;
+    thread_range(w.units, &u0, &u1);
+    fused_range(&fp, &w, u0, u1);
   }
   return NB_OK;
 }
@@ -839,7 +1059,7 @@ nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *
  * offset from the row index and the strides of the row dims, then either one
  * stride over the row (read in place when it is 0 or 1 and of the domain's
  * type) or a gather of its trailing dims. Blocks of rows go to the threads;
- * each thread allocates its scratch once per call. Global members (single
+ * each thread gets its part of one scratch block from the buffer cache. Global members (single
  * values from all rows) run after the row loop, on the stored per-row values. */
 
 /* An outside operand broadcast to its consumer's shape: dims [0, ra) index
@@ -855,6 +1075,7 @@ typedef struct row_ext {
 typedef struct row_plan {
   int m, ra, n_slots;
   domain dom;
+  const ew_rows *rt; /* the active ISA's row functions */
   size_t es;
   int64_t rows, n;
   size_t pitch; /* bytes between scratch rows (n elements, 64-byte aligned) */
@@ -977,13 +1198,13 @@ static void fused_row(const row_plan *rp, int64_t r, char *scr) {
     } else if (nbi_cpu_axis_row_fusible(t)) {
       nbi_cpu_axis_row(t, p[0], o, n);
     } else if (nbi_fuse_view(t)) {
-      copy_row(rp->dom, o, p[0], ps[0], n);
+      copy_row(rp->es, o, p[0], ps[0], n);
     } else if (t->op == NBI_OP_WHERE) {
-      where_rows[rp->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], n);
+      rp->rt->where[rp->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], n);
     } else if (t->n_in == 1) {
-      unary_rows[rp->dom][t->op](o, p[0], ps[0], n);
+      rp->rt->un[rp->dom][t->op](o, p[0], ps[0], n);
     } else {
-      binary_rows[rp->dom][t->op](o, p[0], ps[0], p[1], ps[1], n);
+      rp->rt->bin[rp->dom][t->op](o, p[0], ps[0], p[1], ps[1], n);
     }
     if (rp->full[k])
       row[k] = o;
@@ -1019,13 +1240,13 @@ static void fused_global(const row_plan *rp) {
       else
         *(double *)o = v;
     } else if (nbi_fuse_view(t)) {
-      copy_row(rp->dom, o, p[0], ps[0], 1);
+      copy_row(rp->es, o, p[0], ps[0], 1);
     } else if (t->op == NBI_OP_WHERE) {
-      where_rows[rp->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], 1);
+      rp->rt->where[rp->dom](o, p[0], ps[0], p[1], ps[1], p[2], ps[2], 1);
     } else if (t->n_in == 1) {
-      unary_rows[rp->dom][t->op](o, p[0], ps[0], 1);
+      rp->rt->un[rp->dom][t->op](o, p[0], ps[0], 1);
     } else {
-      binary_rows[rp->dom][t->op](o, p[0], ps[0], p[1], ps[1], 1);
+      rp->rt->bin[rp->dom][t->op](o, p[0], ps[0], p[1], ps[1], 1);
     }
     if (rp->out[k]) memcpy(rp->out[k], o, rp->es);
   }
@@ -1034,6 +1255,7 @@ static void fused_global(const row_plan *rp) {
 nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out,
                              int ra) {
   row_plan rp = {.m = m, .ra = ra, .nodes = nodes, .dom = domain_of(nodes[0]->dtype), .rows = 1};
+  rp.rt = &rows_by_isa[nbi_isa_active()];
   rp.es = nb_dtype_size(domain_dtype[rp.dom]);
   const nb_shape *full = NULL;
   for (int k = 0; k < m && !full; k++)
@@ -1083,23 +1305,20 @@ nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, 
   rp.pitch = ((size_t)rp.n * rp.es + 63) / 64 * 64;
   size_t scr_bytes = (size_t)(rp.n_slots + 3) * rp.pitch;
   int64_t rb = 8192 / rp.n + 1, n_blocks = (rp.rows + rb - 1) / rb;
-  bool oom = false;
-#pragma omp parallel if (rp.rows * rp.n >= NBI_PAR_MIN && n_blocks > 1)
+  /* per-thread scratch, one block from the buffer cache (nothing allocated per call) */
+  bool par = rp.rows * rp.n >= NBI_PAR_MIN && n_blocks > 1;
+  int n_threads = par ? omp_get_max_threads() : 1;
+  char *scr_all = nbi_cpu_scratch("nb_eval", scr_bytes * (size_t)n_threads);
+  if (!scr_all) return NB_ERR_OOM;
+#pragma omp parallel if (par) num_threads(n_threads)
   {
-    char *scr = aligned_alloc(64, scr_bytes);
-    if (!scr) {
-#pragma omp atomic write
-      oom = true;
-    }
+    char *scr = scr_all + (size_t)omp_get_thread_num() * scr_bytes;
 #pragma omp for schedule(dynamic)
     for (int64_t b = 0; b < n_blocks; b++)
-      for (int64_t r = b * rb; scr && r < rp.rows && r < (b + 1) * rb; r++)
+      for (int64_t r = b * rb; r < rp.rows && r < (b + 1) * rb; r++)
         fused_row(&rp, r, scr);
-    free(scr);
   }
-  if (oom)
-    return nbi_error(NB_ERR_OOM, "nb_eval: out of memory for a fused group's rows (%lld bytes)",
-                     (long long)scr_bytes);
+  nbi_cpu_scratch_free(scr_all);
   fused_global(&rp);
   return NB_OK;
 }
