@@ -5,180 +5,45 @@
  * (closed and open), conflicts, non-divisible sizes. Every expected sharding
  * is derived by hand in the comment next to it.
  *
- * Meshes and shardings are built here from text by a small test-only reader
- * (tm_mesh, tm_spec; the library's parser lives in spec.c), and compared as
- * canonical text ("[x, _] partial(y)"; sets sorted in mesh order). */
+ * Meshes are virtual CPU meshes; shardings are read with the library's spec
+ * parser and compared as canonical text ("[x, _] partial(y)", sets in mesh
+ * order; spec.c). */
 #include "../src/ops/index.h"
 #include "../src/ops/nn.h"
 #include "../src/sharding/sharding.h"
 #include "common.h"
 
-#include <ctype.h>
 #include <stdio.h>
 
-TestSuite(sharding_rules, .init = tc_setup, .fini = tc_teardown);
+/* ---- meshes and specs from text (the library's parser and canonical text) ---- */
 
-/* ---- meshes and specs from text ----------------------------------------------- */
+static nb_mesh *g_mesh[16];
+static int g_n_mesh;
 
-/* "x=4,y=2" into *m (no devices: rules and propagation never look at them). */
-static nb_mesh *tm_mesh(nb_mesh *m, const char *axes) {
-  memset(m, 0, sizeof *m);
-  m->refcount = 1;
-  m->n_dev = 1;
-  snprintf(m->text, sizeof m->text, "%s", axes);
-  const char *p = axes;
-  while (*p) {
-    int len = 0;
-    long long size = 0;
-    cr_assert(sscanf(p, "%*[a-z_0-9]%n=%lld", &len, &size) == 1, "bad mesh %s", axes);
-    memcpy(m->name[m->n_axes], p, (size_t)len);
-    m->size[m->n_axes++] = size;
-    m->n_dev *= (int)size;
-    p = strchr(p, ',');
-    if (!p) break;
-    p++;
-  }
-  return m;
+static void teardown(void) {
+  while (g_n_mesh > 0)
+    nb_mesh_release(g_mesh[--g_n_mesh]);
+  tc_teardown();
 }
 
-static void skip_ws(const char **p) {
-  while (**p == ' ')
-    (*p)++;
+TestSuite(sharding_rules, .init = tc_setup, .fini = teardown);
+
+/* A virtual CPU mesh, released when the test ends. */
+static nb_mesh *mesh(const char *axes) {
+  cr_assert(g_n_mesh < 16);
+  nb_mesh *m = nb_mesh_cpu(axes);
+  cr_assert(m, "%s", nb_last_error());
+  return g_mesh[g_n_mesh++] = m;
 }
 
-/* An axis "x" or a sub-axis "x:(2)2". */
-static nbi_axis read_axis(const nb_mesh *m, const char **p) {
-  skip_ws(p);
-  const char *s = *p;
-  while (isalnum((unsigned char)**p) || **p == '_')
-    (*p)++;
-  int a = -1;
-  for (int i = 0; i < m->n_axes; i++)
-    if (strlen(m->name[i]) == (size_t)(*p - s) && !strncmp(m->name[i], s, (size_t)(*p - s))) a = i;
-  cr_assert(a >= 0, "unknown axis in %s", s);
-  nbi_axis ax = {.axis = a, .pre = 1, .size = m->size[a]};
-  if (**p == ':') {
-    int n = 0;
-    long long pre, size;
-    cr_assert(sscanf(*p, ":(%lld)%lld%n", &pre, &size, &n) == 2, "bad sub-axis %s", s);
-    ax.pre = pre, ax.size = size;
-    *p += n;
-  }
-  return ax;
-}
-
-/* "[x, (x, y)?@1, _] replicated(z) partial(w)"; dims it does not list are
- * closed and unsharded. */
 static nbi_sharding tm_spec(const nb_mesh *m, int ndim, const char *spec) {
   nbi_sharding s;
-  memset(&s, 0, sizeof s);
-  s.ndim = ndim;
-  for (int d = 0; d < ndim; d++)
-    s.dim[d].priority = -1;
-  const char *p = spec;
-  skip_ws(&p);
-  bool br = *p == '[';
-  if (br) p++;
-  for (int d = 0;; d++) {
-    skip_ws(&p);
-    bool entry = *p == '_' || *p == '(' || isalpha((unsigned char)*p);
-    if (!entry || !strncmp(p, "replicated(", 11) || !strncmp(p, "partial(", 8)) break;
-    cr_assert(d < ndim, "spec %s has more entries than %d dims", spec, ndim);
-    nbi_dim_sharding *ds = &s.dim[d];
-    if (*p == '_') {
-      p++;
-    } else if (*p == '(') {
-      p++;
-      do {
-        ds->ax[ds->n++] = read_axis(m, &p);
-        skip_ws(&p);
-      } while (*p == ',' && p++);
-      cr_assert(*p == ')', "bad spec %s", spec);
-      p++;
-    } else {
-      ds->ax[ds->n++] = read_axis(m, &p);
-    }
-    if (*p == '?') ds->open = true, p++;
-    if (*p == '@') ds->priority = (int)strtol(p + 1, (char **)&p, 10);
-    skip_ws(&p);
-    if (*p != ',') break;
-    p++;
-  }
-  skip_ws(&p);
-  if (br) {
-    cr_assert(*p == ']', "bad spec %s", spec);
-    p++;
-  }
-  for (;;) {
-    skip_ws(&p);
-    if (!*p) break;
-    bool repl = !strncmp(p, "replicated(", 11);
-    cr_assert(repl || !strncmp(p, "partial(", 8), "bad modifier in %s", spec);
-    p += repl ? 11 : 8;
-    do {
-      nbi_axis a = read_axis(m, &p);
-      if (repl)
-        s.repl[s.n_repl++] = a;
-      else
-        s.partial[s.n_partial++] = a;
-      skip_ws(&p);
-    } while (*p == ',' && p++);
-    cr_assert(*p == ')', "bad spec %s", spec);
-    p++;
-  }
+  cr_assert_eq(nbi_sharding_parse("test", m, spec, ndim, false, &s), NB_OK, "%s", nb_last_error());
   return s;
 }
 
-static void put_axis(const nb_mesh *m, const nbi_axis *a, char *b, size_t cap) {
-  size_t n = strlen(b);
-  if (a->pre == 1 && a->size == m->size[a->axis])
-    snprintf(b + n, cap - n, "%s", m->name[a->axis]);
-  else
-    snprintf(b + n, cap - n, "%s:(%lld)%lld", m->name[a->axis], (long long)a->pre,
-             (long long)a->size);
-}
-
-static void put_set(const nb_mesh *m, const char *what, const nbi_axis *set, int n, char *b,
-                    size_t cap) {
-  if (!n) return;
-  nbi_axis s[NBI_MESH_MAX_AXES];
-  memcpy(s, set, sizeof(nbi_axis) * (size_t)n);
-  for (int i = 1; i < n; i++) /* mesh order */
-    for (int j = i; j > 0 && (s[j].axis < s[j - 1].axis ||
-                              (s[j].axis == s[j - 1].axis && s[j].pre < s[j - 1].pre));
-         j--) {
-      nbi_axis t = s[j];
-      s[j] = s[j - 1], s[j - 1] = t;
-    }
-  strncat(b, " ", cap - strlen(b) - 1);
-  strncat(b, what, cap - strlen(b) - 1);
-  strncat(b, "(", cap - strlen(b) - 1);
-  for (int i = 0; i < n; i++) {
-    if (i) strncat(b, ", ", cap - strlen(b) - 1);
-    put_axis(m, &s[i], b, cap);
-  }
-  strncat(b, ")", cap - strlen(b) - 1);
-}
-
-/* Canonical text of s (the format of nb_sharding_str). */
 static const char *tm_str(const nb_mesh *m, const nbi_sharding *s, char *b, size_t cap) {
-  snprintf(b, cap, "[");
-  for (int d = 0; d < s->ndim; d++) {
-    const nbi_dim_sharding *ds = &s->dim[d];
-    if (d) strncat(b, ", ", cap - strlen(b) - 1);
-    if (ds->n == 0) strncat(b, "_", cap - strlen(b) - 1);
-    if (ds->n > 1) strncat(b, "(", cap - strlen(b) - 1);
-    for (int i = 0; i < ds->n; i++) {
-      if (i) strncat(b, ", ", cap - strlen(b) - 1);
-      put_axis(m, &ds->ax[i], b, cap);
-    }
-    if (ds->n > 1) strncat(b, ")", cap - strlen(b) - 1);
-    if (ds->open) strncat(b, "?", cap - strlen(b) - 1);
-    if (ds->priority >= 0) snprintf(b + strlen(b), cap - strlen(b), "@%d", ds->priority);
-  }
-  strncat(b, "]", cap - strlen(b) - 1);
-  put_set(m, "replicated", s->repl, s->n_repl, b, cap);
-  put_set(m, "partial", s->partial, s->n_partial, b, cap);
+  nbi_sharding_format(m, s, b, cap);
   return b;
 }
 
@@ -259,60 +124,55 @@ static void expect_dim(const nbi_shard_rule *r, int t, int d, int n, const int64
 Test(sharding_rules, worked_case_1_matmul_partial) {
   /* m = 8 (A0, C0) takes x from A, k = 32 (A1, B0) takes y from both, n = 16
    * takes nothing: C = [x, _], and k's y becomes C's partial axis. */
-  nb_mesh m;
-  tm_mesh(&m, "x=4,y=2");
+  nb_mesh *m = mesh("x=4,y=2");
   nb_tensor *c = nb_matmul(zeros(NB_SHAPE(8, 32)), zeros(NB_SHAPE(32, 16)));
   prop_res r;
-  prop_node(&m, c, SPECS("[x, y]", "[y, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _] partial(y)", "C");
-  expect_sh(&m, &r.tgt[0], "[x, y]", "A's target");
-  expect_sh(&m, &r.tgt[1], "[y, _]", "B's target");
+  prop_node(m, c, SPECS("[x, y]", "[y, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _] partial(y)", "C");
+  expect_sh(m, &r.tgt[0], "[x, y]", "A's target");
+  expect_sh(m, &r.tgt[1], "[y, _]", "B's target");
 }
 
 Test(sharding_rules, worked_case_2_conflict_larger_tensor_wins) {
   /* m wants x (from A, 256 elements), n wants x (from B, 512): C holds both,
    * so x goes to n (larger source) and m stays unsharded; A is gathered. */
-  nb_mesh m;
-  tm_mesh(&m, "x=4,y=2");
+  nb_mesh *m = mesh("x=4,y=2");
   nb_tensor *c = nb_matmul(zeros(NB_SHAPE(8, 32)), zeros(NB_SHAPE(32, 16)));
   prop_res r;
-  prop_node(&m, c, SPECS("[x, _]", "[_, x]"), NULL, &r);
-  expect_sh(&m, &r.out, "[_, x]", "C");
-  expect_sh(&m, &r.tgt[0], "[_, _]", "A's target");
-  expect_sh(&m, &r.tgt[1], "[_, x]", "B's target");
+  prop_node(m, c, SPECS("[x, _]", "[_, x]"), NULL, &r);
+  expect_sh(m, &r.out, "[_, x]", "C");
+  expect_sh(m, &r.tgt[0], "[_, _]", "A's target");
+  expect_sh(m, &r.tgt[1], "[_, x]", "B's target");
 }
 
 Test(sharding_rules, worked_case_3_prefix_extends) {
   /* dim 0's factor: X says (x, y), Y says x; equal prefix x, Y's shorter list
    * does not block y: (x, y) for Z and for Y (a local slice). */
-  nb_mesh m;
-  tm_mesh(&m, "x=4,y=2");
+  nb_mesh *m = mesh("x=4,y=2");
   nb_tensor *z = nb_add(zeros(NB_SHAPE(16, 4)), zeros(NB_SHAPE(16, 4)));
   prop_res r;
-  prop_node(&m, z, SPECS("[(x, y), _]", "[x, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[(x, y), _]", "Z");
-  expect_sh(&m, &r.tgt[0], "[(x, y), _]", "X's target");
-  expect_sh(&m, &r.tgt[1], "[(x, y), _]", "Y's target");
+  prop_node(m, z, SPECS("[(x, y), _]", "[x, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[(x, y), _]", "Z");
+  expect_sh(m, &r.tgt[0], "[(x, y), _]", "X's target");
+  expect_sh(m, &r.tgt[1], "[(x, y), _]", "Y's target");
 }
 
 Test(sharding_rules, worked_case_4_reshape_sub_axes) {
   /* [8] -> [2, 4] is (i j) -> (i), (j), i = 2, j = 4. x (4) does not divide
    * i: its major half x:(1)2 completes i and the minor half x:(2)2 goes to j.
    * The operand keeps x (the two halves merge back). */
-  nb_mesh m;
-  tm_mesh(&m, "x=4,y=2");
+  nb_mesh *m = mesh("x=4,y=2");
   nb_tensor *y = nb_reshape(zeros(NB_SHAPE(8)), NB_SHAPE(2, 4));
   prop_res r;
-  prop_node(&m, y, SPECS("[x]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x:(1)2, x:(2)2]", "reshape result");
-  expect_sh(&m, &r.tgt[0], "[x]", "reshape operand");
+  prop_node(m, y, SPECS("[x]"), NULL, &r);
+  expect_sh(m, &r.out, "[x:(1)2, x:(2)2]", "reshape result");
+  expect_sh(m, &r.tgt[0], "[x]", "reshape operand");
   /* x = 3 shares no factor with i = 2: nothing projects, the input is
    * gathered. */
-  nb_mesh m3;
-  tm_mesh(&m3, "x=3");
-  prop_node(&m3, y, SPECS("[x]"), NULL, &r);
-  expect_sh(&m3, &r.out, "[_, _]", "reshape result on x=3");
-  expect_sh(&m3, &r.tgt[0], "[_]", "reshape operand on x=3");
+  nb_mesh *m3 = mesh("x=3");
+  prop_node(m3, y, SPECS("[x]"), NULL, &r);
+  expect_sh(m3, &r.out, "[_, _]", "reshape result on x=3");
+  expect_sh(m3, &r.tgt[0], "[_]", "reshape operand on x=3");
 }
 
 /* ---- every op has a consistent rule ------------------------------------------- */
@@ -615,8 +475,7 @@ Test(sharding_rules, rule_kinds) {
 /* ---- propagation ------------------------------------------------------------------ */
 
 Test(sharding_rules, reshape_propagation) {
-  nb_mesh m;
-  tm_mesh(&m, "x=4,y=2");
+  nb_mesh *m = mesh("x=4,y=2");
   prop_res r;
   /* [8, 4] -> [2, 16] = (i j), (k) -> (i), (j k), i = 2, j = 4, k = 4.
    * Operand [x, y]: x (4) splits into x:(1)2 (completes i) and x:(2)2 (on
@@ -624,392 +483,362 @@ Test(sharding_rules, reshape_propagation) {
    * (j k), so k cannot follow (strided): k loses y, the operand is gathered
    * on dim 1. */
   nb_tensor *y = nb_reshape(zeros(NB_SHAPE(8, 4)), NB_SHAPE(2, 16));
-  prop_node(&m, y, SPECS("[x, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x:(1)2, x:(2)2]", "[8,4]->[2,16] result");
-  expect_sh(&m, &r.tgt[0], "[x, _]", "[8,4]->[2,16] operand");
+  prop_node(m, y, SPECS("[x, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[x:(1)2, x:(2)2]", "[8,4]->[2,16] result");
+  expect_sh(m, &r.tgt[0], "[x, _]", "[8,4]->[2,16] operand");
   /* [8, 6] -> [48] = (i), (j) -> (i j): x takes 4 of i's 8, so j cannot
    * follow in the result's dim: [x]; the operand loses y. */
   y = nb_reshape(zeros(NB_SHAPE(8, 6)), NB_SHAPE(48));
-  prop_node(&m, y, SPECS("[x, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x]", "[8,6]->[48] result");
-  expect_sh(&m, &r.tgt[0], "[x, _]", "[8,6]->[48] operand");
+  prop_node(m, y, SPECS("[x, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[x]", "[8,6]->[48] result");
+  expect_sh(m, &r.tgt[0], "[x, _]", "[8,6]->[48] operand");
   /* with (x, y) on dim 0, i = 8 is complete: [(x, y)] */
-  prop_node(&m, y, SPECS("[(x, y), _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[(x, y)]", "[8,6]->[48] result, full i");
-  expect_sh(&m, &r.tgt[0], "[(x, y), _]", "[8,6]->[48] operand, full i");
+  prop_node(m, y, SPECS("[(x, y), _]"), NULL, &r);
+  expect_sh(m, &r.out, "[(x, y)]", "[8,6]->[48] result, full i");
+  expect_sh(m, &r.tgt[0], "[(x, y), _]", "[8,6]->[48] operand, full i");
   /* the other way: [48] [(x, y)] -> [8, 6]: (i j) with i = 8; x and y divide
    * i (8 / 4 = 2, 2 / 2 = 1): [(x, y), _] */
   y = nb_reshape(zeros(NB_SHAPE(48)), NB_SHAPE(8, 6));
-  prop_node(&m, y, SPECS("[(x, y)]"), NULL, &r);
-  expect_sh(&m, &r.out, "[(x, y), _]", "[48]->[8,6] result");
-  expect_sh(&m, &r.tgt[0], "[(x, y)]", "[48]->[8,6] operand");
+  prop_node(m, y, SPECS("[(x, y)]"), NULL, &r);
+  expect_sh(m, &r.out, "[(x, y), _]", "[48]->[8,6] result");
+  expect_sh(m, &r.tgt[0], "[(x, y)]", "[48]->[8,6] operand");
   /* [6] [x] -> [2, 3] (non-divisible): i = 2 takes x:(1)2; x:(2)2 (2) does not
    * divide j = 3, which shares the operand's dim with i, so j gets nothing
    * and the operand keeps only the major half. */
   y = nb_reshape(zeros(NB_SHAPE(6)), NB_SHAPE(2, 3));
-  prop_node(&m, y, SPECS("[x]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x:(1)2, _]", "[6]->[2,3] result");
-  expect_sh(&m, &r.tgt[0], "[x:(1)2]", "[6]->[2,3] operand");
+  prop_node(m, y, SPECS("[x]"), NULL, &r);
+  expect_sh(m, &r.out, "[x:(1)2, _]", "[6]->[2,3] result");
+  expect_sh(m, &r.tgt[0], "[x:(1)2]", "[6]->[2,3] operand");
   /* [6, 4] -> [4, 6] is need-replication throughout: everything gathered */
   y = nb_reshape(zeros(NB_SHAPE(6, 4)), NB_SHAPE(4, 6));
-  prop_node(&m, y, SPECS("[y, x]"), NULL, &r);
-  expect_sh(&m, &r.out, "[_, _]", "[6,4]->[4,6] result");
-  expect_sh(&m, &r.tgt[0], "[_, _]", "[6,4]->[4,6] operand");
+  prop_node(m, y, SPECS("[y, x]"), NULL, &r);
+  expect_sh(m, &r.out, "[_, _]", "[6,4]->[4,6] result");
+  expect_sh(m, &r.tgt[0], "[_, _]", "[6,4]->[4,6] operand");
 }
 
 Test(sharding_rules, elementwise_broadcasting) {
-  nb_mesh m;
-  tm_mesh(&m, "x=4,y=2");
+  nb_mesh *m = mesh("x=4,y=2");
   prop_res r;
   /* [4, 1] + [1, 8] -> [4, 8]: dim 0's factor only in X, dim 1's only in Y */
   nb_tensor *z = nb_add(zeros(NB_SHAPE(4, 1)), zeros(NB_SHAPE(1, 8)));
-  prop_node(&m, z, SPECS("[x, _]", "[_, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, y]", "outer sum");
-  expect_sh(&m, &r.tgt[0], "[x, _]", "X");
-  expect_sh(&m, &r.tgt[1], "[_, y]", "Y");
+  prop_node(m, z, SPECS("[x, _]", "[_, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, y]", "outer sum");
+  expect_sh(m, &r.tgt[0], "[x, _]", "X");
+  expect_sh(m, &r.tgt[1], "[_, y]", "Y");
   /* [16, 4] + [4]: Y (rank 1) right-aligns with dim 1 */
   z = nb_add(zeros(NB_SHAPE(16, 4)), zeros(NB_SHAPE(4)));
-  prop_node(&m, z, SPECS("[x, _]", "[y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, y]", "row broadcast");
-  expect_sh(&m, &r.tgt[0], "[x, y]", "X gets y on dim 1 (a local slice)");
-  expect_sh(&m, &r.tgt[1], "[y]", "Y");
+  prop_node(m, z, SPECS("[x, _]", "[y]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, y]", "row broadcast");
+  expect_sh(m, &r.tgt[0], "[x, y]", "X gets y on dim 1 (a local slice)");
+  expect_sh(m, &r.tgt[1], "[y]", "Y");
   /* an operand not on the mesh (NULL) is replicated: it is sliced to fit */
-  prop_node(&m, z, SPECS("[x, _]", NULL), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _]", "with a plain operand");
-  expect_sh(&m, &r.tgt[1], "[_]", "plain operand");
+  prop_node(m, z, SPECS("[x, _]", NULL), NULL, &r);
+  expect_sh(m, &r.out, "[x, _]", "with a plain operand");
+  expect_sh(m, &r.tgt[1], "[_]", "plain operand");
   /* where(c, a, b) broadcasting three ways: c [8, 1], a [8, 4], b [4] */
   nb_tensor *c = nb_gt(zeros(NB_SHAPE(8, 1)), zeros(NB_SHAPE(8, 1)));
   z = nb_where(c, zeros(NB_SHAPE(8, 4)), zeros(NB_SHAPE(4)));
-  prop_node(&m, z, SPECS("[x, _]", NULL, "[y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, y]", "where");
-  expect_sh(&m, &r.tgt[1], "[x, y]", "where's a");
+  prop_node(m, z, SPECS("[x, _]", NULL, "[y]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, y]", "where");
+  expect_sh(m, &r.tgt[1], "[x, y]", "where's a");
 }
 
 Test(sharding_rules, conflicts_resolved_by_size) {
-  nb_mesh m;
-  tm_mesh(&m, "x=4,y=2");
+  nb_mesh *m = mesh("x=4,y=2");
   prop_res r;
   /* X [16, 4] on dim 0 (i) and Y [4] on j both want x; X holds both factors.
    * X (64 elements) beats Y (4): i gets x, j nothing, Y is gathered. */
   nb_tensor *z = nb_add(zeros(NB_SHAPE(16, 4)), zeros(NB_SHAPE(4)));
-  prop_node(&m, z, SPECS("[x, _]", "[x]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _]", "larger X wins");
-  expect_sh(&m, &r.tgt[1], "[_]", "Y gathered");
+  prop_node(m, z, SPECS("[x, _]", "[x]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _]", "larger X wins");
+  expect_sh(m, &r.tgt[1], "[_]", "Y gathered");
   /* operands swapped: still the larger tensor's factor */
   z = nb_add(zeros(NB_SHAPE(4)), zeros(NB_SHAPE(16, 4)));
-  prop_node(&m, z, SPECS("[x]", "[x, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _]", "larger Y wins");
-  expect_sh(&m, &r.tgt[0], "[_]", "X gathered");
+  prop_node(m, z, SPECS("[x]", "[x, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _]", "larger Y wins");
+  expect_sh(m, &r.tgt[0], "[_]", "X gathered");
   /* one factor, two proposals: X [8, 4] says y, Y [2, 8, 4] (64 > 32) says
    * x for the shared dim of 8: Y's x wins, X is resharded y -> x. */
   z = nb_add(zeros(NB_SHAPE(8, 4)), zeros(NB_SHAPE(2, 8, 4)));
-  prop_node(&m, z, SPECS("[y, _]", "[_, x, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[_, x, _]", "mismatch: larger wins");
-  expect_sh(&m, &r.tgt[0], "[x, _]", "X resharded");
-  expect_sh(&m, &r.tgt[1], "[_, x, _]", "Y kept");
+  prop_node(m, z, SPECS("[y, _]", "[_, x, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[_, x, _]", "mismatch: larger wins");
+  expect_sh(m, &r.tgt[0], "[x, _]", "X resharded");
+  expect_sh(m, &r.tgt[1], "[_, x, _]", "Y kept");
   /* equal sizes: the lower operand index wins */
   z = nb_add(zeros(NB_SHAPE(8, 4)), zeros(NB_SHAPE(8, 4)));
-  prop_node(&m, z, SPECS("[y, _]", "[x, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[y, _]", "tie: operand 0");
-  expect_sh(&m, &r.tgt[1], "[y, _]", "tie: operand 1 resharded");
+  prop_node(m, z, SPECS("[y, _]", "[x, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[y, _]", "tie: operand 0");
+  expect_sh(m, &r.tgt[1], "[y, _]", "tie: operand 1 resharded");
 }
 
 Test(sharding_rules, priorities) {
-  nb_mesh m;
-  tm_mesh(&m, "x=4,y=2");
+  nb_mesh *m = mesh("x=4,y=2");
   prop_res r;
   /* the smaller X with priority 0 beats the larger Y with none */
   nb_tensor *z = nb_add(zeros(NB_SHAPE(8, 4)), zeros(NB_SHAPE(2, 8, 4)));
-  prop_node(&m, z, SPECS("[y@0, _]", "[_, x, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[_, y, _]", "priority 0 wins");
-  expect_sh(&m, &r.tgt[0], "[y@0, _]", "X keeps its flags");
-  expect_sh(&m, &r.tgt[1], "[_, y, _]", "Y resharded");
+  prop_node(m, z, SPECS("[y@0, _]", "[_, x, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[_, y, _]", "priority 0 wins");
+  expect_sh(m, &r.tgt[0], "[y@0, _]", "X keeps its flags");
+  expect_sh(m, &r.tgt[1], "[_, y, _]", "Y resharded");
   /* lower number wins: @1 over @2 */
-  prop_node(&m, z, SPECS("[y@2, _]", "[_, x@1, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[_, x, _]", "@1 beats @2");
-  expect_sh(&m, &r.tgt[0], "[x@2, _]", "X resharded");
+  prop_node(m, z, SPECS("[y@2, _]", "[_, x@1, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[_, x, _]", "@1 beats @2");
+  expect_sh(m, &r.tgt[0], "[x@2, _]", "X resharded");
   /* priorities order cross-factor conflicts too: Y [4] x@0 beats X [16, 4]
    * (larger) x on the other factor */
   z = nb_add(zeros(NB_SHAPE(16, 4)), zeros(NB_SHAPE(4)));
-  prop_node(&m, z, SPECS("[x, _]", "[x@0]"), NULL, &r);
-  expect_sh(&m, &r.out, "[_, x]", "priority over size");
-  expect_sh(&m, &r.tgt[0], "[_, x]", "X resharded");
+  prop_node(m, z, SPECS("[x, _]", "[x@0]"), NULL, &r);
+  expect_sh(m, &r.out, "[_, x]", "priority over size");
+  expect_sh(m, &r.tgt[0], "[_, x]", "X resharded");
   /* a lower-priority list still extends an agreeing prefix (shorter lists
    * never block) */
   z = nb_add(zeros(NB_SHAPE(16, 4)), zeros(NB_SHAPE(16, 4)));
-  prop_node(&m, z, SPECS("[x@0, _]", "[(x, y), _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[(x, y), _]", "extension");
+  prop_node(m, z, SPECS("[x@0, _]", "[(x, y), _]"), NULL, &r);
+  expect_sh(m, &r.out, "[(x, y), _]", "extension");
 }
 
 Test(sharding_rules, explicit_replication) {
-  nb_mesh m;
-  tm_mesh(&m, "x=4,y=2");
+  nb_mesh *m = mesh("x=4,y=2");
   prop_res r;
   nb_tensor *z = nb_add(zeros(NB_SHAPE(8, 4)), zeros(NB_SHAPE(8, 4)));
   /* X replicates x explicitly, Y proposes x, equal priority: replication
    * wins, nothing is sharded and Y is gathered */
-  prop_node(&m, z, SPECS("[_?, _] replicated(x)", "[x, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[_, _]", "replication wins");
-  expect_sh(&m, &r.tgt[0], "[_?, _] replicated(x)", "X");
-  expect_sh(&m, &r.tgt[1], "[_, _]", "Y gathered");
+  prop_node(m, z, SPECS("[_?, _] replicated(x)", "[x, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[_, _]", "replication wins");
+  expect_sh(m, &r.tgt[0], "[_?, _] replicated(x)", "X");
+  expect_sh(m, &r.tgt[1], "[_, _]", "Y gathered");
   /* with priority 0 on Y the proposal wins; X is sharded and loses the
    * replicated axis it now uses */
-  prop_node(&m, z, SPECS("[_?, _] replicated(x)", "[x@0, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _]", "priority beats replication");
-  expect_sh(&m, &r.tgt[0], "[x?, _]", "X sharded");
+  prop_node(m, z, SPECS("[_?, _] replicated(x)", "[x@0, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _]", "priority beats replication");
+  expect_sh(m, &r.tgt[0], "[x?, _]", "X sharded");
   /* replication of another axis does not interfere and is kept */
-  prop_node(&m, z, SPECS("[_, _] replicated(y)", "[x, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _]", "other axis");
-  expect_sh(&m, &r.tgt[0], "[x, _] replicated(y)", "X keeps replicated(y)");
+  prop_node(m, z, SPECS("[_, _] replicated(y)", "[x, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _]", "other axis");
+  expect_sh(m, &r.tgt[0], "[x, _] replicated(y)", "X keeps replicated(y)");
 }
 
 Test(sharding_rules, constraints_closed_and_open) {
-  nb_mesh m;
-  tm_mesh(&m, "x=4,y=2");
+  nb_mesh *m = mesh("x=4,y=2");
   prop_res r;
   nb_tensor *e = nb_exp(zeros(NB_SHAPE(8, 4)));
   /* a closed constraint is exact: dim 1 stays unsharded, X is gathered on it */
-  prop_node(&m, e, SPECS("[x, y]"), "[x, _]", &r);
-  expect_sh(&m, &r.out, "[x, _]", "closed constraint");
-  expect_sh(&m, &r.tgt[0], "[x, _]", "operand fitted to it");
+  prop_node(m, e, SPECS("[x, y]"), "[x, _]", &r);
+  expect_sh(m, &r.out, "[x, _]", "closed constraint");
+  expect_sh(m, &r.tgt[0], "[x, _]", "operand fitted to it");
   /* an open dim may take more: y from the operand */
-  prop_node(&m, e, SPECS("[x, y]"), "[x, _?]", &r);
-  expect_sh(&m, &r.out, "[x, y?]", "open constraint");
-  expect_sh(&m, &r.tgt[0], "[x, y]", "operand kept");
+  prop_node(m, e, SPECS("[x, y]"), "[x, _?]", &r);
+  expect_sh(m, &r.out, "[x, y?]", "open constraint");
+  expect_sh(m, &r.tgt[0], "[x, y]", "operand kept");
   /* the constraint beats the operand, and extends it */
-  prop_node(&m, e, SPECS("[y, _]"), "[x, _]", &r);
-  expect_sh(&m, &r.out, "[x, _]", "constraint wins");
-  expect_sh(&m, &r.tgt[0], "[x, _]", "operand resharded");
-  prop_node(&m, e, SPECS("[x, _]"), "[(x, y), _]", &r);
-  expect_sh(&m, &r.out, "[(x, y), _]", "constraint extends");
-  expect_sh(&m, &r.tgt[0], "[(x, y), _]", "operand sliced");
+  prop_node(m, e, SPECS("[y, _]"), "[x, _]", &r);
+  expect_sh(m, &r.out, "[x, _]", "constraint wins");
+  expect_sh(m, &r.tgt[0], "[x, _]", "operand resharded");
+  prop_node(m, e, SPECS("[x, _]"), "[(x, y), _]", &r);
+  expect_sh(m, &r.out, "[(x, y), _]", "constraint extends");
+  expect_sh(m, &r.tgt[0], "[(x, y), _]", "operand sliced");
   /* operands' closed dims do not block (aggressive, case 3); open ones are
    * extended alike and keep their flag */
   nb_tensor *z = nb_add(zeros(NB_SHAPE(16, 4)), zeros(NB_SHAPE(16, 4)));
-  prop_node(&m, z, SPECS("[x?, _]", "[(x, y), _]"), NULL, &r);
-  expect_sh(&m, &r.tgt[0], "[(x, y)?, _]", "open operand extended");
+  prop_node(m, z, SPECS("[x?, _]", "[(x, y), _]"), NULL, &r);
+  expect_sh(m, &r.tgt[0], "[(x, y)?, _]", "open operand extended");
   /* a constraint on a compound result dim: [8] -> [2, 4] constrained to
    * [_, _] leaves the operand gathered */
   nb_tensor *y = nb_reshape(zeros(NB_SHAPE(8)), NB_SHAPE(2, 4));
-  prop_node(&m, y, SPECS("[x]"), "[_, _]", &r);
-  expect_sh(&m, &r.out, "[_, _]", "reshape constrained");
-  expect_sh(&m, &r.tgt[0], "[_]", "reshape operand gathered");
+  prop_node(m, y, SPECS("[x]"), "[_, _]", &r);
+  expect_sh(m, &r.out, "[_, _]", "reshape constrained");
+  expect_sh(m, &r.tgt[0], "[_]", "reshape operand gathered");
   /* and a constraint alone shards a constant's result */
-  prop_node(&m, zeros(NB_SHAPE(8, 4)), NULL, "[x, y]", &r);
-  expect_sh(&m, &r.out, "[x, y]", "constant");
+  prop_node(m, zeros(NB_SHAPE(8, 4)), NULL, "[x, y]", &r);
+  expect_sh(m, &r.out, "[x, y]", "constant");
 }
 
 Test(sharding_rules, reductions_make_partials) {
-  nb_mesh m;
-  tm_mesh(&m, "x=4,y=2");
+  nb_mesh *m = mesh("x=4,y=2");
   prop_res r;
   nb_tensor *x = zeros(NB_SHAPE(8, 4));
   /* sum over dim 1 sharded on y: the result holds partial sums over y */
-  prop_node(&m, nb_sum(x, NB_AXES(1), false), SPECS("[x, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x] partial(y)", "sum");
-  expect_sh(&m, &r.tgt[0], "[x, y]", "sum operand");
-  prop_node(&m, nb_sum(x, NB_AXES(1), true), SPECS("[x, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _] partial(y)", "sum keepdims");
-  prop_node(&m, nb_mean(x, NB_AXES(0), false), SPECS("[x, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[y] partial(x)", "mean over dim 0");
-  prop_node(&m, nb_sum(x, NB_ALL, false), SPECS("[x, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[] partial(x, y)", "sum of all");
+  prop_node(m, nb_sum(x, NB_AXES(1), false), SPECS("[x, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[x] partial(y)", "sum");
+  expect_sh(m, &r.tgt[0], "[x, y]", "sum operand");
+  prop_node(m, nb_sum(x, NB_AXES(1), true), SPECS("[x, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _] partial(y)", "sum keepdims");
+  prop_node(m, nb_mean(x, NB_AXES(0), false), SPECS("[x, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[y] partial(x)", "mean over dim 0");
+  prop_node(m, nb_sum(x, NB_ALL, false), SPECS("[x, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[] partial(x, y)", "sum of all");
   /* max, var, logsumexp, argmax: the reduced dim is gathered instead */
-  prop_node(&m, nb_max(x, NB_AXES(1), false), SPECS("[x, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x]", "max");
-  expect_sh(&m, &r.tgt[0], "[x, _]", "max operand gathered on dim 1");
-  prop_node(&m, nb_var(x, NB_AXES(1), false), SPECS("[x, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x]", "var");
-  prop_node(&m, nb_logsumexp(x, NB_AXES(0), false), SPECS("[x, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[y]", "logsumexp");
-  expect_sh(&m, &r.tgt[0], "[_, y]", "logsumexp operand");
-  prop_node(&m, nb_argmax(x, 1, false), SPECS("[x, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x]", "argmax");
+  prop_node(m, nb_max(x, NB_AXES(1), false), SPECS("[x, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[x]", "max");
+  expect_sh(m, &r.tgt[0], "[x, _]", "max operand gathered on dim 1");
+  prop_node(m, nb_var(x, NB_AXES(1), false), SPECS("[x, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[x]", "var");
+  prop_node(m, nb_logsumexp(x, NB_AXES(0), false), SPECS("[x, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[y]", "logsumexp");
+  expect_sh(m, &r.tgt[0], "[_, y]", "logsumexp operand");
+  prop_node(m, nb_argmax(x, 1, false), SPECS("[x, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[x]", "argmax");
   /* softmax / cumsum along dim 1: need-replication there */
-  prop_node(&m, nb_softmax(x, 1), SPECS("[x, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _]", "softmax");
-  expect_sh(&m, &r.tgt[0], "[x, _]", "softmax operand");
-  prop_node(&m, nb_cumsum(x, 0), SPECS("[x, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[_, y]", "cumsum");
+  prop_node(m, nb_softmax(x, 1), SPECS("[x, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _]", "softmax");
+  expect_sh(m, &r.tgt[0], "[x, _]", "softmax operand");
+  prop_node(m, nb_cumsum(x, 0), SPECS("[x, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[_, y]", "cumsum");
 }
 
 Test(sharding_rules, linearity_of_partials) {
-  nb_mesh m;
-  tm_mesh(&m, "x=4,y=2");
+  nb_mesh *m = mesh("x=4,y=2");
   prop_res r;
   nb_tensor *a = zeros(NB_SHAPE(8, 4)), *b = zeros(NB_SHAPE(8, 4));
   /* add: partial(y) + partial(y) stays partial(y) (sum of sums) */
-  prop_node(&m, nb_add(a, b), SPECS("[x, _] partial(y)", "[x, _] partial(y)"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _] partial(y)", "add of partials");
-  expect_sh(&m, &r.tgt[0], "[x, _] partial(y)", "add: a keeps partial");
-  expect_sh(&m, &r.tgt[1], "[x, _] partial(y)", "add: b keeps partial");
+  prop_node(m, nb_add(a, b), SPECS("[x, _] partial(y)", "[x, _] partial(y)"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _] partial(y)", "add of partials");
+  expect_sh(m, &r.tgt[0], "[x, _] partial(y)", "add: a keeps partial");
+  expect_sh(m, &r.tgt[1], "[x, _] partial(y)", "add: b keeps partial");
   /* add: partial(y) + full: a is reduced first, the result is not partial */
-  prop_node(&m, nb_add(a, b), SPECS("[x, _] partial(y)", "[x, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _]", "add of partial and full");
-  expect_sh(&m, &r.tgt[0], "[x, _]", "add: a all-reduced");
+  prop_node(m, nb_add(a, b), SPECS("[x, _] partial(y)", "[x, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _]", "add of partial and full");
+  expect_sh(m, &r.tgt[0], "[x, _]", "add: a all-reduced");
   /* ... and the reduced axis is free again: b's y shards dim 1, a's target
    * shards it too (a reduce-scatter) */
-  prop_node(&m, nb_sub(a, b), SPECS("[x, _] partial(y)", "[x, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, y]", "sub: y reused");
-  expect_sh(&m, &r.tgt[0], "[x, y]", "sub: a reduce-scattered");
+  prop_node(m, nb_sub(a, b), SPECS("[x, _] partial(y)", "[x, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, y]", "sub: y reused");
+  expect_sh(m, &r.tgt[0], "[x, y]", "sub: a reduce-scattered");
   /* mul: one partial operand stays partial */
-  prop_node(&m, nb_mul(a, b), SPECS("[x, _] partial(y)", "[x, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _] partial(y)", "mul with one partial");
-  expect_sh(&m, &r.tgt[0], "[x, _] partial(y)", "mul: a keeps partial");
-  expect_sh(&m, &r.tgt[1], "[x, _]", "mul: b");
+  prop_node(m, nb_mul(a, b), SPECS("[x, _] partial(y)", "[x, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _] partial(y)", "mul with one partial");
+  expect_sh(m, &r.tgt[0], "[x, _] partial(y)", "mul: a keeps partial");
+  expect_sh(m, &r.tgt[1], "[x, _]", "mul: b");
   /* mul: both partial on y: the smaller one (c, [4]) is reduced, a keeps it */
   nb_tensor *c = zeros(NB_SHAPE(4));
-  prop_node(&m, nb_mul(a, c), SPECS("[x, _] partial(y)", "[_] partial(y)"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _] partial(y)", "mul of two partials");
-  expect_sh(&m, &r.tgt[0], "[x, _] partial(y)", "mul: larger keeps");
-  expect_sh(&m, &r.tgt[1], "[_]", "mul: smaller all-reduced");
+  prop_node(m, nb_mul(a, c), SPECS("[x, _] partial(y)", "[_] partial(y)"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _] partial(y)", "mul of two partials");
+  expect_sh(m, &r.tgt[0], "[x, _] partial(y)", "mul: larger keeps");
+  expect_sh(m, &r.tgt[1], "[_]", "mul: smaller all-reduced");
   /* mul: partial on different axes: sum_i a_i * sum_j b_j over devices (i, j) */
-  prop_node(&m, nb_mul(a, b), SPECS("[_, _] partial(x)", "[_, _] partial(y)"), NULL, &r);
-  expect_sh(&m, &r.out, "[_, _] partial(x, y)", "mul over two axes");
+  prop_node(m, nb_mul(a, b), SPECS("[_, _] partial(x)", "[_, _] partial(y)"), NULL, &r);
+  expect_sh(m, &r.out, "[_, _] partial(x, y)", "mul over two axes");
   /* div: a partial numerator stays, a partial divisor is reduced */
-  prop_node(&m, nb_div(a, b), SPECS("[x, _] partial(y)", "[x, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _] partial(y)", "div numerator");
-  prop_node(&m, nb_div(a, b), SPECS("[x, _]", "[x, _] partial(y)"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _]", "div divisor");
-  expect_sh(&m, &r.tgt[1], "[x, _]", "div: divisor all-reduced");
+  prop_node(m, nb_div(a, b), SPECS("[x, _] partial(y)", "[x, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _] partial(y)", "div numerator");
+  prop_node(m, nb_div(a, b), SPECS("[x, _]", "[x, _] partial(y)"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _]", "div divisor");
+  expect_sh(m, &r.tgt[1], "[x, _]", "div: divisor all-reduced");
   /* unary: neg keeps, exp reduces */
-  prop_node(&m, nb_neg(a), SPECS("[x, _] partial(y)"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _] partial(y)", "neg");
-  prop_node(&m, nb_exp(a), SPECS("[x, _] partial(y)"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _]", "exp");
-  expect_sh(&m, &r.tgt[0], "[x, _]", "exp: operand all-reduced");
+  prop_node(m, nb_neg(a), SPECS("[x, _] partial(y)"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _] partial(y)", "neg");
+  prop_node(m, nb_exp(a), SPECS("[x, _] partial(y)"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _]", "exp");
+  expect_sh(m, &r.tgt[0], "[x, _]", "exp: operand all-reduced");
   /* views keep partials; a sum adds its own reduction axes */
-  prop_node(&m, nb_transpose(a), SPECS("[x, _] partial(y)"), NULL, &r);
-  expect_sh(&m, &r.out, "[_, x] partial(y)", "transpose");
-  prop_node(&m, nb_sum(a, NB_AXES(0), false), SPECS("[x, _] partial(y)"), NULL, &r);
-  expect_sh(&m, &r.out, "[_] partial(x, y)", "sum of a partial");
+  prop_node(m, nb_transpose(a), SPECS("[x, _] partial(y)"), NULL, &r);
+  expect_sh(m, &r.out, "[_, x] partial(y)", "transpose");
+  prop_node(m, nb_sum(a, NB_AXES(0), false), SPECS("[x, _] partial(y)"), NULL, &r);
+  expect_sh(m, &r.out, "[_] partial(x, y)", "sum of a partial");
   /* pad: with 0 it stays linear, with 1 it is not (1 per shard) */
   int64_t pads[4] = {0, 0, 1, 1};
-  prop_node(&m, nb_pad(a, pads, 0), SPECS("[x, _] partial(y)"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _] partial(y)", "pad 0");
-  prop_node(&m, nb_pad(a, pads, 1), SPECS("[x, _] partial(y)"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _]", "pad 1");
+  prop_node(m, nb_pad(a, pads, 0), SPECS("[x, _] partial(y)"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _] partial(y)", "pad 0");
+  prop_node(m, nb_pad(a, pads, 1), SPECS("[x, _] partial(y)"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _]", "pad 1");
   /* matmul with a partial left operand: stays partial, plus k's axes */
   nb_tensor *mm = nb_matmul(zeros(NB_SHAPE(8, 32)), zeros(NB_SHAPE(32, 16)));
-  prop_node(&m, mm, SPECS("[_, x] partial(y)", "[x, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[_, _] partial(x, y)", "matmul of a partial");
+  prop_node(m, mm, SPECS("[_, x] partial(y)", "[x, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[_, _] partial(x, y)", "matmul of a partial");
   /* a kept partial axis cannot shard a dim: B's y on n is dropped */
-  prop_node(&m, mm, SPECS("[_, _] partial(y)", "[_, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[_, _] partial(y)", "kept partial blocks y");
-  expect_sh(&m, &r.tgt[1], "[_, _]", "B gathered");
+  prop_node(m, mm, SPECS("[_, _] partial(y)", "[_, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[_, _] partial(y)", "kept partial blocks y");
+  expect_sh(m, &r.tgt[1], "[_, _]", "B gathered");
 }
 
 Test(sharding_rules, non_divisible_sizes) {
-  nb_mesh m;
-  tm_mesh(&m, "x=4,y=2");
+  nb_mesh *m = mesh("x=4,y=2");
   prop_res r;
   /* [5] over x = 4: ceil chunks 2, 2, 1, 0 are allowed for a factor alone
    * in its dims */
   nb_tensor *z = nb_add(zeros(NB_SHAPE(5)), zeros(NB_SHAPE(5)));
-  prop_node(&m, z, SPECS("[x]", "[_]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x]", "add [5]");
-  expect_sh(&m, &r.tgt[1], "[x]", "add [5] other operand");
+  prop_node(m, z, SPECS("[x]", "[_]"), NULL, &r);
+  expect_sh(m, &r.out, "[x]", "add [5]");
+  expect_sh(m, &r.tgt[1], "[x]", "add [5] other operand");
   /* matmul k = 5 over x: partial over x, B sliced on k */
   nb_tensor *mm = nb_matmul(zeros(NB_SHAPE(6, 5)), zeros(NB_SHAPE(5, 3)));
-  prop_node(&m, mm, SPECS("[_, x]", NULL), NULL, &r);
-  expect_sh(&m, &r.out, "[_, _] partial(x)", "matmul k = 5");
-  expect_sh(&m, &r.tgt[1], "[x, _]", "matmul B");
+  prop_node(m, mm, SPECS("[_, x]", NULL), NULL, &r);
+  expect_sh(m, &r.out, "[_, _] partial(x)", "matmul k = 5");
+  expect_sh(m, &r.tgt[1], "[x, _]", "matmul B");
   /* 3 devices on a dim of 2 (one shard empty) */
-  nb_mesh m3;
-  tm_mesh(&m3, "x=3");
-  prop_node(&m3, nb_exp(zeros(NB_SHAPE(2, 7))), SPECS("[x, _]"), NULL, &r);
-  expect_sh(&m3, &r.out, "[x, _]", "exp [2] over 3");
+  nb_mesh *m3 = mesh("x=3");
+  prop_node(m3, nb_exp(zeros(NB_SHAPE(2, 7))), SPECS("[x, _]"), NULL, &r);
+  expect_sh(m3, &r.out, "[x, _]", "exp [2] over 3");
 }
 
 Test(sharding_rules, shape_and_index_ops) {
-  nb_mesh m;
-  tm_mesh(&m, "x=4,y=2");
+  nb_mesh *m = mesh("x=4,y=2");
   prop_res r;
   nb_tensor *x = zeros(NB_SHAPE(8, 4));
   /* permute maps factors: [x, y] -> [y, x] */
-  prop_node(&m, nb_transpose(x), SPECS("[x, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[y, x]", "transpose");
+  prop_node(m, nb_transpose(x), SPECS("[x, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[y, x]", "transpose");
   /* slice on dim 1 (permutation factor): dim 1 gathered, dim 0 passes */
   nb_tensor *s = nb_slice(x, (int64_t[]){0, 1}, (int64_t[]){NB_END, 3}, (int64_t[]){1, 1});
-  prop_node(&m, s, SPECS("[x, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _]", "slice");
-  expect_sh(&m, &r.tgt[0], "[x, _]", "slice operand");
+  prop_node(m, s, SPECS("[x, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _]", "slice");
+  expect_sh(m, &r.tgt[0], "[x, _]", "slice operand");
   /* flip dim 0 */
-  prop_node(&m, nb_flip(x, NB_AXES(0)), SPECS("[x, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[_, y]", "flip");
+  prop_node(m, nb_flip(x, NB_AXES(0)), SPECS("[x, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[_, y]", "flip");
   /* concat along 0: dim 1 passes, dim 0 gathered */
   nb_tensor *c = nb_concat((nb_tensor *[]){x, x}, 2, 0);
-  prop_node(&m, c, SPECS("[x, y]", "[_, y]"), NULL, &r);
-  expect_sh(&m, &r.out, "[_, y]", "concat");
-  expect_sh(&m, &r.tgt[0], "[_, y]", "concat operand");
+  prop_node(m, c, SPECS("[x, y]", "[_, y]"), NULL, &r);
+  expect_sh(m, &r.out, "[_, y]", "concat");
+  expect_sh(m, &r.tgt[0], "[_, y]", "concat operand");
   /* broadcast_to [4] -> [3, 4]: the new dim gets nothing */
-  prop_node(&m, nb_broadcast_to(zeros(NB_SHAPE(4)), NB_SHAPE(3, 4)), SPECS("[x]"), NULL, &r);
-  expect_sh(&m, &r.out, "[_, x]", "broadcast_to");
+  prop_node(m, nb_broadcast_to(zeros(NB_SHAPE(4)), NB_SHAPE(3, 4)), SPECS("[x]"), NULL, &r);
+  expect_sh(m, &r.out, "[_, x]", "broadcast_to");
   /* take along dim 0 with idx [6]: t's dim 0 gathered, its dim 1 passes,
    * idx's dim passes to the result's dim 0 */
   nb_tensor *t = nb_take(x, izeros(NB_SHAPE(6)), 0);
-  prop_node(&m, t, SPECS("[x, y]", "[x]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, y]", "take");
-  expect_sh(&m, &r.tgt[0], "[_, y]", "take: table");
-  expect_sh(&m, &r.tgt[1], "[x]", "take: indices");
+  prop_node(m, t, SPECS("[x, y]", "[x]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, y]", "take");
+  expect_sh(m, &r.tgt[0], "[_, y]", "take: table");
+  expect_sh(m, &r.tgt[1], "[x]", "take: indices");
   /* one_hot: the new dim is need-replication */
-  prop_node(&m, nb_one_hot(izeros(NB_SHAPE(6)), 10, NB_F32), SPECS("[x]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, _]", "one_hot");
+  prop_node(m, nb_one_hot(izeros(NB_SHAPE(6)), 10, NB_F32), SPECS("[x]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, _]", "one_hot");
   /* matmul with a batch: [2, 8, 32] @ [32, 16] */
   nb_tensor *mm = nb_matmul(zeros(NB_SHAPE(2, 8, 32)), zeros(NB_SHAPE(32, 16)));
-  prop_node(&m, mm, SPECS("[y, _, x]", "[x, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[y, _, _] partial(x)", "batched matmul");
+  prop_node(m, mm, SPECS("[y, _, x]", "[x, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[y, _, _] partial(x)", "batched matmul");
   /* conv2d: batch and out channels pass, in channels reduce, windows gathered */
   nb_tensor *img = zeros(NB_SHAPE(2, 4, 6, 6)), *w = zeros(NB_SHAPE(6, 4, 3, 3));
   nb_tensor *cv = nb_conv2d(img, w, NULL, NULL);
-  prop_node(&m, cv, SPECS("[y, x, _, _]", "[_, x, _, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[y, _, _, _] partial(x)", "conv2d");
-  prop_node(&m, cv, SPECS("[_, _, x, _]", "[y, _, _, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[_, y, _, _]", "conv2d spatial");
-  expect_sh(&m, &r.tgt[0], "[_, _, _, _]", "conv2d input gathered");
+  prop_node(m, cv, SPECS("[y, x, _, _]", "[_, x, _, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[y, _, _, _] partial(x)", "conv2d");
+  prop_node(m, cv, SPECS("[_, _, x, _]", "[y, _, _, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[_, y, _, _]", "conv2d spatial");
+  expect_sh(m, &r.tgt[0], "[_, _, _, _]", "conv2d input gathered");
   /* with a bias the in channels are gathered instead */
   cv = nb_conv2d(img, w, zeros(NB_SHAPE(6)), NULL);
-  prop_node(&m, cv, SPECS("[y, x, _, _]", "[_, x, _, _]", NULL), NULL, &r);
-  expect_sh(&m, &r.out, "[y, _, _, _]", "conv2d with bias");
-  expect_sh(&m, &r.tgt[1], "[_, _, _, _]", "conv2d weight");
+  prop_node(m, cv, SPECS("[y, x, _, _]", "[_, x, _, _]", NULL), NULL, &r);
+  expect_sh(m, &r.out, "[y, _, _, _]", "conv2d with bias");
+  expect_sh(m, &r.tgt[1], "[_, _, _, _]", "conv2d weight");
   /* max pool: N, C pass */
-  prop_node(&m, nb_max_pool2d(img, 2, 2, 0, 0, 0, 0), SPECS("[x, y, _, _]"), NULL, &r);
-  expect_sh(&m, &r.out, "[x, y, _, _]", "max_pool2d");
+  prop_node(m, nb_max_pool2d(img, 2, 2, 0, 0, 0, 0), SPECS("[x, y, _, _]"), NULL, &r);
+  expect_sh(m, &r.out, "[x, y, _, _]", "max_pool2d");
 }
 
 /* ---- invariants over every op and several meshes ---------------------------- */
 
-/* No (sub-)axis overlaps another within one tensor's sharding. */
+/* A valid sharding: known (sub-)axes, none used twice or overlapping. */
 static void check_valid(const nb_mesh *m, const nbi_sharding *s, const char *what) {
-  nbi_axis all[3 * NB_MAX_DIMS * NBI_MESH_MAX_AXES];
-  int n = 0;
-  for (int d = 0; d < s->ndim; d++)
-    for (int i = 0; i < s->dim[d].n; i++)
-      all[n++] = s->dim[d].ax[i];
-  for (int i = 0; i < s->n_repl; i++)
-    all[n++] = s->repl[i];
-  for (int i = 0; i < s->n_partial; i++)
-    all[n++] = s->partial[i];
   char b[512];
-  for (int i = 0; i < n; i++) {
-    cr_assert(all[i].axis >= 0 && all[i].axis < m->n_axes, "%s", what);
-    int64_t per = m->size[all[i].axis];
-    cr_assert(all[i].pre >= 1 && all[i].size >= 2 && per % (all[i].pre * all[i].size) == 0,
-              "%s: bad sub-axis in %s", what, tm_str(m, s, b, sizeof b));
-    for (int j = 0; j < i; j++) {
-      bool overlap = all[i].axis == all[j].axis && all[i].pre < all[j].pre * all[j].size &&
-                     all[j].pre < all[i].pre * all[i].size;
-      cr_assert(!overlap, "%s: axis used twice in %s", what, tm_str(m, s, b, sizeof b));
-    }
-  }
+  cr_assert_eq(nbi_sharding_check("test", m, s), NB_OK, "%s: %s: %s", what,
+               tm_str(m, s, b, sizeof b), nb_last_error());
 }
 
 static bool same_axes(const nbi_dim_sharding *a, const nbi_dim_sharding *b) {
   if (a->n != b->n) return false;
   for (int i = 0; i < a->n; i++)
-    if (a->ax[i].axis != b->ax[i].axis || a->ax[i].pre != b->ax[i].pre ||
-        a->ax[i].size != b->ax[i].size)
-      return false;
+    if (!nbi_axis_eq(&a->ax[i], &b->ax[i])) return false;
   return true;
 }
 
@@ -1055,34 +884,36 @@ static void check_agrees(const nbi_shard_rule *r, const prop_res *res, const cha
 
 Test(sharding_rules, every_op_on_every_mesh) {
   const char *meshes[] = {"x=1", "x=2", "x=2,y=2", "x=4,y=2", "x=2,y=2,z=2"};
+  nb_mesh *ms[5];
+  for (int i = 0; i < 5; i++)
+    ms[i] = mesh(meshes[i]);
   for (int op = 0; op < NBI_OP_COUNT; op++) {
     nb_tensor *y = sample(op);
     if (!y || y->n_in == 0) continue;
     nbi_shard_rule rule;
     rule_of_node(y, op, &rule);
     for (size_t mi = 0; mi < sizeof meshes / sizeof *meshes; mi++) {
-      nb_mesh m;
-      tm_mesh(&m, meshes[mi]);
+      nb_mesh *m = ms[mi];
       /* every operand dim over every axis, then all operands' leading dims
        * over all axes in turn, and the same with a partial on the last axis */
       for (int k = 0; k < y->n_in; k++)
         for (int d = 0; d < y->in[k]->shape.ndim; d++)
-          for (int a = 0; a < m.n_axes; a++)
+          for (int a = 0; a < m->n_axes; a++)
             for (int partial = 0; partial < 2; partial++) {
-              if (partial && (a == m.n_axes - 1 || m.size[m.n_axes - 1] == 1)) continue;
+              if (partial && (a == m->n_axes - 1 || m->size[m->n_axes - 1] == 1)) continue;
               nbi_sharding in[NBI_RULE_MAX_TENSORS];
               const nbi_sharding *inp[NBI_RULE_MAX_TENSORS];
               nb_shape shapes[NBI_RULE_MAX_TENSORS];
               for (int q = 0; q < y->n_in; q++) {
                 shapes[q] = y->in[q]->shape;
-                in[q] = tm_spec(&m, shapes[q].ndim, "");
+                in[q] = tm_spec(m, shapes[q].ndim, "");
                 int dd = q == k ? d : 0;
-                if (shapes[q].ndim > 0 && m.size[a] > 1) {
-                  in[q].dim[dd].ax[0] = (nbi_axis){a, 1, m.size[a]};
+                if (shapes[q].ndim > 0 && m->size[a] > 1) {
+                  in[q].dim[dd].ax[0] = (nbi_axis){a, 1, m->size[a]};
                   in[q].dim[dd].n = 1;
                 }
                 if (partial) {
-                  in[q].partial[0] = (nbi_axis){m.n_axes - 1, 1, m.size[m.n_axes - 1]};
+                  in[q].partial[0] = (nbi_axis){m->n_axes - 1, 1, m->size[m->n_axes - 1]};
                   in[q].n_partial = 1;
                 }
                 inp[q] = &in[q];
@@ -1091,31 +922,84 @@ Test(sharding_rules, every_op_on_every_mesh) {
               char what[160];
               snprintf(what, sizeof what, "%s on %s (operand %d dim %d axis %d%s)",
                        nbi_op_table[op]->name, meshes[mi], k, d, a, partial ? ", partial" : "");
-              cr_assert_eq(nbi_propagate("test", &m, &rule, inp, shapes, NULL, res.tgt, &res.out),
+              cr_assert_eq(nbi_propagate("test", m, &rule, inp, shapes, NULL, res.tgt, &res.out),
                            NB_OK, "%s: %s", what, nb_last_error());
               for (int q = 0; q < y->n_in; q++)
-                check_valid(&m, &res.tgt[q], what);
-              check_valid(&m, &res.out, what);
+                check_valid(m, &res.tgt[q], what);
+              check_valid(m, &res.out, what);
               check_agrees(&rule, &res, what);
             }
+      /* backward: a constraint on each result dim over each axis, operands
+       * replicated; a pass factor alone in its dims must take it */
+      int res_t = y->n_in;
+      for (int d = 0; d < y->shape.ndim; d++)
+        for (int a = 0; a < m->n_axes; a++) {
+          if (m->size[a] == 1) continue;
+          nbi_sharding c = tm_spec(m, y->shape.ndim, ""), in[NBI_RULE_MAX_TENSORS];
+          c.dim[d].ax[0] = (nbi_axis){a, 1, m->size[a]};
+          c.dim[d].n = 1;
+          const nbi_sharding *inp[NBI_RULE_MAX_TENSORS];
+          nb_shape shapes[NBI_RULE_MAX_TENSORS];
+          for (int q = 0; q < y->n_in; q++) {
+            shapes[q] = y->in[q]->shape;
+            in[q] = tm_spec(m, shapes[q].ndim, "");
+            inp[q] = &in[q];
+          }
+          prop_res res;
+          char what[160];
+          snprintf(what, sizeof what, "%s on %s (result dim %d over axis %d)",
+                   nbi_op_table[op]->name, meshes[mi], d, a);
+          cr_assert_eq(nbi_propagate("test", m, &rule, inp, shapes, &c, res.tgt, &res.out), NB_OK,
+                       "%s: %s", what, nb_last_error());
+          for (int q = 0; q < y->n_in; q++)
+            check_valid(m, &res.tgt[q], what);
+          check_valid(m, &res.out, what);
+          check_agrees(&rule, &res, what);
+          if (rule.dim[res_t][d].n != 1) continue;
+          int f = rule.dim[res_t][d].f[0];
+          bool alone = rule.kind[f] == NBI_FACTOR_PASS;
+          for (int t = 0; t <= y->n_in; t++)
+            for (int e = 0; e < rule.ndim[t]; e++)
+              for (int i = 0; i < rule.dim[t][e].n; i++)
+                alone = alone && (rule.dim[t][e].f[i] != f || rule.dim[t][e].n == 1);
+          if (alone) cr_expect(same_axes(&res.out.dim[d], &c.dim[d]), "%s: not honoured", what);
+        }
     }
   }
 }
 
+Test(sharding_rules, zero_size_dims) {
+  nb_mesh *m = mesh("x=4,y=2");
+  nbi_shard_rule r;
+  /* [0, 3] -> [3, 0]: nothing to refine, every dim its own need-replication
+   * factor (sizes 0 and 3) */
+  nb_tensor *y = nb_reshape(zeros(NB_SHAPE(0, 3)), NB_SHAPE(3, 0));
+  rule_of_node(y, NBI_OP_RESHAPE, &r);
+  DIM(&r, 0, 0, 0);
+  DIM(&r, 1, 1, 0);
+  for (int f = 0; f < r.n_factors; f++)
+    cr_expect_eq(r.kind[f], NBI_FACTOR_NEED_REPL);
+  prop_res res;
+  prop_node(m, y, SPECS("[x, y]"), NULL, &res);
+  expect_sh(m, &res.out, "[_, _]", "empty reshape");
+  /* an empty dim alone in its dims may stay sharded (every shard empty) */
+  prop_node(m, nb_exp(zeros(NB_SHAPE(0, 4))), SPECS("[x, y]"), NULL, &res);
+  expect_sh(m, &res.out, "[x, y]", "exp of an empty tensor");
+}
+
 Test(sharding_rules, propagate_rejects_bad_input) {
-  nb_mesh m;
-  tm_mesh(&m, "x=4,y=2");
+  nb_mesh *m = mesh("x=4,y=2");
   nbi_shard_rule r;
   rule_of_node(nb_exp(zeros(NB_SHAPE(8, 4))), NBI_OP_EXP, &r);
   nb_shape s = {2, {8, 4}};
-  nbi_sharding bad = tm_spec(&m, 2, "[x, _]"), tgt, out;
+  nbi_sharding bad = tm_spec(m, 2, "[x, _]"), tgt, out;
   bad.dim[0].ax[0].axis = 7; /* no such axis */
   const nbi_sharding *in[1] = {&bad};
-  cr_expect_eq(nbi_propagate("nb_test", &m, &r, in, &s, NULL, &tgt, &out), NB_ERR_SHARDING);
+  cr_expect_eq(nbi_propagate("nb_test", m, &r, in, &s, NULL, &tgt, &out), NB_ERR_SHARDING);
   cr_expect(strstr(nb_last_error(), "nb_test"), "%s", nb_last_error());
   nb_clear_error();
-  nbi_sharding rank1 = tm_spec(&m, 1, "[x]");
+  nbi_sharding rank1 = tm_spec(m, 1, "[x]");
   in[0] = &rank1;
-  cr_expect_eq(nbi_propagate("nb_test", &m, &r, in, &s, NULL, &tgt, &out), NB_ERR_INTERNAL);
+  cr_expect_eq(nbi_propagate("nb_test", m, &r, in, &s, NULL, &tgt, &out), NB_ERR_INTERNAL);
   nb_clear_error();
 }

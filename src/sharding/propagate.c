@@ -75,19 +75,9 @@ typedef struct prop {
 
 /* ---- (sub-)axes ---------------------------------------------------------------- */
 
-static bool ax_eq(const nbi_axis *a, const nbi_axis *b) {
-  return a->axis == b->axis && a->pre == b->pre && a->size == b->size;
-}
-
-/* Sub-axes (pre, size) are ranges [pre, pre * size) of an axis's mixed-radix
- * digits (multiplicatively): they overlap when the ranges intersect. */
-static bool ax_overlap(const nbi_axis *a, const nbi_axis *b) {
-  return a->axis == b->axis && a->pre < b->pre * b->size && b->pre < a->pre * a->size;
-}
-
 static bool list_overlaps(const alist *l, const nbi_axis *a) {
   for (int i = 0; i < l->n; i++)
-    if (ax_overlap(&l->ax[i], a)) return true;
+    if (nbi_axis_overlap(&l->ax[i], a)) return true;
   return false;
 }
 
@@ -172,12 +162,12 @@ static void keep_partials(prop *p, const nbi_sharding *const *in) {
       bool seen = false; /* handled with an earlier operand */
       for (int q = 0; q < k && !seen; q++)
         for (int j = 0; in[q] && j < in[q]->n_partial && !seen; j++)
-          seen = ax_eq(&in[q]->partial[j], y);
+          seen = nbi_axis_eq(&in[q]->partial[j], y);
       if (seen) continue;
       unsigned holders = 0;
       for (int q = 0; q < n_in; q++)
         for (int j = 0; in[q] && j < in[q]->n_partial; j++)
-          if (ax_eq(&in[q]->partial[j], y)) holders |= 1u << q;
+          if (nbi_axis_eq(&in[q]->partial[j], y)) holders |= 1u << q;
       unsigned keep = 0, all = (1u << n_in) - 1;
       switch (p->r->linear) {
       case NBI_LINEAR_UNARY: keep = n_in == 1 ? holders : 0; break;
@@ -265,7 +255,7 @@ static void fold(prop *p, int f) {
     nbi_axis a = p->proj[w][f].ax[pos];
     for (int i = 0; i < n; i++) {
       int q = order[i];
-      if (active[q] && p->proj[q][f].n > pos && !ax_eq(&p->proj[q][f].ax[pos], &a))
+      if (active[q] && p->proj[q][f].n > pos && !nbi_axis_eq(&p->proj[q][f].ax[pos], &a))
         active[q] = false;
     }
     if (pos == 0) p->src[f] = w;
@@ -299,7 +289,7 @@ static bool conflicts(const prop *p, int t, int f, int pos, const nbi_axis *a) {
   const nbi_sharding *s = p->sh[t];
   if (!s || d < 0) return false;
   for (int i = 0; i < s->n_repl; i++)
-    if (ax_overlap(&s->repl[i], a) && prio_rank(p, t, f) <= p->cand_prio[f][pos]) return true;
+    if (nbi_axis_overlap(&s->repl[i], a) && prio_rank(p, t, f) <= p->cand_prio[f][pos]) return true;
   return false;
 }
 
@@ -401,37 +391,12 @@ static void build(const prop *p, int t, nbi_sharding *o) {
     bool used = false;
     for (int d = 0; d < res.ndim && !used; d++)
       for (int j = 0; j < res.dim[d].n && !used; j++)
-        used = ax_overlap(&res.dim[d].ax[j], a);
+        used = nbi_axis_overlap(&res.dim[d].ax[j], a);
     for (int j = 0; j < res.n_partial && !used; j++)
-      used = ax_overlap(&res.partial[j], a);
+      used = nbi_axis_overlap(&res.partial[j], a);
     if (!used) res.repl[res.n_repl++] = *a;
   }
   *o = res;
-}
-
-/* ---- checks ------------------------------------------------------------------ */
-
-static nb_status check_axes(const char *fn, const nb_mesh *m, const nbi_axis *ax, int n) {
-  if (n < 0 || n > MAXA) return nbi_error(NB_ERR_SHARDING, "%s: %d axes in one list", fn, n);
-  for (int i = 0; i < n; i++) {
-    const nbi_axis *a = &ax[i];
-    if (a->axis < 0 || a->axis >= m->n_axes || a->pre < 1 || a->size < 1 ||
-        m->size[a->axis] % a->pre || (m->size[a->axis] / a->pre) % a->size)
-      return nbi_error(NB_ERR_SHARDING, "%s: a sharding names an axis the mesh %s does not have",
-                       fn, m->text);
-  }
-  return NB_OK;
-}
-
-static nb_status check_sharding(const char *fn, const nb_mesh *m, const nbi_sharding *s, int ndim) {
-  if (s->ndim != ndim)
-    return nbi_error(NB_ERR_INTERNAL, "%s: a sharding of rank %d for a tensor of rank %d", fn,
-                     s->ndim, ndim);
-  for (int d = 0; d < ndim; d++)
-    if (check_axes(fn, m, s->dim[d].ax, s->dim[d].n)) return NB_ERR_SHARDING;
-  if (check_axes(fn, m, s->repl, s->n_repl) || check_axes(fn, m, s->partial, s->n_partial))
-    return NB_ERR_SHARDING;
-  return NB_OK;
 }
 
 nb_status nbi_propagate(const char *fn, const nb_mesh *m, const nbi_shard_rule *r,
@@ -457,7 +422,11 @@ nb_status nbi_propagate(const char *fn, const nb_mesh *m, const nbi_shard_rule *
       st = nbi_error(NB_ERR_INTERNAL, "%s: tensor %d's rank does not match the op's rule", fn, t);
       break;
     }
-    if (p->sh[t]) st = check_sharding(fn, m, p->sh[t], r->ndim[t]);
+    if (p->sh[t] && p->sh[t]->ndim != r->ndim[t])
+      st = nbi_error(NB_ERR_INTERNAL, "%s: a sharding of rank %d for tensor %d of rank %d", fn,
+                     p->sh[t]->ndim, t, r->ndim[t]);
+    else if (p->sh[t])
+      st = nbi_sharding_check(fn, m, p->sh[t]);
     p->numel[t] = 1;
     for (int d = 0; d < r->ndim[t] && !st; d++) {
       const nbi_rule_dim *rd = &r->dim[t][d];
