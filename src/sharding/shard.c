@@ -1,0 +1,368 @@
+/* src/sharding/shard.c — sharded tensors: placing (nb_shard), resharding
+ * (nb_reshard and the planner every op uses), per-op dispatch (the record
+ * hook: propagation, then one node per device), reading (the gather hook).
+ *
+ * Physical arrays (nb_tensor *phys[n_dev]) built here hold borrowed handles
+ * registered in the current scope; a logical tensor made from one retains
+ * each entry. Devices whose blocks are equal share one tensor object: a
+ * replicated value is one tensor (autodiff then sums its cotangents once,
+ * and a replicated computation is recorded once). */
+#include "sharding.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* The sharding a logical tensor owns, with its canonical text. */
+typedef struct sharding_box {
+  nbi_sharding s;
+  char text[512];
+} sharding_box;
+
+static const nbi_sharding *sharding_of(const nb_tensor *t) {
+  return (const nbi_sharding *)t->sharding;
+}
+
+static void hook_release(nb_tensor *t) { free(t->sharding); }
+static void hook_mesh_release(nb_mesh *m) { nb_mesh_release(m); }
+static nb_tensor *hook_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in,
+                              int n_in, const nbi_attrs *attrs);
+static nb_tensor *hook_gather(const char *fn, nb_tensor *t);
+
+__attribute__((constructor)) static void install_hooks(void) {
+  nbi_shard_hook = (nbi_shard_hooks){.record = hook_record,
+                                     .gather = hook_gather,
+                                     .release = hook_release,
+                                     .mesh_release = hook_mesh_release};
+}
+
+/* A logical tensor on m with sharding s over phys (each entry retained). */
+static nb_tensor *make_sharded(const char *fn, nb_mesh *m, const nbi_sharding *s,
+                               const nb_shape *shape, nb_dtype dt, nb_tensor *const *phys) {
+  sharding_box *b = malloc(sizeof *b);
+  if (!b) {
+    nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+    return NULL;
+  }
+  b->s = *s;
+  nbi_sharding_format(m, s, b->text, sizeof b->text);
+  nb_tensor *t =
+      nbi_sharded_new(shape, dt, nb_mesh_retain(m), (struct nbi_sharding *)b, phys, m->n_dev);
+  if (!t) {
+    nb_mesh_release(m);
+    free(b);
+    return NULL;
+  }
+  for (int d = 0; d < m->n_dev; d++)
+    nb_retain(phys[d]);
+  return t;
+}
+
+/* ---- blocks ---------------------------------------------------------------------
+ * Device d's block of a logical tensor under sharding s: start[] and the local
+ * shape. cut() takes from src (device d's current block, starting at from[])
+ * the part that is its block under s. */
+static nb_tensor *cut(nb_tensor *src, const int64_t *from, const nb_shape *sh,
+                      const int64_t *start) {
+  int nd = sh->ndim;
+  int64_t a[NB_MAX_DIMS], b[NB_MAX_DIMS], one[NB_MAX_DIMS];
+  bool whole = true;
+  for (int k = 0; k < nd; k++) {
+    a[k] = start[k] - from[k];
+    b[k] = a[k] + sh->dims[k];
+    one[k] = 1;
+    whole = whole && a[k] == 0 && sh->dims[k] == src->shape.dims[k];
+  }
+  return whole ? src : nb_slice(src, a, b, one);
+}
+
+/* Whether device d's block under `to` lies inside its block under `from`. */
+static bool block_inside(const nb_mesh *m, const nbi_sharding *from, const nbi_sharding *to,
+                         const nb_shape *shape, int d) {
+  nb_shape fs, ts;
+  int64_t f0[NB_MAX_DIMS], t0[NB_MAX_DIMS];
+  nbi_local_block(m, from, shape, d, &fs, f0);
+  nbi_local_block(m, to, shape, d, &ts, t0);
+  for (int k = 0; k < shape->ndim; k++)
+    if (ts.dims[k] > 0 && (t0[k] < f0[k] || t0[k] + ts.dims[k] > f0[k] + fs.dims[k])) return false;
+  return true;
+}
+
+/* out[d] = device d's block under `to` cut from in[d] (its block under
+ * `from`, which must contain it). Equal cuts of one object are shared. */
+static nb_status cut_all(const nb_mesh *m, const nbi_sharding *from, const nbi_sharding *to,
+                         const nb_shape *shape, nb_tensor *const *in, nb_tensor **out) {
+  for (int d = 0; d < m->n_dev; d++) {
+    nb_shape fs, ts;
+    int64_t f0[NB_MAX_DIMS], t0[NB_MAX_DIMS];
+    nbi_local_block(m, from, shape, d, &fs, f0);
+    nbi_local_block(m, to, shape, d, &ts, t0);
+    out[d] = NULL;
+    for (int e = 0; e < d && !out[d]; e++) {
+      nb_shape es;
+      int64_t e0[NB_MAX_DIMS];
+      nbi_local_block(m, to, shape, e, &es, e0);
+      if (in[e] == in[d] && nbi_shape_eq(&es, &ts) &&
+          !memcmp(e0, t0, sizeof(int64_t) * (size_t)shape->ndim))
+        out[d] = out[e];
+    }
+    if (!out[d] && !(out[d] = cut(in[d], f0, &ts, t0))) return nb_last_status();
+  }
+  return NB_OK;
+}
+
+/* ---- resharding ------------------------------------------------------------------ */
+static bool has_axis(const nbi_axis *list, int n, const nbi_axis *a) {
+  for (int i = 0; i < n; i++)
+    if (nbi_axis_eq(&list[i], a)) return true;
+  return false;
+}
+
+/* Moves phys (a logical tensor of shape `shape` under *cur) to `to`: pending
+ * partial sums that `to` does not keep are reduced (a reduce-scatter when
+ * `to` shards a dimension over the axis next, else an all-reduce), every
+ * dimension keeps the common prefix of its axes and gathers the rest
+ * (all-gather), then each device cuts its block (no communication). */
+static nb_status reshard_phys(const char *fn, const nb_mesh *m, nbi_sharding cur,
+                              const nbi_sharding *to, const nb_shape *shape, nb_tensor *const *phys,
+                              nb_tensor **out) {
+  int n = m->n_dev;
+  nb_tensor **a = malloc(sizeof *a * (size_t)n), **b = malloc(sizeof *b * (size_t)n);
+  nb_status st = a && b ? NB_OK : nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  if (!st) memcpy(a, phys, sizeof *a * (size_t)n);
+  /* 1. partial sums */
+  for (int i = 0; i < cur.n_partial && !st;) {
+    nbi_axis ax = cur.partial[i];
+    if (has_axis(to->partial, to->n_partial, &ax)) {
+      i++;
+      continue;
+    }
+    int rs_dim = -1; /* the dim `to` shards over ax right after cur's axes */
+    for (int k = 0; k < cur.ndim && rs_dim < 0; k++) {
+      const nbi_dim_sharding *c = &cur.dim[k], *t = &to->dim[k];
+      bool prefix = t->n == c->n + 1 && nbi_axis_eq(&t->ax[c->n], &ax);
+      for (int j = 0; j < c->n && prefix; j++)
+        prefix = nbi_axis_eq(&c->ax[j], &t->ax[j]);
+      if (prefix && shape->dims[k] % (nbi_dim_shards(to, k)) == 0) rs_dim = k;
+    }
+    if (rs_dim >= 0) {
+      st = nbi_coll_reduce_scatter(fn, m, a, &ax, 1, rs_dim, b);
+      if (!st) cur.dim[rs_dim].ax[cur.dim[rs_dim].n++] = ax;
+    } else {
+      st = nbi_coll_all_reduce(fn, m, a, &ax, 1, NB_REDUCE_SUM, b);
+    }
+    if (st) break;
+    memcpy(a, b, sizeof *a * (size_t)n);
+    cur.partial[i] = cur.partial[--cur.n_partial];
+  }
+  /* 2. per dimension: gather what is not a prefix of the target (or does not
+   *    contain the target blocks: non-divisible sizes) */
+  for (int k = 0; k < cur.ndim && !st; k++) {
+    nbi_dim_sharding *c = &cur.dim[k];
+    const nbi_dim_sharding *t = &to->dim[k];
+    int p = 0;
+    while (p < c->n && p < t->n && nbi_axis_eq(&c->ax[p], &t->ax[p]))
+      p++;
+    if (p == c->n) {
+      bool inside = true;
+      for (int d = 0; d < n && inside; d++)
+        inside = block_inside(m, &cur, to, shape, d);
+      if (inside) continue;
+      p = 0;
+    }
+    /* gathering only the suffix leaves the prefix's blocks when the ceil
+     * chunks nest (the dimension divides by all its shards); else gather all */
+    if (p > 0 && shape->dims[k] % nbi_dim_shards(&cur, k) != 0) p = 0;
+    st = nbi_coll_all_gather(fn, m, a, c->ax + p, c->n - p, k, b);
+    if (st) break;
+    memcpy(a, b, sizeof *a * (size_t)n);
+    c->n = p;
+  }
+  /* 3. cut the target blocks; a partial axis `to` adds: rank 0 keeps the value */
+  if (!st) st = cut_all(m, &cur, to, shape, a, out);
+  for (int i = 0; i < to->n_partial && !st; i++) {
+    if (has_axis(cur.partial, cur.n_partial, &to->partial[i])) continue;
+    for (int d = 0; d < n && !st; d++)
+      if (nbi_axis_coord(m, &to->partial[i], d) != 0 &&
+          !(out[d] = nb_zeros(out[d]->shape, out[d]->dtype)))
+        st = nb_last_status();
+  }
+  free(a);
+  free(b);
+  return st;
+}
+
+/* ---- placing ------------------------------------------------------------------------ */
+/* phys of a plain tensor t placed with s: each device's block sliced from t;
+ * for partial axes the rank-0 device of each group holds it, others zeros. */
+static nb_status place(const char *fn, const nb_mesh *m, const nbi_sharding *s, nb_tensor *t,
+                       nb_tensor **out) {
+  nbi_sharding repl = nbi_sharding_replicated(t->shape.ndim);
+  nb_tensor **same = malloc(sizeof *same * (size_t)m->n_dev);
+  if (!same) return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  for (int d = 0; d < m->n_dev; d++)
+    same[d] = t;
+  nbi_sharding full = *s;
+  full.n_partial = 0;
+  nb_status st = cut_all(m, &repl, &full, &t->shape, same, out);
+  free(same);
+  for (int d = 0; d < m->n_dev && !st; d++) {
+    bool first = true; /* rank 0 on every partial axis */
+    for (int i = 0; i < s->n_partial; i++)
+      first = first && nbi_axis_coord(m, &s->partial[i], d) == 0;
+    if (!first && !(out[d] = nb_zeros(out[d]->shape, t->dtype))) st = nb_last_status();
+  }
+  return st;
+}
+
+nb_mesh *nb_mesh_of(const nb_tensor *t) { return t ? t->mesh : NULL; }
+
+const char *nb_sharding_str(const nb_tensor *t) {
+  return t && t->sharding ? ((const sharding_box *)t->sharding)->text : "";
+}
+
+/* t's phys on m under a replicated layout (t plain). */
+static nb_tensor **replicated_phys(const nb_mesh *m, nb_tensor *t) {
+  nb_tensor **p = malloc(sizeof *p * (size_t)m->n_dev);
+  for (int d = 0; p && d < m->n_dev; d++)
+    p[d] = t;
+  return p;
+}
+
+static nb_tensor *shard_to(const char *fn, nb_tensor *t, nb_mesh *m, const nbi_sharding *s) {
+  nb_tensor **out = malloc(sizeof *out * (size_t)m->n_dev);
+  if (!out) {
+    nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+    return NULL;
+  }
+  nb_status st;
+  if (t->mesh == m)
+    st = reshard_phys(fn, m, *sharding_of(t), s, &t->shape, t->phys, out);
+  else
+    st = place(fn, m, s, t, out);
+  nb_tensor *r = st ? NULL : make_sharded(fn, m, s, &t->shape, t->dtype, out);
+  free(out);
+  return r;
+}
+
+nb_tensor *nb_shard(nb_tensor *t, nb_mesh *m, const char *spec) {
+  static const char *FN = "nb_shard";
+  if (!t || !m || !spec) {
+    nbi_error(NB_ERR_NULL, "%s: %s is NULL", FN, !t ? "t" : !m ? "mesh" : "spec");
+    return NULL;
+  }
+  nbi_sharding s;
+  if (nbi_sharding_parse(FN, m, spec, t->shape.ndim, false, &s)) return NULL;
+  if (t->mesh && t->mesh != m) { /* another mesh: through one tensor */
+    nb_tensor *g = hook_gather(FN, t);
+    return g ? shard_to(FN, g, m, &s) : NULL;
+  }
+  return shard_to(FN, t, m, &s);
+}
+
+nb_tensor *nb_reshard(nb_tensor *t, const char *spec) {
+  static const char *FN = "nb_reshard";
+  if (!t || !spec) {
+    nbi_error(NB_ERR_NULL, "%s: %s is NULL", FN, !t ? "t" : "spec");
+    return NULL;
+  }
+  if (!t->mesh) {
+    nbi_error(NB_ERR_SHARDING, "%s: the tensor is on no mesh (use nb_shard)", FN);
+    return NULL;
+  }
+  nbi_sharding s;
+  if (nbi_sharding_parse(FN, t->mesh, spec, t->shape.ndim, false, &s)) return NULL;
+  return shard_to(FN, t, t->mesh, &s);
+}
+
+/* ---- reading ---------------------------------------------------------------------------- */
+static nb_tensor *hook_gather(const char *fn, nb_tensor *t) {
+  const nb_mesh *m = t->mesh;
+  nbi_sharding repl = nbi_sharding_replicated(t->shape.ndim);
+  nb_tensor **out = malloc(sizeof *out * (size_t)m->n_dev);
+  if (!out) {
+    nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+    return NULL;
+  }
+  nb_status st = reshard_phys(fn, m, *sharding_of(t), &repl, &t->shape, t->phys, out);
+  nb_tensor *r = st ? NULL : out[0];
+  free(out);
+  return r;
+}
+
+/* ---- ops on sharded tensors --------------------------------------------------------------- */
+static nb_tensor *hook_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in,
+                              int n_in, const nbi_attrs *attrs) {
+  char fn[64];
+  snprintf(fn, sizeof fn, "nb_%s", nbi_op_table[op]->name);
+  nb_mesh *m = NULL;
+  for (int k = 0; k < n_in; k++) {
+    if (!in[k]->mesh) continue;
+    if (m && in[k]->mesh != m) {
+      nbi_error(NB_ERR_SHARDING, "%s: inputs on different meshes (%s and %s)", fn, nb_mesh_str(m),
+                nb_mesh_str(in[k]->mesh));
+      return NULL;
+    }
+    m = in[k]->mesh;
+  }
+  int n = m->n_dev;
+  nbi_attrs a = attrs ? *attrs : (nbi_attrs){0};
+  nbi_shard_rule *rule = malloc(sizeof *rule);
+  nbi_sharding *target = malloc(sizeof *target * (size_t)(n_in ? n_in : 1)), out_s;
+  const nbi_sharding **from = malloc(sizeof *from * (size_t)(n_in ? n_in : 1));
+  nb_shape *shapes = malloc(sizeof *shapes * (size_t)(n_in ? n_in : 1));
+  nb_tensor **phys = malloc(sizeof *phys * (size_t)n * (size_t)(n_in + 1)), **ins = NULL;
+  nb_tensor *r = NULL;
+  nb_status st = rule && target && from && shapes && phys
+                     ? NB_OK
+                     : nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  for (int k = 0; k < n_in && !st; k++) {
+    from[k] = in[k]->mesh ? sharding_of(in[k]) : NULL;
+    shapes[k] = in[k]->shape;
+  }
+  if (!st && nbi_shard_rule_of(op, &a, shapes, n_in, shape, rule) != NB_OK) {
+    /* no rule can describe it (too many operands): everything replicated */
+    nb_clear_error();
+    for (int k = 0; k < n_in; k++)
+      target[k] = nbi_sharding_replicated(shapes[k].ndim);
+    out_s = nbi_sharding_replicated(shape->ndim);
+  } else if (!st) {
+    st = nbi_propagate(fn, m, rule, from, shapes, NULL, target, &out_s);
+  }
+  /* operands to their targets: phys + k n .. */
+  for (int k = 0; k < n_in && !st; k++) {
+    nb_tensor **pk = phys + (size_t)k * (size_t)n, **src = NULL;
+    nbi_sharding cur = from[k] ? *from[k] : nbi_sharding_replicated(shapes[k].ndim);
+    if (!from[k] && !(src = replicated_phys(m, in[k])))
+      st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+    if (!st) st = reshard_phys(fn, m, cur, &target[k], &shapes[k], from[k] ? in[k]->phys : src, pk);
+    free(src);
+  }
+  /* one node per device on its blocks; devices with the same inputs share it */
+  nb_tensor **res = phys + (size_t)n_in * (size_t)n;
+  if (!st && !(ins = malloc(sizeof *ins * (size_t)(n_in ? n_in : 1))))
+    st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  for (int d = 0; d < n && !st; d++) {
+    nb_shape local;
+    int64_t start[NB_MAX_DIMS];
+    nbi_local_block(m, &out_s, shape, d, &local, start);
+    res[d] = NULL;
+    for (int e = 0; e < d && !res[d]; e++) {
+      bool same = nbi_shape_eq(&res[e]->shape, &local);
+      for (int k = 0; k < n_in && same; k++)
+        same = phys[(size_t)k * (size_t)n + (size_t)e] == phys[(size_t)k * (size_t)n + (size_t)d];
+      if (same) res[d] = res[e];
+    }
+    if (res[d]) continue;
+    for (int k = 0; k < n_in; k++)
+      ins[k] = phys[(size_t)k * (size_t)n + (size_t)d];
+    if (!(res[d] = nbi_record(op, dt, &local, ins, n_in, &a))) st = nb_last_status();
+  }
+  if (!st) r = make_sharded(fn, m, &out_s, shape, dt, res);
+  free(ins);
+  free(rule);
+  free(target);
+  free(from);
+  free(shapes);
+  free(phys);
+  return r;
+}
