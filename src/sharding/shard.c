@@ -274,6 +274,29 @@ nb_tensor *nb_reshard(nb_tensor *t, const char *spec) {
   return shard_to(FN, t, t->mesh, &s);
 }
 
+/* ---- assignment -------------------------------------------------------------------------- */
+nb_status nbi_sharded_assign(nb_tensor *dst, nb_tensor *val) {
+  static const char *FN = "nb_assign";
+  nb_mesh *m = dst->mesh;
+  if (val->mesh && val->mesh != m)
+    return nbi_error(NB_ERR_SHARDING, "%s: src is on mesh %s but dst on %s", FN,
+                     nb_mesh_str(val->mesh), nb_mesh_str(m));
+  nb_scope_begin();
+  /* dst keeps its layout: src moved onto it, computed now (a training loop
+   * must not grow a chain of pending steps) */
+  nb_tensor *v = shard_to(FN, val, m, sharding_of(dst));
+  nb_status st = v ? nbi_realize(&v, 1) : nb_last_status();
+  if (!st) {
+    for (int d = 0; d < m->n_dev; d++) {
+      nb_retain(v->phys[d]);
+      nb_release(dst->phys[d]);
+      dst->phys[d] = v->phys[d];
+    }
+  }
+  nb_scope_end();
+  return st;
+}
+
 /* ---- reading ---------------------------------------------------------------------------- */
 static nb_tensor *hook_gather(const char *fn, nb_tensor *t) {
   const nb_mesh *m = t->mesh;

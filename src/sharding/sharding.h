@@ -203,4 +203,9 @@ nb_status nbi_coll_ppermute(const char *fn, const nb_mesh *m, nb_tensor *const *
 nb_status nbi_local_slice(const char *fn, const nb_mesh *m, nb_tensor *const *phys,
                           const nbi_axis *axes, int n_axes, int dim, nb_tensor **out);
 
+/* ---- sharded tensors (shard.c) ---------------------------------------------- */
+/* nb_assign onto a sharded dst: src (plain, or on dst's mesh) is moved onto
+ * dst's sharding and computed; dst then holds its physical tensors. */
+nb_status nbi_sharded_assign(nb_tensor *dst, nb_tensor *src);
+
 #endif

@@ -9,6 +9,8 @@
  * forward graph is freed as soon as nothing else holds it. */
 #include "transforms.h"
 
+#include "../sharding/sharding.h"
+
 #include <stdlib.h>
 
 static nb_status check_untraced(const char *fn, const nb_tensor *t) {
@@ -150,6 +152,12 @@ nb_status nb_assign(nb_tensor *dst, nb_tensor *src) {
   nb_scope_begin();
   nb_tensor *val = src->dtype == dst->dtype ? src : nb_cast(src, dst->dtype);
   if (!val) st = nb_last_status();
+  if (!st && dst->mesh) { /* a sharded dst keeps its layout (src/sharding) */
+    st = nbi_sharded_assign(dst, val);
+    nb_scope_end();
+    return st;
+  }
+  if (!st && val->mesh && !(val = nbi_readable(fn, val))) st = nb_last_status();
   /* Realize val and every pending tensor that reads dst first: nothing
    * computed before the assign may see dst's new value. dst's old value dies
    * there, so an elementwise update (w - lr * g) may write over it. */
