@@ -119,9 +119,12 @@ static bool has_axis(const nbi_axis *list, int n, const nbi_axis *a) {
 
 /* Moves phys (a logical tensor of shape `shape` under *cur) to `to`: pending
  * partial sums that `to` does not keep are reduced (a reduce-scatter when
- * `to` shards a dimension over the axis next, else an all-reduce), every
- * dimension keeps the common prefix of its axes and gathers the rest
- * (all-gather), then each device cuts its block (no communication). */
+ * `to` shards a dimension over the axis next, else one all-reduce over all
+ * such axes), every dimension keeps the common prefix of its axes and
+ * gathers the rest (all-gather; everything when the sizes do not divide),
+ * then each device cuts its block (no communication). Moves between
+ * dimensions go through an all-gather and a cut (an all-to-all would send
+ * less), and axis swaps of equal size too (a permute would). */
 static nb_status reshard_phys(const char *fn, const nb_mesh *m, nbi_sharding cur,
                               const nbi_sharding *to, const nb_shape *shape, nb_tensor *const *phys,
                               nb_tensor **out) {
@@ -129,7 +132,10 @@ static nb_status reshard_phys(const char *fn, const nb_mesh *m, nbi_sharding cur
   nb_tensor **a = malloc(sizeof *a * (size_t)n), **b = malloc(sizeof *b * (size_t)n);
   nb_status st = a && b ? NB_OK : nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
   if (!st) memcpy(a, phys, sizeof *a * (size_t)n);
-  /* 1. partial sums */
+  /* 1. partial sums `to` does not keep: a reduce-scatter for an axis `to`
+   *    shards a dimension over next, one all-reduce over all the others */
+  nbi_axis red[NBI_MESH_MAX_AXES];
+  int n_red = 0;
   for (int i = 0; i < cur.n_partial && !st;) {
     nbi_axis ax = cur.partial[i];
     if (has_axis(to->partial, to->n_partial, &ax)) {
@@ -146,13 +152,17 @@ static nb_status reshard_phys(const char *fn, const nb_mesh *m, nbi_sharding cur
     }
     if (rs_dim >= 0) {
       st = nbi_coll_reduce_scatter(fn, m, a, &ax, 1, rs_dim, b);
-      if (!st) cur.dim[rs_dim].ax[cur.dim[rs_dim].n++] = ax;
+      if (st) break;
+      cur.dim[rs_dim].ax[cur.dim[rs_dim].n++] = ax;
+      memcpy(a, b, sizeof *a * (size_t)n);
     } else {
-      st = nbi_coll_all_reduce(fn, m, a, &ax, 1, NB_REDUCE_SUM, b);
+      red[n_red++] = ax;
     }
-    if (st) break;
-    memcpy(a, b, sizeof *a * (size_t)n);
     cur.partial[i] = cur.partial[--cur.n_partial];
+  }
+  if (n_red && !st) {
+    st = nbi_coll_all_reduce(fn, m, a, red, n_red, NB_REDUCE_SUM, b);
+    if (!st) memcpy(a, b, sizeof *a * (size_t)n);
   }
   /* 2. per dimension: gather what is not a prefix of the target (or does not
    *    contain the target blocks: non-divisible sizes) */
