@@ -3,7 +3,7 @@
  * One table, MX_ROWS: a row per public op (ops.h, nn.h, nb_detach, control
  * flow, checkpoint, custom calls), each a body applying the op to its inputs,
  * the inputs' shapes, dtypes and value ranges (away from kinks and poles), and
- * flags. Every row becomes six tests, matrix::<row>_<check>, at random float64
+ * flags. Every row becomes eight tests, matrix::<row>_<check>, at random float64
  * inputs:
  *   _jit       the forward runs and is finite; nb_jit(f) equals eager f
  *              bitwise (first call and cached replay);
@@ -26,7 +26,10 @@
  *              (rows without a derivative: grad is an NB_ERR_DTYPE error);
  *   _fused     the forward and vjp(f) (a random cotangent) planned with the
  *              fusion pass equal the same run with every node alone, bit for
- *              bit.
+ *              bit;
+ *   _sharded   the forward and vjp(f) with every input (and the cotangent)
+ *              sharded by a random spec, on meshes 2, 2x2, 4x2 and 2x2x2,
+ *              equal the unsharded values.
  * Forward-mode-only rows (nb_while_loop) skip vjp, jacrev and grad: jacfwd
  * stands in for grad, vmap(jvp) for vmap(vjp).
  * Integer and bool inputs (indices, masks, conditions) are batched like any other
@@ -778,9 +781,19 @@ static int64_t mx_total(nb_tensor *const *x, int n) {
 static double mx_deriv_tol(nb_dtype dt) { return dt == NB_F64 ? MX_JAC_TOL : tc_tol(dt); }
 
 /* ---- the seven checks ------------------------------------------------------------------- */
-enum { MX_JIT, MX_GRAD, MX_VMAP, MX_VMAP_VJP, MX_JAC, MX_JIT_VMAP_GRAD, MX_FUSED, MX_N_CHECKS };
-static const char *const mx_check_names[MX_N_CHECKS] = {"jit", "grad",          "vmap", "vmap_vjp",
-                                                        "jac", "jit_vmap_grad", "fused"};
+enum {
+  MX_JIT,
+  MX_GRAD,
+  MX_VMAP,
+  MX_VMAP_VJP,
+  MX_JAC,
+  MX_JIT_VMAP_GRAD,
+  MX_FUSED,
+  MX_SHARDED,
+  MX_N_CHECKS
+};
+static const char *const mx_check_names[MX_N_CHECKS] = {"jit", "grad",          "vmap",  "vmap_vjp",
+                                                        "jac", "jit_vmap_grad", "fused", "sharded"};
 
 /* 1. the forward runs and is finite; jit(f) equals eager f exactly. */
 static void mx_check_jit(const mx_row *r, const char *what) {
@@ -1131,6 +1144,91 @@ static void mx_check_fused(const mx_row *r, const char *what) {
   nb_fn_release(f);
 }
 
+/* A random spec for ndim dimensions over mesh axes a, b, c (the first n_axes):
+ * each dimension unsharded, or over one or two axes no other uses. */
+static void mx_random_spec(int ndim, int n_axes, uint64_t *seed, char *spec) {
+  static const char *const axes[] = {"a", "b", "c"};
+  bool used[3] = {0};
+  spec[0] = 0;
+  for (int d = 0; d < ndim; d++) {
+    char e[16] = "_";
+    int a = (int)tc_randint(seed, -1, n_axes - 1);
+    if (a >= 0 && !used[a]) {
+      used[a] = true;
+      int b = (int)tc_randint(seed, -1, n_axes - 1);
+      if (b >= 0 && !used[b] && tc_randint(seed, 0, 1)) {
+        used[b] = true;
+        snprintf(e, sizeof e, "(%s, %s)", axes[a], axes[b]);
+      } else {
+        snprintf(e, sizeof e, "%s", axes[a]);
+      }
+    }
+    strcat(spec, d ? ", " : "");
+    strcat(spec, e);
+  }
+}
+
+/* 8. sharded == unsharded: on each mesh of 2, 2x2, 4x2 and 2x2x2, every
+ * input placed with a random spec (each dimension unsharded, or over one or
+ * two unused axes; sizes need not divide), f's forward and, where it has
+ * one, vjp(f) at a random cotangent equal the unsharded values (up to float
+ * reassociation: sums over shards). */
+static void mx_check_sharded_on(const mx_row *r, const char *what, int mi) {
+  static const char *const meshes[] = {"a=2", "a=2,b=2", "a=4,b=2", "a=2,b=2,c=2"};
+  uint64_t seed = mx_seed(r, 8 + (uint64_t)mi);
+  int n_axes = mi == 0 ? 1 : mi == 3 ? 3 : 2;
+  nb_mesh *m = nb_mesh_cpu(meshes[mi]);
+  cr_assert(m, "%s: %s", what, nb_last_error());
+  nb_tensor *xs[MX_MAX_ARGS], *sx[MX_MAX_ARGS], *y[1];
+  mx_example(r, &seed, xs);
+  char specs[MX_MAX_IN + 1][96];
+  for (int k = 0; k < r->n_in; k++) {
+    mx_random_spec(nb_ndim(xs[k]), n_axes, &seed, specs[k]);
+    sx[k] = nb_shard(xs[k], m, specs[k]);
+    cr_assert(sx[k], "%s: input %d spec \"%s\": %s", what, k, specs[k], nb_last_error());
+  }
+  nb_fn *f = mx_fn(r), *g = NULL;
+  mx_call(what, "forward", f, xs, y);
+  int n_out = 1;
+  if (!(r->flags & (MX_FWD | MX_ND))) {
+    xs[r->n_in] = mx_like(y[0], &seed);
+    mx_random_spec(nb_ndim(xs[r->n_in]), n_axes, &seed, specs[r->n_in]);
+    sx[r->n_in] = nb_shard(xs[r->n_in], m, specs[r->n_in]);
+    cr_assert(sx[r->n_in], "%s: cotangent spec \"%s\": %s", what, specs[r->n_in], nb_last_error());
+    g = nb_vjp_fn(f);
+    n_out = 1 + r->n_in;
+  }
+  nb_fn *h = g ? g : f;
+  nb_tensor *o[2][1 + MX_MAX_IN];
+  mx_call(what, "unsharded", h, xs, o[0]);
+  char part[(MX_MAX_IN + 1) * 100 + 32] = "sharded";
+  for (int k = 0; k < r->n_in + (g != NULL); k++)
+    snprintf(part + strlen(part), sizeof part - strlen(part), " [%s]", specs[k]);
+  mx_call(what, part, h, sx, o[1]);
+  for (int j = 0; j < n_out; j++) {
+    if (j == 0) /* (a cotangent may be computed from the plain cotangent seed alone) */
+      cr_assert(nb_mesh_of(o[1][j]) == m, "%s: %s: the output is not on the mesh", what, part);
+    double *u = mx_read(what, "unsharded", o[0][j]), *v = mx_read(what, part, o[1][j]);
+    for (int64_t i = 0; i < nb_numel(o[0][j]); i++)
+      cr_assert(fabs(u[i] - v[i]) <= 1e-10 * (1 + fabs(u[i])) || (isnan(u[i]) && isnan(v[i])),
+                "%s: %s on %s: output %d element %lld: unsharded %.17g, sharded %.17g", what, part,
+                meshes[mi], j, (long long)i, u[i], v[i]);
+    free(u);
+    free(v);
+  }
+  nb_fn_release(g);
+  nb_fn_release(f);
+  nb_mesh_release(m);
+}
+
+static void mx_check_sharded(const mx_row *r, const char *what) {
+  for (int mi = 0; mi < 4; mi++) {
+    nb_scope_begin();
+    mx_check_sharded_on(r, what, mi);
+    nb_scope_end();
+  }
+}
+
 static void mx_check(int row, int check) {
   const mx_row *r = &mx_rows[row];
   char what[96];
@@ -1142,6 +1240,7 @@ static void mx_check(int row, int check) {
   case MX_VMAP_VJP: mx_check_vmap_vjp(r, what); break;
   case MX_JAC: mx_check_jac(r, what); break;
   case MX_FUSED: mx_check_fused(r, what); break;
+  case MX_SHARDED: mx_check_sharded(r, what); break;
   default: mx_check_jit_vmap_grad(r, what); break;
   }
 }
@@ -1153,7 +1252,8 @@ static void mx_check(int row, int check) {
   Test(matrix, name##_vmap_vjp) { mx_check(MX_ROW_##name, MX_VMAP_VJP); }                          \
   Test(matrix, name##_jac) { mx_check(MX_ROW_##name, MX_JAC); }                                    \
   Test(matrix, name##_jit_vmap_grad) { mx_check(MX_ROW_##name, MX_JIT_VMAP_GRAD); }                \
-  Test(matrix, name##_fused) { mx_check(MX_ROW_##name, MX_FUSED); }
+  Test(matrix, name##_fused) { mx_check(MX_ROW_##name, MX_FUSED); }                                \
+  Test(matrix, name##_sharded) { mx_check(MX_ROW_##name, MX_SHARDED); }
 MX_ROWS(MX_TESTS)
 #undef MX_TESTS
 
