@@ -290,3 +290,43 @@ Test(sharding, errors_are_clear) {
   nb_mesh_release(m2);
   nb_mesh_release(m);
 }
+
+/* The planner's choice of collective (SHARDING.md "Reshard"): counts and values. */
+Test(sharding, reshard_picks_the_cheapest_collective) {
+  nb_mesh *m = nb_mesh_cpu("x=2,y=2");
+  static const struct {
+    const char *from, *to;
+    uint64_t a2a, perm, gather, reduce, rs;
+  } cases[] = {
+      {"x, _", "_, x", 1, 0, 0, 0, 0},            /* an axis moves between dims */
+      {"x, _", "y, _", 0, 1, 0, 0, 0},            /* equal-size swap */
+      {"(x, y), _", "x, _", 0, 0, 1, 0, 0},       /* dropping an axis */
+      {"x, _", "(x, y), _", 0, 0, 0, 0, 0},       /* adding one: a local cut */
+      {"_, _ partial(y)", "y, _", 0, 0, 0, 0, 1}, /* partial onto a sharded dim */
+      {"_, _ partial(y)", "_, _", 0, 0, 0, 1, 0},
+  };
+  uint64_t seed = 9;
+  double *x = tc_rand_floats(8 * 4, NB_F64, &seed);
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    nb_scope_begin();
+    nb_tensor *t = nb_shard(tc_tensor(x, NB_SHAPE(8, 4), NB_F64), m, cases[c].from);
+    cr_assert(t, "%s", nb_last_error());
+    nb_reset_stats();
+    nb_tensor *r = nb_reshard(t, cases[c].to);
+    cr_assert(r, "%s -> %s: %s", cases[c].from, cases[c].to, nb_last_error());
+    nb_stats s = nb_get_stats();
+    cr_assert(s.n_all_to_all == cases[c].a2a && s.n_permute == cases[c].perm &&
+                  s.n_all_gather == cases[c].gather && s.n_all_reduce == cases[c].reduce &&
+                  s.n_reduce_scatter == cases[c].rs,
+              "%s -> %s: all-to-all %llu, permute %llu, all-gather %llu, all-reduce %llu, "
+              "reduce-scatter %llu",
+              cases[c].from, cases[c].to, (unsigned long long)s.n_all_to_all,
+              (unsigned long long)s.n_permute, (unsigned long long)s.n_all_gather,
+              (unsigned long long)s.n_all_reduce, (unsigned long long)s.n_reduce_scatter);
+    cr_assert_str_eq(nb_sharding_str(r), nb_sharding_str(nb_shard(t, m, cases[c].to)));
+    assert_values(r, x, NB_SHAPE(8, 4), 1e-12);
+    nb_scope_end();
+  }
+  free(x);
+  nb_mesh_release(m);
+}

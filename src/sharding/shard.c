@@ -117,14 +117,64 @@ static bool has_axis(const nbi_axis *list, int n, const nbi_axis *a) {
   return false;
 }
 
+/* Whether some dimension of s uses axis x (or a part overlapping it). */
+static bool uses_axis(const nbi_sharding *s, const nbi_axis *x) {
+  for (int k = 0; k < s->ndim; k++)
+    for (int i = 0; i < s->dim[k].n; i++)
+      if (nbi_axis_overlap(&s->dim[k].ax[i], x)) return true;
+  return false;
+}
+
+/* Whether d's axes are p's followed by extra (n_extra of them, 0 or 1). */
+static bool is_prefix_plus(const nbi_dim_sharding *p, const nbi_dim_sharding *d,
+                           const nbi_axis *extra) {
+  if (d->n != p->n + (extra ? 1 : 0)) return false;
+  for (int i = 0; i < p->n; i++)
+    if (!nbi_axis_eq(&p->ax[i], &d->ax[i])) return false;
+  return !extra || nbi_axis_eq(&d->ax[p->n], extra);
+}
+
+/* An all-to-all applies: cur's dim i ends with an axis that `to` puts at
+ * the end of dim j instead, both dims otherwise as `to` has them, and both
+ * sizes divide by their shards (so blocks nest). */
+static bool moves_to(const nbi_sharding *cur, const nbi_sharding *to, const nb_shape *shape, int i,
+                     int j) {
+  const nbi_dim_sharding *ci = &cur->dim[i], *cj = &cur->dim[j];
+  if (ci->n == 0) return false;
+  const nbi_axis *ax = &ci->ax[ci->n - 1];
+  nbi_dim_sharding pi = *ci;
+  pi.n--;
+  return is_prefix_plus(&pi, &to->dim[i], NULL) && is_prefix_plus(cj, &to->dim[j], ax) &&
+         shape->dims[i] % nbi_dim_shards(cur, i) == 0 &&
+         shape->dims[j] % nbi_dim_shards(to, j) == 0;
+}
+
+/* A permute applies on dim k: cur's dim ends with axis a, `to`'s with b of
+ * the same size, the rest equal, a unused by `to` and b by cur, sizes
+ * dividing. pair = {a, b}. */
+static bool swaps(const nb_mesh *m, const nbi_sharding *cur, const nbi_sharding *to,
+                  const nb_shape *shape, int k, nbi_axis *pair) {
+  (void)m;
+  const nbi_dim_sharding *c = &cur->dim[k], *t = &to->dim[k];
+  if (c->n == 0 || c->n != t->n) return false;
+  pair[0] = c->ax[c->n - 1];
+  pair[1] = t->ax[t->n - 1];
+  if (pair[0].size != pair[1].size || nbi_axis_overlap(&pair[0], &pair[1])) return false;
+  for (int i = 0; i + 1 < c->n; i++)
+    if (!nbi_axis_eq(&c->ax[i], &t->ax[i])) return false;
+  return !uses_axis(to, &pair[0]) && !uses_axis(cur, &pair[1]) &&
+         shape->dims[k] % nbi_dim_shards(cur, k) == 0;
+}
+
 /* Moves phys (a logical tensor of shape `shape` under *cur) to `to`: pending
  * partial sums that `to` does not keep are reduced (a reduce-scatter when
  * `to` shards a dimension over the axis next, else one all-reduce over all
  * such axes), every dimension keeps the common prefix of its axes and
  * gathers the rest (all-gather; everything when the sizes do not divide),
- * then each device cuts its block (no communication). Moves between
- * dimensions go through an all-gather and a cut (an all-to-all would send
- * less), and axis swaps of equal size too (a permute would). */
+ * then each device cuts its block (no communication). Before the gathers,
+ * an axis moving between the ends of two dimensions is an all-to-all, and
+ * the last axis of a dimension replaced by another of equal size a permute
+ * (sizes dividing). */
 static nb_status reshard_phys(const char *fn, const nb_mesh *m, nbi_sharding cur,
                               const nbi_sharding *to, const nb_shape *shape, nb_tensor *const *phys,
                               nb_tensor **out) {
@@ -163,6 +213,40 @@ static nb_status reshard_phys(const char *fn, const nb_mesh *m, nbi_sharding cur
   if (n_red && !st) {
     st = nbi_coll_all_reduce(fn, m, a, red, n_red, NB_REDUCE_SUM, b);
     if (!st) memcpy(a, b, sizeof *a * (size_t)n);
+  }
+  /* 2a. an axis moving from the end of one dimension to the end of another
+   *     (the rest of both already as `to` wants, sizes dividing): all-to-all */
+  for (int i = 0; i < cur.ndim && !st; i++)
+    for (int j = 0; j < cur.ndim && !st; j++)
+      if (i != j && moves_to(&cur, to, shape, i, j)) {
+        nbi_axis ax = cur.dim[i].ax[cur.dim[i].n - 1];
+        st = nbi_coll_all_to_all(fn, m, a, &ax, 1, j, i, b);
+        if (st) break;
+        memcpy(a, b, sizeof *a * (size_t)n);
+        cur.dim[i].n--;
+        cur.dim[j].ax[cur.dim[j].n++] = ax;
+      }
+  /* 2b. the last axis of a dimension replaced by another of its size that
+   *     neither uses elsewhere: a permute (devices swap their coordinates) */
+  for (int k = 0; k < cur.ndim && !st; k++) {
+    nbi_axis pair[2];
+    if (!swaps(m, &cur, to, shape, k, pair)) continue;
+    int64_t sz = pair[0].size, np = sz * sz;
+    int(*pairs)[2] = malloc(sizeof *pairs * (size_t)np);
+    if (!pairs) {
+      st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+      break;
+    }
+    /* ranks over (old, new): the device at (i, j) needs block j, which the
+     * device at (j, i) holds */
+    for (int64_t i = 0; i < sz; i++)
+      for (int64_t j = 0; j < sz; j++)
+        pairs[i * sz + j][0] = (int)(j * sz + i), pairs[i * sz + j][1] = (int)(i * sz + j);
+    st = nbi_coll_ppermute(fn, m, a, pair, 2, (const int(*)[2])pairs, (int)np, b);
+    free(pairs);
+    if (st) break;
+    memcpy(a, b, sizeof *a * (size_t)n);
+    cur.dim[k].ax[cur.dim[k].n - 1] = pair[1];
   }
   /* 2. per dimension: gather what is not a prefix of the target (or does not
    *    contain the target blocks: non-divisible sizes) */
