@@ -330,3 +330,26 @@ Test(sharding, reshard_picks_the_cheapest_collective) {
   free(x);
   nb_mesh_release(m);
 }
+
+/* A sharded tensor captured (not passed) by a traced function is a clear
+ * error, not a wrong value. */
+static nb_tensor *captured;
+static nb_status capture_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_sum(nb_mul(in[0], captured), NB_ALL, false);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(sharding, captured_sharded_tensor_in_a_trace_is_an_error) {
+  nb_mesh *m = nb_mesh_cpu("x=2");
+  captured = nb_shard(nb_ones(NB_SHAPE(4), NB_F32), m, "x");
+  nb_fn *f = nb_fn_create(capture_body, NULL, 1, 1), *g = nb_grad(f, NB_AXES(0));
+  nb_tensor *x = nb_ones(NB_SHAPE(4), NB_F32), *o[1];
+  cr_assert_neq(nb_call(g, &x, o), NB_OK);
+  cr_assert_eq(nb_last_status(), NB_ERR_SHARDING, "%s", nb_last_error());
+  cr_assert(strstr(nb_last_error(), "captured"), "%s", nb_last_error());
+  nb_clear_error();
+  nb_fn_release(g);
+  nb_fn_release(f);
+  nb_mesh_release(m);
+}

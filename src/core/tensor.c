@@ -365,8 +365,18 @@ nb_status nbi_held_pending(nb_tensor ***out, int *n, int *cap) {
 nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,
                       const nbi_attrs *attrs) {
   if (nbi_shard_hook.record)
-    for (int i = 0; i < n_in; i++)
-      if (in[i]->mesh) return nbi_shard_hook.record(op, dt, shape, in, n_in, attrs);
+    for (int i = 0; i < n_in; i++) {
+      if (!in[i]->mesh) continue;
+      for (int k = 0; k < n_in; k++)
+        if (in[k]->flags & NBI_T_TRACED) {
+          nbi_error(NB_ERR_SHARDING,
+                    "nb_%s: a sharded tensor inside a traced function must be one of its "
+                    "arguments (a captured sharded tensor is not supported)",
+                    nbi_op_table[op]->name);
+          return NULL;
+        }
+      return nbi_shard_hook.record(op, dt, shape, in, n_in, attrs);
+    }
   nb_tensor *t = tensor_new(shape, dt, op);
   if (!t) {
     nbi_error(NB_ERR_OOM, "nb_%s: out of memory", nbi_op_table[op]->name);

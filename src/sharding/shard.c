@@ -436,9 +436,10 @@ static nb_tensor *hook_record(int op, nb_dtype dt, const nb_shape *shape, nb_ten
     from[k] = in[k]->mesh ? sharding_of(in[k]) : NULL;
     shapes[k] = in[k]->shape;
   }
+  nb_status before = nb_last_status();
   if (!st && nbi_shard_rule_of(op, &a, shapes, n_in, shape, rule) != NB_OK) {
     /* no rule can describe it (too many operands): everything replicated */
-    nb_clear_error();
+    if (!before) nb_clear_error();
     for (int k = 0; k < n_in; k++)
       target[k] = nbi_sharding_replicated(shapes[k].ndim);
     out_s = nbi_sharding_replicated(shape->ndim);
