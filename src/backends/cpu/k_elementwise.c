@@ -1348,14 +1348,20 @@ nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, 
   int n_threads = par ? omp_get_max_threads() : 1;
   char *scr_all = nbi_cpu_scratch("nb_eval", scr_bytes * (size_t)n_threads);
   if (!scr_all) return NB_ERR_OOM;
-#pragma omp parallel if (par) num_threads(n_threads)
-  {
-    char *scr = scr_all + (size_t)omp_get_thread_num() * scr_bytes;
-#pragma omp for schedule(dynamic)
-    for (int64_t b = 0; b < n_blocks; b++)
-      for (int64_t r = b * rb; r < rp.rows && r < (b + 1) * rb; r++)
-        fused_row(&rp, r, scr);
+  if (!par) { /* no OpenMP region (even an inactive one costs about a microsecond) */
+    for (int64_t r = 0; r < rp.rows; r++)
+      fused_row(&rp, r, scr_all);
     stream_end(rp.stream);
+  } else {
+#pragma omp parallel num_threads(n_threads)
+    {
+      char *scr = scr_all + (size_t)omp_get_thread_num() * scr_bytes;
+#pragma omp for schedule(dynamic)
+      for (int64_t b = 0; b < n_blocks; b++)
+        for (int64_t r = b * rb; r < rp.rows && r < (b + 1) * rb; r++)
+          fused_row(&rp, r, scr);
+      stream_end(rp.stream);
+    }
   }
   nbi_cpu_scratch_free(scr_all);
   fused_global(&rp);

@@ -138,6 +138,21 @@ static inline void istep(fold_op op, int64_t *a, int64_t *ix, int64_t x, int64_t
 #define SIMD_MAP _Pragma("omp simd")
 #define NO_SIMD
 
+/* for (int64_t I = LO; I < HI; I++) BODY: over the OpenMP threads (static
+ * schedule) when PAR, else on the calling thread without entering a region
+ * (even one with a false if clause costs a microsecond or so: several per
+ * step of a small training loop). */
+#define FOR_PAR_IF(PAR, I, LO, HI, ...)                                                            \
+  do {                                                                                             \
+    if (PAR) {                                                                                     \
+      _Pragma("omp parallel for schedule(static)") for (int64_t I = (LO); I < (HI); I++)           \
+          __VA_ARGS__                                                                              \
+    } else {                                                                                       \
+      for (int64_t I = (LO); I < (HI); I++)                                                        \
+        __VA_ARGS__                                                                                \
+    }                                                                                              \
+  } while (0)
+
 /* row_sum_T_S: the sum over j < n of x[j] (sq false) or of (x[j] - c)^2 (sq
  * true), in double: lane k of SUM_LANES takes terms k, k + SUM_LANES, ..., then
  * the lanes pairwise. Explicit lanes fix the order on every ISA (no omp simd
@@ -427,9 +442,8 @@ static void convert_contig(void *dst, nb_dtype ct, const void *src, nb_dtype dt,
   const uint8_t *b = src;
   const int32_t *w = src;
   const int64_t *q = src;
-#pragma omp parallel for schedule(static) if (n >= NBI_PAR_MIN)
-  for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
-    int64_t i1 = min64(i0 + CHUNK, n);
+  FOR_PAR_IF(n >= NBI_PAR_MIN, c, 0, ceil_div(n, CHUNK), {
+    int64_t i0 = c * CHUNK, i1 = min64(i0 + CHUNK, n);
     if (ct == NB_I64 && dt == NB_I32)
       for (int64_t i = i0; i < i1; i++)
         l[i] = w[i];
@@ -451,7 +465,7 @@ static void convert_contig(void *dst, nb_dtype ct, const void *src, nb_dtype dt,
     else /* bool */
       for (int64_t i = i0; i < i1; i++)
         f[i] = b[i] != 0;
-  }
+  });
 }
 
 /* Points *x at in's numel (> 0) elements as a contiguous array of ct. *owned is
@@ -493,9 +507,8 @@ static void write_out(nbi_view *out, const void *src, nb_dtype st, int64_t n) {
     memcpy(out->data, src, (size_t)n * nb_dtype_size(dt));
     return;
   }
-#pragma omp parallel for schedule(static) if (n >= NBI_PAR_MIN)
-  for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
-    int64_t i1 = min64(i0 + CHUNK, n);
+  FOR_PAR_IF(n >= NBI_PAR_MIN, c, 0, ceil_div(n, CHUNK), {
+    int64_t i0 = c * CHUNK, i1 = min64(i0 + CHUNK, n);
     if (st == NB_F64 && dt == NB_F32) {
       for (int64_t i = i0; i < i1; i++)
         ((float *)out->data)[i] = (float)((const double *)src)[i];
@@ -509,7 +522,7 @@ static void write_out(nbi_view *out, const void *src, nb_dtype st, int64_t n) {
       for (int64_t i = i0; i < i1; i++)
         nbi_store_f64(out->data, dt, i, nbi_load_f64(src, st, i));
     }
-  }
+  });
 }
 
 /* ---- reduction geometry ------------------------------------------------------------ */
@@ -650,18 +663,16 @@ static nb_status run_inner(const pass *p, const char *opname) {
   if (!inner_splits(g->n_out, g->n_red) && g->nr == 1) {
     /* [outputs, L] rows back to back: blocks of about CHUNK elements */
     int64_t L = g->n_red, rb = CHUNK / L + 1, nblk = ceil_div(g->n_out, rb);
-#pragma omp parallel for schedule(static) if (work >= NBI_PAR_MIN)
-    for (int64_t b = 0; b < nblk; b++) {
+    FOR_PAR_IF(work >= NBI_PAR_MIN, b, 0, nblk, {
       int64_t o = b * rb;
       fold_rows(p, o * L, L, min64(rb, g->n_out - o), p->c ? p->c + o : NULL, state_at(p->acc, o),
                 p->ix ? p->ix + o : NULL, 0);
-    }
+    });
     return NB_OK;
   }
   if (!inner_splits(g->n_out, g->n_red)) {
-#pragma omp parallel for schedule(static) if (work >= NBI_PAR_MIN)
-    for (int64_t o = 0; o < g->n_out; o++)
-      inner_range(p, o, 0, g->n_red, state_at(p->acc, o), p->ix ? p->ix + o : NULL);
+    FOR_PAR_IF(work >= NBI_PAR_MIN, o, 0, g->n_out,
+               { inner_range(p, o, 0, g->n_red, state_at(p->acc, o), p->ix ? p->ix + o : NULL); });
     return NB_OK;
   }
   /* few outputs, long reductions: fixed-size chunks of every output in
@@ -725,11 +736,10 @@ static nb_status run_outer(const pass *p, const char *opname) {
   int64_t B = g->ks[g->nk - 1], nb = ceil_div(B, COL_BLOCK), tasks = g->n_out / B * nb;
   int64_t work = g->n_out * g->n_red;
   if (work < NBI_PAR_MIN || tasks >= MIN_TASKS) {
-#pragma omp parallel for schedule(static) if (work >= NBI_PAR_MIN)
-    for (int64_t t = 0; t < tasks; t++) {
+    FOR_PAR_IF(work >= NBI_PAR_MIN, t, 0, tasks, {
       int64_t c0 = t % nb * COL_BLOCK;
       outer_block(p, p->acc, p->ix, t / nb, c0, min64(c0 + COL_BLOCK, B), 0, g->n_red);
-    }
+    });
     return NB_OK;
   }
   /* few columns, many rows: row chunks into private states, merged in order */
