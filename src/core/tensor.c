@@ -484,12 +484,32 @@ void nbi_payload_release(nbi_payload *p) {
   if (p && --p->refcount == 0) p->destroy(p);
 }
 
+/* The view is returned through a stack slot; built field by field, data,
+ * dtype and ndim land there as three narrow stores that the 16-byte copy out
+ * reloads at once, which store forwarding cannot serve: a stall on every call
+ * (kernels take many views). Written as two 8-byte halves (64-bit targets),
+ * they stay in registers (one 16-byte store). */
 nbi_view nbi_tensor_view(const nb_tensor *t) {
-  nbi_view v = {.dtype = t->dtype, .ndim = t->shape.ndim};
+  char *data = t->shard0.buf ? (char *)t->shard0.buf->data +
+                                   t->shard0.offset * (int64_t)nb_dtype_size(t->dtype)
+                             : NULL;
+  nbi_view v;
+#if UINTPTR_MAX == UINT64_MAX
+  _Static_assert(offsetof(nbi_view, dtype) == 8 && offsetof(nbi_view, ndim) == 12 &&
+                     sizeof(nb_dtype) == 4,
+                 "nbi_view's head is data, dtype, ndim in 16 bytes");
+  int32_t kind[2] = {(int32_t)t->dtype, t->shape.ndim};
+  int64_t head[2];
+  memcpy(&head[0], &data, 8);
+  memcpy(&head[1], kind, 8);
+  memcpy(&v, head, sizeof head);
+#else
+  v.data = data;
+  v.dtype = t->dtype;
+  v.ndim = t->shape.ndim;
+#endif
   memcpy(v.dims, t->shape.dims, sizeof v.dims);
   memcpy(v.strides, t->shard0.strides, sizeof v.strides);
-  if (t->shard0.buf)
-    v.data = (char *)t->shard0.buf->data + t->shard0.offset * (int64_t)nb_dtype_size(t->dtype);
   return v;
 }
 

@@ -616,13 +616,13 @@ static void stream_out(char *restrict d, const char *restrict src, int64_t bytes
 #endif
 }
 
-/* After a thread's streamed stores: orders them before what follows (the
- * region's end, where other threads may read them). */
-static void stream_end(const ew_walk *w) {
+/* After a thread's streamed stores (if stream): orders them before what
+ * follows (the region's end, where other threads may read them). */
+static void stream_end(bool stream) {
 #if defined(__SSE2__)
-  if (w->stream) _mm_sfence();
+  if (stream) _mm_sfence();
 #else
-  (void)w;
+  (void)stream;
 #endif
 }
 
@@ -800,7 +800,7 @@ static void run_unit(const ew_plan *pl, const ew_walk *w, const ew_unit *u, chun
 static void run_range(const ew_plan *pl, const ew_walk *w, int64_t u0, int64_t u1) {
   chunk_buf buf[4]; /* three operands, the result */
   WALK_RANGE(w, u0, u1, u, run_unit(pl, w, &u, buf));
-  stream_end(w);
+  stream_end(w->stream);
 }
 
 /* This thread's share [*u0, *u1) of units, contiguous. */
@@ -957,7 +957,7 @@ static void fused_range(const fused_plan *fp, const ew_walk *w, int64_t u0, int6
   _Alignas(64) char val[NBI_FUSE_MAX * FUSE_CHUNK * 8]; /* the first slots in use */
   chunk_buf tmp[3];
   WALK_RANGE(w, u0, u1, u, fused_unit(fp, w, &u, val, tmp));
-  stream_end(w);
+  stream_end(w->stream);
 }
 
 nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *store,
@@ -1086,6 +1086,8 @@ typedef struct row_plan {
   char *out[NBI_FUSE_MAX];   /* buffer of a stored member, or NULL */
   int src[NBI_FUSE_MAX][3];  /* operand: member index, or -1 - its index in ext */
   row_ext ext[NBI_FUSE_MAX * 3];
+  bool stream;                    /* stored full members go out by stream_out */
+  int n_pf, pf[NBI_FUSE_MAX * 3]; /* ext rows prefetched a row ahead */
 } row_plan;
 
 static row_ext row_ext_of(const nb_tensor *x, const nb_shape *target, int ra) {
@@ -1113,6 +1115,26 @@ static int64_t row_ext_offset(const row_ext *e, int64_t r) {
     r /= e->dims[d];
   }
   return off;
+}
+
+/* Rows up to this many bytes, read whole in place, are prefetched a row ahead
+ * (fused_row): a row of a page or less starts where the hardware prefetcher,
+ * which stops at page boundaries, has no stream yet. */
+enum { ROW_PREFETCH_MAX = 16384 };
+
+/* Adds ext i of rp (read as whole rows) to the prefetched ones when it is read
+ * in place, its rows differ, and no other prefetched ext reads the same rows. */
+static void row_ext_prefetch(row_plan *rp, int i) {
+  const row_ext *e = &rp->ext[i];
+  bool varies = false;
+  for (int d = 0; d < e->ra; d++)
+    varies = varies || (e->dims[d] > 1 && e->st[d] != 0);
+  if (e->s != 1 || !varies || rp->n * (int64_t)nb_dtype_size(e->dt) > ROW_PREFETCH_MAX) return;
+  for (int k = 0; k < rp->n_pf; k++) {
+    const row_ext *o = &rp->ext[rp->pf[k]];
+    if (o->data == e->data && o->dt == e->dt && !memcmp(o->st, e->st, sizeof e->st)) return;
+  }
+  rp->pf[rp->n_pf++] = i;
 }
 
 /* Copies row r's n elements of e into buf, converted to the domain's type
@@ -1167,6 +1189,13 @@ static void fused_row(const row_plan *rp, int64_t r, char *scr) {
   _Alignas(8) char val[NBI_FUSE_MAX][8]; /* per-row members' values */
   const void *row[NBI_FUSE_MAX];         /* full members' rows */
   size_t rowbytes = (size_t)rp->n * rp->es;
+  for (int i = 0; i < rp->n_pf && r + 1 < rp->rows; i++) {
+    const row_ext *e = &rp->ext[rp->pf[i]];
+    int64_t es = (int64_t)nb_dtype_size(e->dt);
+    const char *next = e->data + row_ext_offset(e, r + 1) * es;
+    for (int64_t j = 0; j < rp->n * es; j += 64)
+      __builtin_prefetch(next + j);
+  }
   for (int k = 0; k < rp->m; k++) {
     const nb_tensor *t = rp->nodes[k];
     int64_t n = rp->full[k] ? rp->n : 1;
@@ -1186,8 +1215,8 @@ static void fused_row(const row_plan *rp, int64_t r, char *scr) {
             row_ext_row(rp, &rp->ext[-1 - src], r, row_op ? rp->n : n, buf, cond, row_op, &p[q]);
       }
     }
-    void *o = rp->full[k] ? (rp->out[k] ? rp->out[k] + (size_t)r * rowbytes
-                                        : scr + (size_t)rp->slot[k] * rp->pitch)
+    void *o = rp->full[k] ? (rp->slot[k] < 0 ? rp->out[k] + (size_t)r * rowbytes
+                                             : scr + (size_t)rp->slot[k] * rp->pitch)
                           : (void *)val[k];
     if (nbi_cpu_reduce_row_fusible(t)) {
       double v = nbi_cpu_reduce_row(t, p[0], rp->n, rp->rows);
@@ -1206,10 +1235,13 @@ static void fused_row(const row_plan *rp, int64_t r, char *scr) {
     } else {
       rp->rt->bin[rp->dom][t->op](o, p[0], ps[0], p[1], ps[1], n);
     }
-    if (rp->full[k])
+    if (rp->full[k]) {
       row[k] = o;
-    else if (rp->out[k])
+      if (rp->out[k] && rp->slot[k] >= 0)
+        stream_out(rp->out[k] + (size_t)r * rowbytes, o, (int64_t)rowbytes);
+    } else if (rp->out[k]) {
       memcpy(rp->out[k] + (size_t)r * rp->es, o, rp->es);
+    }
   }
 }
 
@@ -1287,14 +1319,20 @@ nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, 
         bool per_row = !rp.full[k] && !nbi_cpu_reduce_row_fusible(t);
         const nb_shape *ts = t->op == NBI_OP_RESHAPE ? &t->in[0]->shape : &t->shape;
         rp.ext[n_ext] = row_ext_of(t->in[q], per_row ? ts : full, per_row ? ts->ndim : ra);
+        if (!per_row) row_ext_prefetch(&rp, n_ext);
         j = -1 - n_ext++;
       }
       rp.src[k][q] = j;
     }
   }
+  /* streamed: a stored full member computes into a scratch row too */
+  int64_t out_bytes = 0;
+  for (int k = 0; k < m; k++)
+    if (rp.full[k] && rp.out[k]) out_bytes += rp.rows * rp.n * (int64_t)rp.es;
+  rp.stream = out_bytes >= STREAM_MIN;
   for (int k = 0; k < m; k++) {
     rp.slot[k] = -1;
-    if (!rp.full[k] || rp.out[k]) continue;
+    if (!rp.full[k] || (rp.out[k] && !rp.stream)) continue;
     int s = 0;
     while (s < rp.n_slots && last[owner[s]] >= k)
       s++;
@@ -1310,13 +1348,20 @@ nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, 
   int n_threads = par ? omp_get_max_threads() : 1;
   char *scr_all = nbi_cpu_scratch("nb_eval", scr_bytes * (size_t)n_threads);
   if (!scr_all) return NB_ERR_OOM;
-#pragma omp parallel if (par) num_threads(n_threads)
-  {
-    char *scr = scr_all + (size_t)omp_get_thread_num() * scr_bytes;
+  if (!par) { /* no OpenMP region (even an inactive one costs about a microsecond) */
+    for (int64_t r = 0; r < rp.rows; r++)
+      fused_row(&rp, r, scr_all);
+    stream_end(rp.stream);
+  } else {
+#pragma omp parallel num_threads(n_threads)
+    {
+      char *scr = scr_all + (size_t)omp_get_thread_num() * scr_bytes;
 #pragma omp for schedule(dynamic)
-    for (int64_t b = 0; b < n_blocks; b++)
-      for (int64_t r = b * rb; r < rp.rows && r < (b + 1) * rb; r++)
-        fused_row(&rp, r, scr);
+      for (int64_t b = 0; b < n_blocks; b++)
+        for (int64_t r = b * rb; r < rp.rows && r < (b + 1) * rb; r++)
+          fused_row(&rp, r, scr);
+      stream_end(rp.stream);
+    }
   }
   nbi_cpu_scratch_free(scr_all);
   fused_global(&rp);

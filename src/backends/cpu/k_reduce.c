@@ -132,12 +132,64 @@ static inline void istep(fold_op op, int64_t *a, int64_t *ix, int64_t x, int64_t
 }
 
 /* ---- row and column folds, per float compute type -------------------------------- */
-/* Loops meant to vectorize: sums carry `omp simd` (which allows reassociating
- * them); exp maps carry MAP_SIMD, `omp simd` where exp is inline (f32) and
- * nothing where it is a libm call (f64). */
-#define SIMD_SUM _Pragma("omp simd reduction(+ : s)")
+/* Loops meant to vectorize: row sums keep explicit lanes (row_sum_T_S); exp
+ * maps carry MAP_SIMD, `omp simd` where exp is inline (f32) and nothing where
+ * it is a libm call (f64). */
 #define SIMD_MAP _Pragma("omp simd")
 #define NO_SIMD
+
+/* for (int64_t I = LO; I < HI; I++) BODY: over the OpenMP threads (static
+ * schedule) when PAR, else on the calling thread without entering a region
+ * (even one with a false if clause costs a microsecond or so: several per
+ * step of a small training loop). */
+#define FOR_PAR_IF(PAR, I, LO, HI, ...)                                                            \
+  do {                                                                                             \
+    if (PAR) {                                                                                     \
+      _Pragma("omp parallel for schedule(static)") for (int64_t I = (LO); I < (HI); I++)           \
+          __VA_ARGS__                                                                              \
+    } else {                                                                                       \
+      for (int64_t I = (LO); I < (HI); I++)                                                        \
+        __VA_ARGS__                                                                                \
+    }                                                                                              \
+  } while (0)
+
+/* row_sum_T_S: the sum over j < n of x[j] (sq false) or of (x[j] - c)^2 (sq
+ * true), in double: lane k of SUM_LANES takes terms k, k + SUM_LANES, ..., then
+ * the lanes pairwise. Explicit lanes fix the order on every ISA (no omp simd
+ * reassociation) and give independent chains: one accumulator ran the row sums
+ * latency-bound, at a quarter of the adds' throughput. One variant per ISA. */
+enum { SUM_LANES = 32 };
+#define DEF_ROW_SUM(SUF, T, S, ATTR)                                                               \
+  ATTR static double row_sum_##SUF##_##S(const T *restrict x, int64_t n, double c, bool sq) {      \
+    double lane[SUM_LANES] = {0};                                                                  \
+    int64_t n0 = n - n % SUM_LANES;                                                                \
+    if (sq) {                                                                                      \
+      for (int64_t j = 0; j < n0; j += SUM_LANES)                                                  \
+        for (int k = 0; k < SUM_LANES; k++)                                                        \
+          lane[k] += ((double)x[j + k] - c) * ((double)x[j + k] - c);                              \
+      for (int64_t k = 0; k < n - n0; k++)                                                         \
+        lane[k] += ((double)x[n0 + k] - c) * ((double)x[n0 + k] - c);                              \
+    } else {                                                                                       \
+      for (int64_t j = 0; j < n0; j += SUM_LANES)                                                  \
+        for (int k = 0; k < SUM_LANES; k++)                                                        \
+          lane[k] += (double)x[j + k];                                                             \
+      for (int64_t k = 0; k < n - n0; k++)                                                         \
+        lane[k] += (double)x[n0 + k];                                                              \
+    }                                                                                              \
+    for (int h = SUM_LANES / 2; h > 0; h >>= 1)                                                    \
+      for (int k = 0; k < h; k++)                                                                  \
+        lane[k] += lane[k + h];                                                                    \
+    return lane[0];                                                                                \
+  }
+#define DEF_ROW_SUMS(S, ISA)                                                                       \
+  DEF_ROW_SUM(f32, float, S, NBI_ISA_ATTR_##S) DEF_ROW_SUM(f64, double, S, NBI_ISA_ATTR_##S)
+NBI_FOR_ISAS(DEF_ROW_SUMS)
+typedef double (*row_sum_f32_fn)(const float *restrict, int64_t, double, bool);
+typedef double (*row_sum_f64_fn)(const double *restrict, int64_t, double, bool);
+#define ROW_SUM_F32_ENTRY(S, ISA) [ISA] = row_sum_f32_##S,
+#define ROW_SUM_F64_ENTRY(S, ISA) [ISA] = row_sum_f64_##S,
+static const row_sum_f32_fn row_sum_f32[NBI_ISA_COUNT] = {NBI_FOR_ISAS(ROW_SUM_F32_ENTRY)};
+static const row_sum_f64_fn row_sum_f64[NBI_ISA_COUNT] = {NBI_FOR_ISAS(ROW_SUM_F64_ENTRY)};
 
 /* key_T: the bits of v as a signed integer, with the magnitude bits of negative
  *   values flipped, so keys order like the (non-NaN) values.
@@ -212,7 +264,6 @@ static inline void istep(fold_op op, int64_t *a, int64_t *ix, int64_t x, int64_t
   }                                                                                                \
   static inline void fold_row_##SUF(fold_op op, const T *restrict x, int64_t n, double c,          \
                                     double *acc, int64_t *ix, int64_t i0) {                        \
-    double s = 0;                                                                                  \
     if (n < 8) { /* too short for vector loops */                                                  \
       for (int64_t j = 0; j < n; j++)                                                              \
         fstep(op, acc, ix, x[j], i0 + j, c);                                                       \
@@ -220,13 +271,7 @@ static inline void istep(fold_op op, int64_t *a, int64_t *ix, int64_t x, int64_t
     }                                                                                              \
     switch (op) {                                                                                  \
     case F_SUM:                                                                                    \
-      SIMD_SUM for (int64_t j = 0; j < n; j++) s += (double)x[j];                                  \
-      *acc += s;                                                                                   \
-      return;                                                                                      \
-    case F_SQDEV:                                                                                  \
-      SIMD_SUM for (int64_t j = 0; j < n; j++) s += ((double)x[j] - c) * ((double)x[j] - c);       \
-      *acc += s;                                                                                   \
-      return;                                                                                      \
+    case F_SQDEV: *acc += row_sum_##SUF[nbi_isa_active()](x, n, c, op == F_SQDEV); return;         \
     case F_SUMEXP: *acc += sum_exp_##SUF(x, (T)c, n, NULL); return;                                \
     case F_MAX:                                                                                    \
     case F_MIN: fstep(op, acc, ix, row_extreme_##SUF(x, n, op == F_MAX), 0, 0); return;            \
@@ -397,9 +442,8 @@ static void convert_contig(void *dst, nb_dtype ct, const void *src, nb_dtype dt,
   const uint8_t *b = src;
   const int32_t *w = src;
   const int64_t *q = src;
-#pragma omp parallel for schedule(static) if (n >= NBI_PAR_MIN)
-  for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
-    int64_t i1 = min64(i0 + CHUNK, n);
+  FOR_PAR_IF(n >= NBI_PAR_MIN, c, 0, ceil_div(n, CHUNK), {
+    int64_t i0 = c * CHUNK, i1 = min64(i0 + CHUNK, n);
     if (ct == NB_I64 && dt == NB_I32)
       for (int64_t i = i0; i < i1; i++)
         l[i] = w[i];
@@ -421,7 +465,7 @@ static void convert_contig(void *dst, nb_dtype ct, const void *src, nb_dtype dt,
     else /* bool */
       for (int64_t i = i0; i < i1; i++)
         f[i] = b[i] != 0;
-  }
+  });
 }
 
 /* Points *x at in's numel (> 0) elements as a contiguous array of ct. *owned is
@@ -463,9 +507,8 @@ static void write_out(nbi_view *out, const void *src, nb_dtype st, int64_t n) {
     memcpy(out->data, src, (size_t)n * nb_dtype_size(dt));
     return;
   }
-#pragma omp parallel for schedule(static) if (n >= NBI_PAR_MIN)
-  for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
-    int64_t i1 = min64(i0 + CHUNK, n);
+  FOR_PAR_IF(n >= NBI_PAR_MIN, c, 0, ceil_div(n, CHUNK), {
+    int64_t i0 = c * CHUNK, i1 = min64(i0 + CHUNK, n);
     if (st == NB_F64 && dt == NB_F32) {
       for (int64_t i = i0; i < i1; i++)
         ((float *)out->data)[i] = (float)((const double *)src)[i];
@@ -479,7 +522,7 @@ static void write_out(nbi_view *out, const void *src, nb_dtype st, int64_t n) {
       for (int64_t i = i0; i < i1; i++)
         nbi_store_f64(out->data, dt, i, nbi_load_f64(src, st, i));
     }
-  }
+  });
 }
 
 /* ---- reduction geometry ------------------------------------------------------------ */
@@ -620,18 +663,16 @@ static nb_status run_inner(const pass *p, const char *opname) {
   if (!inner_splits(g->n_out, g->n_red) && g->nr == 1) {
     /* [outputs, L] rows back to back: blocks of about CHUNK elements */
     int64_t L = g->n_red, rb = CHUNK / L + 1, nblk = ceil_div(g->n_out, rb);
-#pragma omp parallel for schedule(static) if (work >= NBI_PAR_MIN)
-    for (int64_t b = 0; b < nblk; b++) {
+    FOR_PAR_IF(work >= NBI_PAR_MIN, b, 0, nblk, {
       int64_t o = b * rb;
       fold_rows(p, o * L, L, min64(rb, g->n_out - o), p->c ? p->c + o : NULL, state_at(p->acc, o),
                 p->ix ? p->ix + o : NULL, 0);
-    }
+    });
     return NB_OK;
   }
   if (!inner_splits(g->n_out, g->n_red)) {
-#pragma omp parallel for schedule(static) if (work >= NBI_PAR_MIN)
-    for (int64_t o = 0; o < g->n_out; o++)
-      inner_range(p, o, 0, g->n_red, state_at(p->acc, o), p->ix ? p->ix + o : NULL);
+    FOR_PAR_IF(work >= NBI_PAR_MIN, o, 0, g->n_out,
+               { inner_range(p, o, 0, g->n_red, state_at(p->acc, o), p->ix ? p->ix + o : NULL); });
     return NB_OK;
   }
   /* few outputs, long reductions: fixed-size chunks of every output in
@@ -695,11 +736,10 @@ static nb_status run_outer(const pass *p, const char *opname) {
   int64_t B = g->ks[g->nk - 1], nb = ceil_div(B, COL_BLOCK), tasks = g->n_out / B * nb;
   int64_t work = g->n_out * g->n_red;
   if (work < NBI_PAR_MIN || tasks >= MIN_TASKS) {
-#pragma omp parallel for schedule(static) if (work >= NBI_PAR_MIN)
-    for (int64_t t = 0; t < tasks; t++) {
+    FOR_PAR_IF(work >= NBI_PAR_MIN, t, 0, tasks, {
       int64_t c0 = t % nb * COL_BLOCK;
       outer_block(p, p->acc, p->ix, t / nb, c0, min64(c0 + COL_BLOCK, B), 0, g->n_red);
-    }
+    });
     return NB_OK;
   }
   /* few columns, many rows: row chunks into private states, merged in order */
