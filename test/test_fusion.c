@@ -96,6 +96,51 @@ Test(fusion, a_chain_is_one_kernel_and_needs_no_intermediate_buffers) {
   nb_scope_end();
 }
 
+/* x, then 10 scalar steps (each its own constant) and a product with w: 11
+ * members and 12 outside operands; *mid: the 5th step. */
+static nb_tensor *scalar_chain(nb_tensor *x, nb_tensor *w, nb_tensor **mid) {
+  nb_tensor *t = x;
+  for (int i = 0; i < 10; i++) {
+    t = i % 2 ? nb_mul_scalar(t, 1 + i / 16.0) : nb_add_scalar(t, i / 8.0 - 0.3);
+    if (i == 4) *mid = t;
+  }
+  return nb_mul(t, w);
+}
+
+Test(fusion, operand_limit_counts_only_stored_members) {
+  /* the executor's iterator walks stored members and outside operands: 1 (or
+   * 2, with a held intermediate) + 12 fit, so the chain is one kernel */
+  int64_t n = 5000;
+  nb_tensor *x = nb_randn(NB_SHAPE(n), NB_F32), *w = nb_randn(NB_SHAPE(n), NB_F32);
+  cr_assert(nb_eval((nb_tensor *[]){x, w}, 2) == NB_OK);
+  for (int held = 0; held < 2; held++) {
+    float *want[2], *got[2];
+    for (int fused = 0; fused < 2; fused++) {
+      nbi_set_fusion(fused);
+      nb_scope_begin();
+      nb_tensor *mid = NULL, *y = scalar_chain(x, w, &mid), *outs[2] = {y, mid};
+      nb_stats s0 = nb_get_stats();
+      cr_assert(nb_eval(outs, 1 + held) == NB_OK, "%s", nb_last_error());
+      nb_stats s1 = nb_get_stats();
+      if (fused)
+        cr_assert_eq(s1.kernels_run - s0.kernels_run, 1, "held %d: %llu kernels", held,
+                     (unsigned long long)(s1.kernels_run - s0.kernels_run));
+      float **v = fused ? got : want;
+      for (int k = 0; k < 2; k++) {
+        v[k] = malloc(sizeof(float) * (size_t)n);
+        cr_assert(nb_to_host(outs[k], v[k], sizeof(float) * (size_t)n) == NB_OK);
+      }
+      nb_scope_end();
+    }
+    nbi_set_fusion(true);
+    for (int k = 0; k < 2; k++) {
+      cr_assert(memcmp(got[k], want[k], sizeof(float) * (size_t)n) == 0, "held %d: output %d", held,
+                k);
+      free(got[k]), free(want[k]);
+    }
+  }
+}
+
 /* ---- row groups: elementwise ops and reductions over trailing axes ------------ */
 typedef struct row_case {
   nb_shape full;

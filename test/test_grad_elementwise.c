@@ -313,6 +313,23 @@ Test(grad_elementwise, relu_and_abs_have_zero_derivative_at_zero) {
   tc_assert_close(grad1(nb_abs, tc_tensor(xv, NB_SHAPE(3), NB_F64)), abs_g, NB_SHAPE(3));
 }
 
+Test(grad_elementwise, gelu_derivative_is_exact_at_zero_and_in_both_tails) {
+  /* Phi(x) + x phi(x): 1/2 at +-0, Phi and phi from erfc and exp in double */
+  const double xv[8] = {0, -0.0, 1e-30, -1e-3, 0.75, -2.5, -9, 12};
+  double want[8];
+  for (int i = 0; i < 8; i++)
+    want[i] = 0.5 * erfc(-xv[i] / sqrt(2.0)) + xv[i] * exp(-0.5 * xv[i] * xv[i]) / sqrt(2 * M_PI);
+  for (int f32 = 0; f32 < 2; f32++) {
+    nb_dtype dt = f32 ? NB_F32 : NB_F64;
+    double *g = tc_read(grad1(nb_gelu, tc_tensor(xv, NB_SHAPE(8), dt)));
+    cr_assert(g[0] == 0.5 && g[1] == 0.5, "%s: gelu'(+-0) = %g, %g", nb_dtype_name(dt), g[0], g[1]);
+    for (int i = 2; i < 8; i++) /* relative: the tails are tiny (x = -9: 1e-17) */
+      cr_assert(fabs(g[i] - want[i]) <= (f32 ? 4e-7 : 1e-15) * fabs(want[i]) + 1e-300,
+                "%s: gelu'(%g) = %.17g, want %.17g", nb_dtype_name(dt), xv[i], g[i], want[i]);
+    free(g);
+  }
+}
+
 Test(grad_elementwise, maximum_and_minimum_split_ties_evenly) {
   const double av[4] = {1, 2, 3, -1}, bv[4] = {1, 0, 5, -1};
   nb_tensor *a = tc_tensor(av, NB_SHAPE(4), NB_F64), *b = tc_tensor(bv, NB_SHAPE(4), NB_F64), *g[2];

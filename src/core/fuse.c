@@ -159,11 +159,28 @@ static bool joins(const fgroup *g, nb_tensor *const *nodes, int i, bool ew, int 
   return true;
 }
 
+/* The members of group [first, i] that get a buffer if the group ends at i
+ * (as the loop after the grouping decides): held, or read after step i.
+ * last[j]: step j's last reader (j when none); NULL counts every member. */
+static int stored_members(const int *last, const bool *held, int first, int i) {
+  int n = 0;
+  for (int j = first; j <= i; j++)
+    n += !last || held[j] || last[j] > i;
+  return n;
+}
+
 void nbi_fuse_plan(nb_tensor *const *nodes, int n_nodes, const bool *held, int *group,
                    bool *store) {
   fgroup g = {.first = -1};
-  for (int i = 0; i < n_nodes; i++)
+  /* without room for last (out of memory), every member counts as stored */
+  int *last = malloc(sizeof *last * (size_t)(n_nodes > 0 ? n_nodes : 1));
+  for (int i = 0; i < n_nodes; i++) {
     store[i] = held[i];
+    if (last) last[i] = i;
+  }
+  for (int i = 0; i < n_nodes && last; i++)
+    for (int k = 0; k < nodes[i]->n_in; k++)
+      if (nodes[i]->in[k]->mark >= 0) last[nodes[i]->in[k]->mark] = i;
   for (int i = 0; i < n_nodes; i++) {
     /* GEMM epilogues: [matmul, add bias, activation] as one group (k_gemm_epi.c). */
     int epi = nbi_fusion_enabled() ? nbi_cpu_gemm_epi_match(nodes, n_nodes, i, held) : 0;
@@ -183,7 +200,8 @@ void nbi_fuse_plan(nb_tensor *const *nodes, int n_nodes, const bool *held, int *
       /* the elementwise executor walks stored members and operands with one
        * iterator; the row executor indexes each operand itself */
       bool rows = g.ra >= 0 || ra >= 0;
-      if (n <= NBI_FUSE_MAX && (rows || (i - g.first + 1) + n <= NBI_FUSE_OPERANDS)) {
+      if (n <= NBI_FUSE_MAX &&
+          (rows || stored_members(last, held, g.first, i) + n <= NBI_FUSE_OPERANDS)) {
         g.n_ext = n;
         group[i] = g.first;
         if (global) {
@@ -210,6 +228,7 @@ void nbi_fuse_plan(nb_tensor *const *nodes, int n_nodes, const bool *held, int *
       if (c >= 0 && group[c] != group[i]) store[c] = true;
     }
   }
+  free(last);
 }
 
 int nbi_fuse_group_end(const int *group, int n, int i) {

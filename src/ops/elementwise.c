@@ -306,8 +306,12 @@ static nb_tensor *partial(nb_tensor *y, nb_tensor *g, int k) {
   case NBI_OP_RELU: /* from the output (y > 0 iff x > 0, NaN included): a matmul, bias and
                        relu epilogue then need not store the pre-activation */
     return nb_where(nb_gt_scalar(y, 0), g, zero_of(y));
-  case NBI_OP_GELU: { /* Phi(x) + x phi(x) */
-    nb_tensor *cdf = nb_mul_scalar(nb_add_scalar(nb_erf(nb_mul_scalar(x, M_SQRT1_2)), 1), 0.5);
+  case NBI_OP_GELU: { /* Phi(x) + x phi(x), Phi(x) = y / x read from the output (a second
+                         erf costs more than the matmuls around it; 1 ulp, and no
+                         cancellation for x << 0), 1/2 at x == 0: z = 1 - sign(x)^2 is 1
+                         there and 0 elsewhere (an f32 select, so the steps fuse as one) */
+    nb_tensor *z = nb_rsub_scalar(nb_square(nb_sign(x)), 1);
+    nb_tensor *cdf = nb_div(nb_add(y, nb_mul_scalar(z, 0.5)), nb_add(x, z));
     nb_tensor *pdf = nb_mul_scalar(nb_exp(nb_mul_scalar(nb_square(x), -0.5)), EW_INV_SQRT_2PI);
     return nb_mul(g, nb_add(cdf, nb_mul(x, pdf)));
   }

@@ -2,6 +2,7 @@
  * fills, broadcast views. */
 #include "cpu.h"
 
+#include <omp.h>
 #include <stdlib.h>
 
 void nbi_iter_init(nbi_iter *it, int n_ops, const nbi_view *const *views) {
@@ -147,12 +148,20 @@ void nbi_copy_view(nbi_view *dst, const nbi_view *src) {
   int64_t rows = nbi_iter_rows(&it), n = it.dims[it.ndim - 1];
   int64_t ds = it.strides[0][it.ndim - 1], ss = it.strides[1][it.ndim - 1];
   size_t de = nb_dtype_size(dst->dtype), se = nb_dtype_size(src->dtype);
-#pragma omp parallel for schedule(static) if (rows * n >= NBI_PAR_MIN && rows > 1)
-  for (int64_t r = 0; r < rows; r++) {
-    int64_t off[2];
-    nbi_iter_row(&it, r, off);
-    copy_row(dst->data + off[0] * (int64_t)de, dst->dtype, ds, src->data + off[1] * (int64_t)se,
-             src->dtype, ss, n);
+  /* each thread seeks to its first row once, then steps row to row (a permuted
+   * copy has many short rows: a division per dim per row would cost more than
+   * moving them) */
+#pragma omp parallel if (rows * n >= NBI_PAR_MIN && rows > 1)
+  {
+    int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
+    nbi_iter_pos p;
+    if (r0 < r1) nbi_iter_seek(&it, r0, &p);
+    for (int64_t r = r0; r < r1; r++) {
+      copy_row(dst->data + p.off[0] * (int64_t)de, dst->dtype, ds,
+               src->data + p.off[1] * (int64_t)se, src->dtype, ss, n);
+      if (r + 1 < r1) nbi_iter_next(&it, &p);
+    }
   }
 }
 
