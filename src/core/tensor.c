@@ -12,7 +12,12 @@
  * handles each call without calling the allocator. A thread's list is freed
  * when the thread exits (spare_key), the main thread's at exit
  * (root_scope_cleanup). */
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__has_feature) /* clang marks AddressSanitizer builds only here */
+#if __has_feature(address_sanitizer)
+#define NBI_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(NBI_ASAN)
 enum { SPARE_MAX = 0 }; /* AddressSanitizer sees every use after free */
 #else
 enum { SPARE_MAX = 256 };
