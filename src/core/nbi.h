@@ -233,7 +233,8 @@ uint64_t nbi_live_tensors(void);
 /* The seq the next tensor will get: nodes made from now on have seq >= it. */
 uint64_t nbi_next_seq(void);
 /* Appends every tensor that is neither realized nor traced and is registered
- * in the calling thread's scopes or is a lazy node (NBI_T_LAZY) to *out
+ * in the calling thread's scopes (or is a physical tensor of a sharded one
+ * registered there) or is a lazy node (NBI_T_LAZY) to *out
  * (malloc'd array grown as needed; a tensor may appear twice). */
 nb_status nbi_held_pending(nb_tensor ***out, int *n, int *cap);
 /* Whether nbi_held_pending would append anything (allocates nothing). */

@@ -12,7 +12,12 @@
  * handles each call without calling the allocator. A thread's list is freed
  * when the thread exits (spare_key), the main thread's at exit
  * (root_scope_cleanup). */
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__has_feature) /* clang marks AddressSanitizer builds only here */
+#if __has_feature(address_sanitizer)
+#define NBI_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(NBI_ASAN)
 enum { SPARE_MAX = 0 }; /* AddressSanitizer sees every use after free */
 #else
 enum { SPARE_MAX = 256 };
@@ -332,8 +337,19 @@ static nb_tensor *tensor_new(const nb_shape *shape, nb_dtype dt, int op) {
 uint64_t nbi_live_tensors(void) { return live_tensors; }
 uint64_t nbi_next_seq(void) { return next_seq; }
 
+/* A sharded tensor is realized but holds its physical tensors, which may be
+ * pending (and the only holder once it left their scope): they count. */
+static bool held_pending(const nb_tensor *t) {
+  for (int d = 0; d < t->n_phys; d++)
+    if (!(t->phys[d]->flags & (NBI_T_REALIZED | NBI_T_TRACED))) return true;
+  return !(t->flags & (NBI_T_REALIZED | NBI_T_TRACED));
+}
+
 static nb_status pending_push(nb_tensor ***out, int *n, int *cap, nb_tensor *t) {
-  if (t->flags & (NBI_T_REALIZED | NBI_T_TRACED)) return NB_OK;
+  nb_status st = NB_OK;
+  for (int d = 0; d < t->n_phys && !st; d++)
+    st = pending_push(out, n, cap, t->phys[d]);
+  if (st || (t->flags & (NBI_T_REALIZED | NBI_T_TRACED))) return st;
   if (*n == *cap) {
     int nc = *cap ? 2 * *cap : 64;
     nb_tensor **na = realloc(*out, (size_t)nc * sizeof *na);
@@ -348,7 +364,7 @@ static nb_status pending_push(nb_tensor ***out, int *n, int *cap, nb_tensor *t) 
 bool nbi_any_held_pending(void) {
   for (int f = 0; f < n_frames; f++)
     for (size_t i = 0; i < frames[f].n; i++)
-      if (!(frames[f].items[i]->flags & (NBI_T_REALIZED | NBI_T_TRACED))) return true;
+      if (held_pending(frames[f].items[i])) return true;
   return lazy_n > 0;
 }
 

@@ -299,6 +299,15 @@ static nb_status place(const char *fn, const nb_mesh *m, const nbi_sharding *s, 
   full.n_partial = 0;
   nb_status st = cut_all(m, &repl, &full, &t->shape, same, out);
   free(same);
+  /* a device whose block is all of t holds a view of it, not t itself: t
+   * stays the caller's (nb_assign may rebind it; the placed value may not
+   * change) */
+  nb_tensor *whole = NULL;
+  for (int d = 0; d < m->n_dev && !st; d++) {
+    if (out[d] != t) continue;
+    if (!whole && !(whole = nb_reshape(t, t->shape))) st = nb_last_status();
+    out[d] = whole;
+  }
   for (int d = 0; d < m->n_dev && !st; d++) {
     bool first = true; /* rank 0 on every partial axis */
     for (int i = 0; i < s->n_partial; i++)
