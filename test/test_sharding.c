@@ -353,3 +353,17 @@ Test(sharding, captured_sharded_tensor_in_a_trace_is_an_error) {
   nb_fn_release(f);
   nb_mesh_release(m);
 }
+
+/* nb_backward does not run through sharded tensors yet: a clear error. */
+Test(sharding, backward_on_sharded_is_a_clear_error) {
+  nb_mesh *m = nb_mesh_cpu("x=2");
+  nb_tensor *x = nb_set_requires_grad(nb_ones(NB_SHAPE(4), NB_F32), true);
+  nb_tensor *s = nb_shard(x, m, "x");
+  cr_assert_null(nb_set_requires_grad(s, true));
+  cr_assert_eq(nb_last_status(), NB_ERR_SHARDING);
+  nb_clear_error();
+  cr_assert_eq(nb_backward(nb_sum(nb_mul(s, s), NB_ALL, false)), NB_ERR_SHARDING);
+  cr_assert(strstr(nb_last_error(), "nb_grad"), "%s", nb_last_error());
+  nb_clear_error();
+  nb_mesh_release(m);
+}

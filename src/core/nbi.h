@@ -184,8 +184,9 @@ struct nb_tensor {
  * first mesh is made; core does not depend on sharding):
  *  record: nbi_record of an op one of whose inputs is sharded (per-op
  *    propagation, resharding, one node per device);
- *  gather: t's (sharded) logical value as a new single-device tensor in the
- *    current scope (pending partial sums reduced), for readers;
+ *  gather: t's (sharded) logical value as a single-device tensor, for
+ *    readers: new in the current scope (pending partial sums reduced), or,
+ *    when t is whole on every device, its device-0 tensor itself (borrowed);
  *  release: frees t's sharding when t dies (core releases mesh and phys). */
 typedef struct nbi_shard_hooks {
   nb_tensor *(*record)(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,

@@ -25,6 +25,11 @@ static nb_status check_untraced(const char *fn, const nb_tensor *t) {
 nb_tensor *nb_set_requires_grad(nb_tensor *t, bool on) {
   if (nbi_any_null("nb_set_requires_grad", &t, 1)) return NULL;
   if (check_untraced("nb_set_requires_grad", t)) return NULL;
+  if (on && t->mesh) {
+    nbi_error(NB_ERR_SHARDING, "nb_set_requires_grad: nb_backward does not support sharded "
+                               "tensors yet (nb_grad and nb_value_and_grad do)");
+    return NULL;
+  }
   if (on && !nb_dtype_is_float(t->dtype)) {
     nbi_error(NB_ERR_DTYPE,
               "nb_set_requires_grad: only floating-point tensors can require "
@@ -81,6 +86,11 @@ nb_status nb_backward(nb_tensor *loss) {
   if (nbi_any_null(fn, &loss, 1)) return nb_last_status();
   nb_status st = check_untraced(fn, loss);
   if (st) return st;
+  if (loss->mesh)
+    return nbi_error(NB_ERR_SHARDING,
+                     "%s: the loss is sharded; nb_backward does not support "
+                     "sharded tensors yet (nb_grad and nb_value_and_grad do)",
+                     fn);
   if (nbi_numel(&loss->shape) != 1) {
     char b[160];
     return nbi_error(NB_ERR_SHAPE, "%s: the loss has shape %s; backward needs one element", fn,

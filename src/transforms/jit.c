@@ -32,6 +32,7 @@ typedef struct jit_entry {
   nb_tensor **capt;  /* retained captures: the program's inputs after f's */
   int n_capt;
   nbi_exec *exec; /* the program planned once for top-level calls (NULL: not yet) */
+  int running;    /* calls of this entry in progress (a nested call may not evict it) */
   bool no_exec;   /* planning it failed: replay instead */
   uint64_t last_used;
 } jit_entry;
@@ -72,13 +73,15 @@ static jit_entry *lookup(jit_fn *j, nb_tensor *const *in) {
   return NULL;
 }
 
+/* An empty slot, else the least recently used entry not running; NULL when
+ * every entry runs (nested calls). */
 static jit_entry *victim(jit_fn *j) {
-  jit_entry *v = &j->cache[0];
+  jit_entry *v = NULL;
   for (int i = 0; i < JIT_CACHE; i++) {
     if (!j->cache[i].prog) return &j->cache[i];
-    if (j->cache[i].last_used < v->last_used) v = &j->cache[i];
+    if (!j->cache[i].running && (!v || j->cache[i].last_used < v->last_used)) v = &j->cache[i];
   }
-  entry_clear(v);
+  if (v) entry_clear(v);
   return v;
 }
 
@@ -136,8 +139,7 @@ static nb_status jit_body(void *user, nb_tensor *const *in, int n_in, nb_tensor 
     bool cacheable = true;
     for (int c = 0; c < fresh.n_capt; c++)
       if (fresh.capt[c]->flags & NBI_T_TRACED) cacheable = false;
-    if (cacheable) {
-      e = victim(j);
+    if (cacheable && (e = victim(j))) {
       *e = fresh;
       fresh = (jit_entry){0};
     } else {
@@ -153,7 +155,9 @@ static nb_status jit_body(void *user, nb_tensor *const *in, int n_in, nb_tensor 
   if (e != &fresh && !e->no_exec && plain(args, e->prog->n_in)) {
     if (!e->exec) plan_exec(e, args);
     if (e->exec && nbi_exec_fits(e->exec, args)) {
+      e->running++; /* a nested call (a kernel calling f) must not evict e */
       st = nbi_exec_run(e->exec, args, out);
+      e->running--;
       if (args != local) free(args);
       return st;
     }
