@@ -287,11 +287,17 @@ static nb_status graph_collect(graph *g, nb_tensor *const *roots, int n_roots) {
   return st;
 }
 
-static void graph_unmark_free(graph *g) {
+/* Marks every node with its index and every leaf with -3 - its index (on),
+ * or back to idle -1 (off). */
+static void graph_mark(const graph *g, bool on) {
   for (int i = 0; i < g->n; i++)
-    g->nodes[i]->mark = -1;
+    g->nodes[i]->mark = on ? i : -1;
   for (int i = 0; i < g->n_leaves; i++)
-    g->leaves[i]->mark = -1;
+    g->leaves[i]->mark = on ? -3 - i : -1;
+}
+
+static void graph_unmark_free(graph *g) {
+  graph_mark(g, false);
   free(g->nodes);
   free(g->leaves);
 }
@@ -772,10 +778,7 @@ static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) 
   }
   /* Drop edges only after every node is final and unmarked: releasing edges
    * frees the intermediates (and may free nodes of g). */
-  for (int i = 0; i < g.n; i++)
-    g.nodes[i]->mark = -1;
-  for (int i = 0; i < g.n_leaves; i++)
-    g.leaves[i]->mark = -1;
+  graph_mark(&g, false);
   g.n_leaves = 0;
   int n_kept = 0;
   for (int i = 0; i < g.n; i++)
@@ -871,10 +874,7 @@ nbi_exec *nbi_exec_build(nb_tensor *const *slots, int n_slots, nb_tensor *const 
   }
   free(uses);
   free(flags);
-  for (int i = 0; i < x->g.n; i++)
-    x->g.nodes[i]->mark = -1;
-  for (int i = 0; i < x->g.n_leaves; i++)
-    x->g.leaves[i]->mark = -1;
+  graph_mark(&x->g, false);
   if (!ok || !(x->cn = malloc(sizeof *x->cn * (size_t)(x->p.n_run ? x->p.n_run : 1)))) goto fail;
   for (int k = 0; k < x->n_slots; k++) { /* bound per run */
     nbi_buffer_release(x->slots[k]->shard0.buf);
@@ -911,20 +911,14 @@ nb_status nbi_exec_run(nbi_exec *x, nb_tensor *const *in, nb_tensor **out) {
     nbi_buffer_retain(s->shard0.buf);
   }
   /* marked as during a realization: group kernels find their members by mark */
-  for (int i = 0; i < x->g.n; i++)
-    x->g.nodes[i]->mark = i;
-  for (int i = 0; i < x->g.n_leaves; i++)
-    x->g.leaves[i]->mark = -3 - i;
+  graph_mark(&x->g, true);
   x->busy = true;
   depth++;
   stats.realizations++;
   nb_status st = plan_exec(&x->p, &x->g, x->cn);
   depth--;
   x->busy = false;
-  for (int i = 0; i < x->g.n; i++)
-    x->g.nodes[i]->mark = -1;
-  for (int i = 0; i < x->g.n_leaves; i++)
-    x->g.leaves[i]->mark = -1;
+  graph_mark(&x->g, false);
   for (int r = 0; r < x->n_roots && !st; r++)
     if (!(out[r] = nbi_leaf_share(x->roots[r]))) st = nb_last_status();
   if (st)

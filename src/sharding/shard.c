@@ -286,15 +286,21 @@ static nb_status reshard_phys(const char *fn, const nb_mesh *m, nbi_sharding cur
 }
 
 /* ---- placing ------------------------------------------------------------------------ */
+/* t's phys on m under a replicated layout (every device holds t itself). */
+static nb_tensor **replicated_phys(const nb_mesh *m, nb_tensor *t) {
+  nb_tensor **p = malloc(sizeof *p * (size_t)m->n_dev);
+  for (int d = 0; p && d < m->n_dev; d++)
+    p[d] = t;
+  return p;
+}
+
 /* phys of a plain tensor t placed with s: each device's block sliced from t;
  * for partial axes the rank-0 device of each group holds it, others zeros. */
 static nb_status place(const char *fn, const nb_mesh *m, const nbi_sharding *s, nb_tensor *t,
                        nb_tensor **out) {
   nbi_sharding repl = nbi_sharding_replicated(t->shape.ndim);
-  nb_tensor **same = malloc(sizeof *same * (size_t)m->n_dev);
+  nb_tensor **same = replicated_phys(m, t);
   if (!same) return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
-  for (int d = 0; d < m->n_dev; d++)
-    same[d] = t;
   nbi_sharding full = *s;
   full.n_partial = 0;
   nb_status st = cut_all(m, &repl, &full, &t->shape, same, out);
@@ -321,14 +327,6 @@ nb_mesh *nb_mesh_of(const nb_tensor *t) { return t ? t->mesh : NULL; }
 
 const char *nb_sharding_str(const nb_tensor *t) {
   return t && t->sharding ? ((const sharding_box *)t->sharding)->text : "";
-}
-
-/* t's phys on m under a replicated layout (t plain). */
-static nb_tensor **replicated_phys(const nb_mesh *m, nb_tensor *t) {
-  nb_tensor **p = malloc(sizeof *p * (size_t)m->n_dev);
-  for (int d = 0; p && d < m->n_dev; d++)
-    p[d] = t;
-  return p;
 }
 
 static nb_tensor *shard_to(const char *fn, nb_tensor *t, nb_mesh *m, const nbi_sharding *s) {

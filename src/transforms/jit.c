@@ -110,7 +110,7 @@ static bool plain(nb_tensor *const *args, int n) {
 
 /* Plans e's program once over slots standing for args (the first fast call):
  * leaves sharing the arguments' storage, so the plan sees their layouts. */
-static void plan_exec(jit_entry *e, nb_tensor *const *args) {
+static void build_exec(jit_entry *e, nb_tensor *const *args) {
   int n = e->prog->n_in, n_out = e->prog->n_out;
   nb_tensor *local[32], **t = n + n_out <= 32 ? local : malloc(sizeof *t * (size_t)(n + n_out));
   e->no_exec = true;
@@ -153,7 +153,7 @@ static nb_status jit_body(void *user, nb_tensor *const *in, int n_in, nb_tensor 
     return nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
   }
   if (e != &fresh && !e->no_exec && plain(args, e->prog->n_in)) {
-    if (!e->exec) plan_exec(e, args);
+    if (!e->exec) build_exec(e, args);
     if (e->exec && nbi_exec_fits(e->exec, args)) {
       e->running++; /* a nested call (a kernel calling f) must not evict e */
       st = nbi_exec_run(e->exec, args, out);
