@@ -29,6 +29,7 @@
 #define NABLA_SHARDING_H
 
 #include "tensor.h"
+#include "transforms.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -68,6 +69,64 @@ typedef enum nb_reduce_op {
 
 /* The mesh t lives on, or NULL (not retained). */
 nb_mesh *nb_mesh_of(const nb_tensor *t);
+
+/* Sharding constraints. Inside a traced function (a transform's trace, nb_jit,
+ * a call on sharded values), nb_shard and nb_reshard on a traced value do not
+ * move data: they record a constraint (jax.lax.with_sharding_constraint) that
+ * the value has that layout wherever the function runs on sharded values, and
+ * graph-mode propagation (SHARDING.md) spreads it to the ops before and after
+ * it. nb_reshard of a traced value uses the mesh of the sharded call being
+ * traced. On one device a constraint is the identity. */
+
+/* ---- shard_map (jax.shard_map) -------------------------------------------------
+ * nb_shard_map(f, m, in_specs, out_specs): a function of f's arity whose body
+ * f is written per device. f is traced on local (per-device) shapes: input k
+ * of logical shape S arrives as its block under in_specs[k] (S divided by the
+ * shards of each dimension, which must divide it). f may call the
+ * collectives below over m's axes. Output j's per-device values are
+ * assembled under out_specs[j]: a dimension sharded over axes is the
+ * concatenation of the devices' blocks; an axis out_specs[j] does not name is
+ * one the value must not vary over (checked when traced: reduce or gather it
+ * in f, else NB_ERR_SHARDING naming the output and the axis), unless the spec
+ * lists it in partial(...): the output is then the pending sum over it.
+ * Inputs may be plain tensors or tensors on m (resharded to in_specs by the
+ * cheapest collectives); outputs are tensors on m with sharding out_specs.
+ * The result composes with every transform (grad, vjp, jvp, vmap, jit,
+ * checkpoint): its VJP is the shard_map of f's VJP (the collectives' rules:
+ * all-gather <-> reduce-scatter, all-reduce sum -> all-reduce sum, all-to-all
+ * -> the inverse all-to-all, ppermute -> the inverse permutation), the
+ * cotangent of an input replicated over an axis being the sum over it; its
+ * batching is the shard_map of f batched, the batch dimension unsharded.
+ * in_specs has f's n_in entries, out_specs its n_out (the arrays are copied).
+ * NULL + error on a NULL argument; spec errors are reported at the call. */
+nb_fn *nb_shard_map(nb_fn *f, nb_mesh *m, const char *const *in_specs,
+                    const char *const *out_specs);
+
+/* Collectives, callable only inside an nb_shard_map body (NB_ERR_SHARDING
+ * elsewhere). axes names the group: one mesh axis "tp", or several "dp,tp"
+ * (also "(dp, tp)"; major first): the devices whose coordinates differ only
+ * on those axes, ranked by those coordinates (mixed radix, major first).
+ * Every function returns the calling device's value, a new tensor:
+ *  - nb_all_reduce: the group's elementwise SUM / MAX / MIN / MEAN of t;
+ *  - nb_all_gather: the group's blocks concatenated along dim in rank order
+ *    (dim grows by the group size: jax.lax.all_gather(tiled=True));
+ *  - nb_reduce_scatter: the group's sum cut along dim into group-size chunks,
+ *    chunk r to rank r (dim must divide: jax.lax.psum_scatter(tiled=True));
+ *  - nb_all_to_all: t cut along split_dim into group-size chunks, chunk r
+ *    sent to rank r, the received chunks concatenated along concat_dim in rank
+ *    order (split_dim must divide);
+ *  - nb_ppermute: rank pairs[i][1] receives rank pairs[i][0]'s t (each rank
+ *    at most once as a source and once as a destination); ranks that receive
+ *    nothing get zeros;
+ *  - nb_axis_index: the device's rank in the group, an int32 scalar.
+ * Differentiable (VJP and JVP) and batchable (vmap inside the body). Counted
+ * in nb_stats when they run. */
+nb_tensor *nb_all_reduce(nb_tensor *t, const char *axes, nb_reduce_op op);
+nb_tensor *nb_all_gather(nb_tensor *t, const char *axes, int dim);
+nb_tensor *nb_reduce_scatter(nb_tensor *t, const char *axes, int dim);
+nb_tensor *nb_all_to_all(nb_tensor *t, const char *axes, int split_dim, int concat_dim);
+nb_tensor *nb_ppermute(nb_tensor *t, const char *axes, const int (*pairs)[2], int n_pairs);
+nb_tensor *nb_axis_index(const char *axes);
 
 #ifdef __cplusplus
 }

@@ -188,12 +188,17 @@ struct nb_tensor {
  *    readers: new in the current scope (pending partial sums reduced), or,
  *    when t is whole on every device, its device-0 tensor itself (borrowed);
  *  release: frees t's sharding when t dies (core releases mesh and phys). */
+struct nbi_program;
 typedef struct nbi_shard_hooks {
   nb_tensor *(*record)(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,
                        const nbi_attrs *attrs);
   nb_tensor *(*gather)(const char *fn, nb_tensor *t);
   void (*release)(nb_tensor *t);
   void (*mesh_release)(struct nb_mesh *m);
+  /* nbi_program_apply when an input is sharded: graph-mode propagation over
+   * the whole program, then each node applied with its chosen sharding. */
+  nb_status (*apply_program)(const char *fn, const struct nbi_program *p, nb_tensor *const *in,
+                             nb_tensor **out);
 } nbi_shard_hooks;
 extern nbi_shard_hooks nbi_shard_hook;
 /* What a reader reads: t, or a sharded t gathered into one tensor (in the
@@ -322,6 +327,18 @@ enum {
   NBI_OPF_MULTI = 1u << 1,
 };
 
+/* ---- program apply rules ----------------------------------------------------------------
+ * Optional per op: how nbi_program_apply (jit replay, calls on sharded values,
+ * bodies run as programs) records program node pn on new inputs in, instead
+ * of nbi_record (+ pn's payload): shard_map runs its body on sharded inputs
+ * at once, a sharding constraint reshards. Writes the node's outputs: out[0]
+ * for a single-output op; one per output for a multi-output op (the
+ * program's TUPLE_GET nodes of the pack then stand for out[j], so the rule
+ * may give tensors that are not gets of a pack). Borrowed (current scope). */
+struct nbi_prog_node;
+typedef nb_status (*nbi_apply_rule)(const struct nbi_prog_node *pn, nb_tensor *const *in,
+                                    nb_tensor **out);
+
 typedef struct nbi_op_def {
   const char *name;
   int arity; /* -1: variadic (concat) */
@@ -334,6 +351,7 @@ typedef struct nbi_op_def {
   nbi_vjp_multi_rule vjp_multi;
   nbi_jvp_multi_rule jvp_multi;
   nbi_vmap_multi_rule vmap_multi;
+  nbi_apply_rule apply; /* NULL: nbi_record */
 } nbi_op_def;
 
 /* One record per op, defined next to the op's public function, named
@@ -460,6 +478,24 @@ void nbi_program_release(nbi_program *p);
  * The intermediates live only as long as the outputs need them. */
 nb_status nbi_program_apply(const char *fn, const nbi_program *p, nb_tensor *const *in,
                             nb_tensor **out);
+/* nbi_program_apply one node at a time (it is the loop below; the sharding
+ * layer's graph mode steps it with a sharding chosen per node). begin checks
+ * the inputs against p and allocates; node(i) records node i (its apply
+ * rule, or nbi_record + payload; a TUPLE_GET of a pack an apply rule gave
+ * outputs resolves to that output) into a->t[i], borrowed in the current
+ * scope; ref gives the tensor of a node or input reference (nbi_prog_node.in
+ * encoding); end frees what begin allocated. */
+typedef struct nbi_apply {
+  const char *fn;
+  const nbi_program *p;
+  nb_tensor *const *in; /* [p->n_in] */
+  nb_tensor **t;        /* [p->n_nodes] */
+  nb_tensor ***outs;    /* [p->n_nodes]: a pack's outputs its apply rule gave, or NULL */
+} nbi_apply;
+nb_status nbi_apply_begin(nbi_apply *a, const char *fn, const nbi_program *p, nb_tensor *const *in);
+nb_status nbi_apply_node(nbi_apply *a, int i);
+nb_tensor *nbi_apply_ref(const nbi_apply *a, int32_t r);
+void nbi_apply_end(nbi_apply *a);
 /* For kernels: shares every in[k]'s storage as a leaf, applies p and realizes
  * its outputs in one nested realization. out[j] are realized tensors the
  * caller owns (nb_release each). */

@@ -479,43 +479,81 @@ nb_status nbi_program_build(const char *fn, nb_tensor *const *x, int n_x, nb_ten
   return NB_OK;
 }
 
+nb_status nbi_apply_begin(nbi_apply *a, const char *fn, const nbi_program *p, nb_tensor *const *in) {
+  *a = (nbi_apply){.fn = fn, .p = p, .in = in};
+  for (int k = 0; k < p->n_in; k++) {
+    if (!in[k]) return nbi_error(NB_ERR_NULL, "%s: input %d is NULL", fn, k);
+    if (in[k]->dtype != p->in_dtype[k] || !nbi_shape_eq(&in[k]->shape, &p->in_shape[k])) {
+      char x[160], y[160];
+      return nbi_error(NB_ERR_SHAPE, "%s: input %d is %s %s but the traced program takes %s %s", fn,
+                       k, nb_dtype_name(in[k]->dtype), nb_shape_str(in[k]->shape, x, sizeof x),
+                       nb_dtype_name(p->in_dtype[k]), nb_shape_str(p->in_shape[k], y, sizeof y));
+    }
+  }
+  a->t = calloc((size_t)p->n_nodes + 1, sizeof *a->t);
+  a->outs = calloc((size_t)p->n_nodes + 1, sizeof *a->outs);
+  if (!a->t || !a->outs) {
+    nbi_apply_end(a);
+    return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  }
+  return NB_OK;
+}
+
+nb_tensor *nbi_apply_ref(const nbi_apply *a, int32_t r) { return r >= 0 ? a->t[r] : a->in[-1 - r]; }
+
+nb_status nbi_apply_node(nbi_apply *a, int i) {
+  const nbi_prog_node *pn = &a->p->nodes[i];
+  const nbi_op_def *def = nbi_op_table[pn->op];
+  if (pn->op == NBI_OP_TUPLE_GET && pn->in[0] >= 0 && a->outs[pn->in[0]]) {
+    a->t[i] = a->outs[pn->in[0]][pn->attrs.i[0]];
+    return NB_OK;
+  }
+  nb_tensor *ins_local[8], **ins = pn->n_in <= 8 ? ins_local : malloc(sizeof *ins * (size_t)pn->n_in);
+  if (!ins) return nbi_error(NB_ERR_OOM, "%s: out of memory", a->fn);
+  for (int k = 0; k < pn->n_in; k++)
+    ins[k] = nbi_apply_ref(a, pn->in[k]);
+  nb_status st = NB_OK;
+  if (def->apply && (def->flags & NBI_OPF_MULTI)) {
+    int n_out = ((const nbi_multi *)pn->payload)->n_out;
+    if (!(a->outs[i] = calloc((size_t)n_out + 1, sizeof **a->outs)))
+      st = nbi_error(NB_ERR_OOM, "%s: out of memory", a->fn);
+    if (!st) st = def->apply(pn, ins, a->outs[i]);
+    a->t[i] = NULL; /* only its gets are used */
+  } else if (def->apply) {
+    st = def->apply(pn, ins, &a->t[i]);
+  } else if (!(a->t[i] = nbi_record(pn->op, pn->dtype, &pn->shape, ins, pn->n_in, &pn->attrs))) {
+    st = nb_last_status();
+  } else {
+    nbi_set_payload(a->t[i], pn->payload);
+  }
+  if (ins != ins_local) free(ins);
+  return st;
+}
+
+void nbi_apply_end(nbi_apply *a) {
+  for (int i = 0; a->outs && i < a->p->n_nodes; i++)
+    free(a->outs[i]);
+  free(a->outs);
+  free(a->t);
+  a->outs = NULL, a->t = NULL;
+}
+
 nb_status nbi_program_apply(const char *fn, const nbi_program *p, nb_tensor *const *in,
                             nb_tensor **out) {
   for (int j = 0; j < p->n_out; j++)
     out[j] = NULL;
-  for (int k = 0; k < p->n_in; k++) {
-    if (!in[k]) return nbi_error(NB_ERR_NULL, "%s: input %d is NULL", fn, k);
-    if (in[k]->dtype != p->in_dtype[k] || !nbi_shape_eq(&in[k]->shape, &p->in_shape[k])) {
-      char a[160], b[160];
-      return nbi_error(NB_ERR_SHAPE, "%s: input %d is %s %s but the traced program takes %s %s", fn,
-                       k, nb_dtype_name(in[k]->dtype), nb_shape_str(in[k]->shape, a, sizeof a),
-                       nb_dtype_name(p->in_dtype[k]), nb_shape_str(p->in_shape[k], b, sizeof b));
-    }
-  }
-  nb_tensor *local[64], **t = p->n_nodes <= 64 ? local : malloc(sizeof *t * (size_t)p->n_nodes);
-  if (!t) return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
-  nb_status st = NB_OK;
+  if (nbi_shard_hook.apply_program)
+    for (int k = 0; k < p->n_in; k++)
+      if (in[k] && in[k]->mesh) return nbi_shard_hook.apply_program(fn, p, in, out);
+  nbi_apply a;
+  nb_status st = nbi_apply_begin(&a, fn, p, in);
+  if (st) return st;
   nb_scope_begin();
-  for (int i = 0; i < p->n_nodes && !st; i++) {
-    const nbi_prog_node *pn = &p->nodes[i];
-    nb_tensor *ins_local[8],
-        **ins = pn->n_in <= 8 ? ins_local : malloc(sizeof *ins * (size_t)pn->n_in);
-    if (!ins) {
-      st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
-      break;
-    }
-    for (int k = 0; k < pn->n_in; k++)
-      ins[k] = pn->in[k] >= 0 ? t[pn->in[k]] : in[-1 - pn->in[k]];
-    t[i] = nbi_record(pn->op, pn->dtype, &pn->shape, ins, pn->n_in, &pn->attrs);
-    if (!t[i])
-      st = nb_last_status();
-    else
-      nbi_set_payload(t[i], pn->payload);
-    if (ins != ins_local) free(ins);
-  }
+  for (int i = 0; i < p->n_nodes && !st; i++)
+    st = nbi_apply_node(&a, i);
   for (int j = 0; j < p->n_out && !st; j++) {
     int32_t r = p->out[j];
-    out[j] = r >= 0 ? t[r] : nbi_identity(in[-1 - r]);
+    out[j] = r >= 0 ? a.t[r] : nbi_identity(in[-1 - r]);
     if (!out[j]) st = nb_last_status();
   }
   for (int j = 0; j < p->n_out && !st; j++)
@@ -524,7 +562,7 @@ nb_status nbi_program_apply(const char *fn, const nbi_program *p, nb_tensor *con
   if (st)
     for (int j = 0; j < p->n_out; j++)
       out[j] = NULL;
-  if (t != local) free(t);
+  nbi_apply_end(&a);
   return st;
 }
 

@@ -22,6 +22,8 @@ static const nbi_sharding *sharding_of(const nb_tensor *t) {
   return (const nbi_sharding *)t->sharding;
 }
 
+const nbi_sharding *nbi_sharding_of(const nb_tensor *t) { return sharding_of(t); }
+
 static void hook_release(nb_tensor *t) { free(t->sharding); }
 static void hook_mesh_release(nb_mesh *m) { nb_mesh_release(m); }
 static nb_tensor *hook_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in,
@@ -36,8 +38,8 @@ __attribute__((constructor)) static void install_hooks(void) {
 }
 
 /* A logical tensor on m with sharding s over phys (each entry retained). */
-static nb_tensor *make_sharded(const char *fn, nb_mesh *m, const nbi_sharding *s,
-                               const nb_shape *shape, nb_dtype dt, nb_tensor *const *phys) {
+nb_tensor *nbi_sharded_make(const char *fn, nb_mesh *m, const nbi_sharding *s, const nb_shape *shape,
+                            nb_dtype dt, nb_tensor *const *phys) {
   sharding_box *b = malloc(sizeof *b);
   if (!b) {
     nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
@@ -329,7 +331,7 @@ const char *nb_sharding_str(const nb_tensor *t) {
   return t && t->sharding ? ((const sharding_box *)t->sharding)->text : "";
 }
 
-static nb_tensor *shard_to(const char *fn, nb_tensor *t, nb_mesh *m, const nbi_sharding *s) {
+nb_tensor *nbi_shard_to(const char *fn, nb_tensor *t, nb_mesh *m, const nbi_sharding *s) {
   nb_tensor **out = malloc(sizeof *out * (size_t)m->n_dev);
   if (!out) {
     nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
@@ -340,7 +342,7 @@ static nb_tensor *shard_to(const char *fn, nb_tensor *t, nb_mesh *m, const nbi_s
     st = reshard_phys(fn, m, *sharding_of(t), s, &t->shape, t->phys, out);
   else
     st = place(fn, m, s, t, out);
-  nb_tensor *r = st ? NULL : make_sharded(fn, m, s, &t->shape, t->dtype, out);
+  nb_tensor *r = st ? NULL : nbi_sharded_make(fn, m, s, &t->shape, t->dtype, out);
   free(out);
   return r;
 }
@@ -355,9 +357,9 @@ nb_tensor *nb_shard(nb_tensor *t, nb_mesh *m, const char *spec) {
   if (nbi_sharding_parse(FN, m, spec, t->shape.ndim, false, &s)) return NULL;
   if (t->mesh && t->mesh != m) { /* another mesh: through one tensor */
     nb_tensor *g = hook_gather(FN, t);
-    return g ? shard_to(FN, g, m, &s) : NULL;
+    return g ? nbi_shard_to(FN, g, m, &s) : NULL;
   }
-  return shard_to(FN, t, m, &s);
+  return nbi_shard_to(FN, t, m, &s);
 }
 
 nb_tensor *nb_reshard(nb_tensor *t, const char *spec) {
@@ -372,7 +374,7 @@ nb_tensor *nb_reshard(nb_tensor *t, const char *spec) {
   }
   nbi_sharding s;
   if (nbi_sharding_parse(FN, t->mesh, spec, t->shape.ndim, false, &s)) return NULL;
-  return shard_to(FN, t, t->mesh, &s);
+  return nbi_shard_to(FN, t, t->mesh, &s);
 }
 
 /* ---- assignment -------------------------------------------------------------------------- */
@@ -385,7 +387,7 @@ nb_status nbi_sharded_assign(nb_tensor *dst, nb_tensor *val) {
   nb_scope_begin();
   /* dst keeps its layout: src moved onto it, computed now (a training loop
    * must not grow a chain of pending steps) */
-  nb_tensor *v = shard_to(FN, val, m, sharding_of(dst));
+  nb_tensor *v = nbi_shard_to(FN, val, m, sharding_of(dst));
   nb_status st = v ? nbi_realize(&v, 1) : nb_last_status();
   if (!st) {
     for (int d = 0; d < m->n_dev; d++) {
@@ -482,7 +484,7 @@ static nb_tensor *hook_record(int op, nb_dtype dt, const nb_shape *shape, nb_ten
       ins[k] = phys[(size_t)k * (size_t)n + (size_t)d];
     if (!(res[d] = nbi_record(op, dt, &local, ins, n_in, &a))) st = nb_last_status();
   }
-  if (!st) r = make_sharded(fn, m, &out_s, shape, dt, res);
+  if (!st) r = nbi_sharded_make(fn, m, &out_s, shape, dt, res);
   free(ins);
   free(rule);
   free(target);

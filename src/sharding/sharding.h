@@ -207,5 +207,66 @@ nb_status nbi_local_slice(const char *fn, const nb_mesh *m, nb_tensor *const *ph
 /* nb_assign onto a sharded dst: src (plain, or on dst's mesh) is moved onto
  * dst's sharding and computed; dst then holds its physical tensors. */
 nb_status nbi_sharded_assign(nb_tensor *dst, nb_tensor *src);
+/* A logical tensor on m with sharding s (logical shape and dtype) over
+ * phys[0..n_dev) (each entry retained; shapes must be the local blocks),
+ * registered in the current scope. NULL + error naming fn. */
+nb_tensor *nbi_sharded_make(const char *fn, nb_mesh *m, const nbi_sharding *s, const nb_shape *shape,
+                            nb_dtype dt, nb_tensor *const *phys);
+/* t (plain, or on m) moved to sharding s on m by the cheapest collectives
+ * (a plain t is cut into blocks, no communication); new in the current
+ * scope. NULL + error naming fn. */
+nb_tensor *nbi_shard_to(const char *fn, nb_tensor *t, nb_mesh *m, const nbi_sharding *s);
+/* The sharding of a tensor on a mesh. */
+const nbi_sharding *nbi_sharding_of(const nb_tensor *t);
+
+/* ---- shard_map bodies (smap.c) ---------------------------------------------
+ * While an nb_shard_map body is traced (or a transform of it: its VJP, JVP,
+ * batching), its mesh is pushed on this thread's stack; the collective ops
+ * (src/ops/collective.c) record only inside one and name axes of it. */
+void nbi_smap_push(nb_mesh *m);
+void nbi_smap_pop(void);
+nb_mesh *nbi_smap_mesh(void); /* the innermost, or NULL */
+
+/* Runs a shard_map body on every device of m. prog was traced on local
+ * shapes (its inputs: the body's, then its captures). in[k] (prog->n_in of
+ * them) are tensors on m whose local blocks have shape prog->in_shape[k]
+ * (the caller resharded them to the in specs); their shardings (dimension
+ * axes and partial axes) are the axes each input varies over. out_s[j] is the
+ * sharding output j gets (prog->n_out of them); out[j] is written: a tensor on
+ * m of sharding out_s[j] whose logical shape is the local one times the
+ * shards of each dimension, borrowed in the current scope.
+ * Each node runs once per device (devices whose inputs are the same tensor
+ * objects share one node), collectives over their groups (nbi_coll_*),
+ * axis_index as per-device constants. Checks before running anything that no
+ * output varies over an axis its sharding neither shards a dimension over
+ * nor lists as partial: NB_ERR_SHARDING "fn: output j varies over mesh axis
+ * a, which its out spec does not name (all-reduce or all-gather it in the
+ * body, or list it in partial(...))". Collective nodes inside nested programs
+ * (control flow, checkpoint, another shard_map) are NB_ERR_SHARDING errors
+ * naming the op. */
+nb_status nbi_smap_exec(const char *fn, nb_mesh *m, const nbi_program *prog, nb_tensor *const *in,
+                        const nbi_sharding *out_s, nb_tensor **out);
+
+/* ---- graph mode and constraints (gprop.c, constraint.c) ---------------------
+ * nbi_program_apply on sharded inputs (the apply_program hook): every value
+ * of the program gets a sharding by iterating per-op propagation forward and
+ * backward over all nodes to a fixed point (inputs keep theirs, constraints
+ * are closed, other values start open and empty and only gain axes), then
+ * the nodes are applied in order, each recorded per device with its chosen
+ * sharding as the result's constraint. */
+nb_status nbi_sharded_apply_program(const char *fn, const nbi_program *p, nb_tensor *const *in,
+                                    nb_tensor **out);
+/* The mesh of the call on sharded values being traced on this thread (set by
+ * call_sharded around its trace; NULL otherwise): nb_reshard of a traced
+ * value uses it, and gradients traced under it are laid out like their
+ * primals (nbi_shard_like). */
+nb_mesh *nbi_trace_mesh(void);
+void nbi_trace_mesh_set(nb_mesh *m); /* callers save nbi_trace_mesh() and restore it */
+/* A SHARD_CONSTRAINT node on traced t: its value, to have sharding s on m
+ * wherever the program runs sharded. */
+nb_tensor *nbi_shard_constraint(const char *fn, nb_tensor *t, nb_mesh *m, const nbi_sharding *s);
+/* A SHARD_LIKE node: g's value, laid out like x (x's dimension axes, no
+ * partial sums) wherever the program runs sharded; g and x have one shape. */
+nb_tensor *nbi_shard_like(nb_tensor *g, nb_tensor *x);
 
 #endif
