@@ -242,7 +242,14 @@ static nb_tensor *sample(int op) {
   case NBI_OP_CUSTOM:
   case NBI_OP_COND:
   case NBI_OP_WHILE:
-  case NBI_OP_SCAN: return NULL;
+  case NBI_OP_SCAN:
+  case NBI_OP_SHARD_MAP: /* shard_map and the collectives of its bodies never run per op */
+  case NBI_OP_ALL_REDUCE:
+  case NBI_OP_ALL_GATHER:
+  case NBI_OP_REDUCE_SCATTER:
+  case NBI_OP_ALL_TO_ALL:
+  case NBI_OP_PPERMUTE:
+  case NBI_OP_AXIS_INDEX: return NULL;
   default: { /* elementwise: unary on x, binary broadcasting x with v */
     int ar = nbi_op_table[op]->arity;
     cr_assert(ar == 1 || ar == 2, "op %s has no sample", nbi_op_table[op]->name);
@@ -290,7 +297,8 @@ static void synthetic(int op, nb_shape *in, int *n_in, nb_shape *out) {
   in[0] = (nb_shape){2, {3, 4}};
   in[1] = (nb_shape){1, {5}};
   *out = (nb_shape){3, {2, 1, 7}};
-  *n_in = op == NBI_OP_TUPLE_GET ? 1 : 2;
+  int ar = nbi_op_table[op]->arity;
+  *n_in = op == NBI_OP_TUPLE_GET ? 1 : ar >= 0 ? ar : 2;
 }
 
 Test(sharding_rules, every_op_has_a_consistent_rule) {
