@@ -227,6 +227,16 @@ void nbi_smap_push(nb_mesh *m);
 void nbi_smap_pop(void);
 nb_mesh *nbi_smap_mesh(void); /* the innermost, or NULL */
 
+/* The payload of a SHARD_MAP node (src/transforms/shard_map.c): its
+ * operands are the body's inputs then its captures, in logical shapes. */
+typedef struct nbi_smap_payload {
+  nbi_multi m;         /* first: the outputs' logical types */
+  nbi_program *prog;   /* the body traced on local shapes */
+  nb_mesh *mesh;       /* retained */
+  nbi_sharding *in_s;  /* [prog->n_in]: the layout each operand is resharded to */
+  nbi_sharding *out_s; /* [m.n_out]: each output's layout */
+} nbi_smap_payload;
+
 /* Runs a shard_map body on every device of m. prog was traced on local
  * shapes (its inputs: the body's, then its captures). in[k] (prog->n_in of
  * them) are tensors on m whose local blocks have shape prog->in_shape[k]
