@@ -1093,3 +1093,136 @@ Test(smap, grad_of_grad_all_gather) {
              ref_grad_gather_sq, N_CASES);
   g_keep_free = free;
 }
+
+/* nb_cond in a body: a collective in either branch (the second program of
+ * the payload too) is rejected; branches without collectives run per device
+ * (the pack and its gets recorded once per device). */
+static nb_status exp_fn(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_exp(in[0]);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+static nb_status neg_fn(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_neg(in[0]);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+typedef struct branches {
+  nb_fn *then_fn, *else_fn;
+} branches;
+
+/* cond(sum(x) > 0, then, else)(x), then all_reduce over x (top level). */
+static nb_status cond_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  const branches *b = u;
+  nb_tensor *pred = nb_gt_scalar(nb_sum(in[0], NB_ALL, false), 0), *r;
+  nb_status st = nb_cond(pred, b->then_fn, b->else_fn, in, 1, &r);
+  if (st) return st;
+  out[0] = nb_all_reduce(r, "x", NB_REDUCE_SUM);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(smap, control_flow_in_a_body) {
+  nb_mesh *m = nb_mesh_cpu("x=2");
+  nb_scope_begin();
+  uint64_t seed = 11;
+  hb in[2];
+  double *X;
+  nb_tensor *xs = placed(m, "x", NB_SHAPE(6), &seed, false, &X, in);
+  nb_fn *ex = nb_fn_create(exp_fn, NULL, 1, 1), *ng = nb_fn_create(neg_fn, NULL, 1, 1),
+        *ps = nb_fn_create(psum_fn, NULL, 1, 1);
+  branches ok = {ex, ng}, bad_then = {ps, ng}, bad_else = {ex, ps};
+  nb_fn *f_ok = nb_fn_create(cond_body, &ok, 1, 1),
+        *f_then = nb_fn_create(cond_body, &bad_then, 1, 1),
+        *f_else = nb_fn_create(cond_body, &bad_else, 1, 1);
+  const char *spec = "_";
+  nb_tensor *out = NULL;
+  cr_assert_neq(run_body(m, f_then, &xs, &spec, &out), NB_OK);
+  tc_assert_error(NB_ERR_SHARDING, "nb_all_reduce inside an nb_cond branch in the shard_map body");
+  cr_assert_neq(run_body(m, f_else, &xs, &spec, &out), NB_OK);
+  tc_assert_error(NB_ERR_SHARDING, "nb_all_reduce inside an nb_cond branch");
+  cr_assert_eq(run_body(m, f_ok, &xs, &spec, &out), NB_OK, "%s", nb_last_error());
+  double ref[3] = {0, 0, 0};
+  for (int d = 0; d < 2; d++) {
+    double s = 0;
+    for (int i = 0; i < 3; i++)
+      s += in[d].x[i];
+    for (int i = 0; i < 3; i++)
+      ref[i] += s > 0 ? exp(in[d].x[i]) : -in[d].x[i];
+  }
+  tc_assert_close(out, ref, NB_SHAPE(3));
+  hb_free_all(in, 2);
+  free(X);
+  nb_fn_release(f_ok);
+  nb_fn_release(f_then);
+  nb_fn_release(f_else);
+  nb_fn_release(ex);
+  nb_fn_release(ng);
+  nb_fn_release(ps);
+  nb_scope_end();
+  nb_mesh_release(m);
+}
+
+/* A checkpointed part without collectives runs per device (REMAT pack and
+ * its gets per device) next to a top-level collective. */
+static nb_status ck_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  nb_tensor *r;
+  nb_status st = nb_call(u, in, &r);
+  if (st) return st;
+  out[0] = nb_all_gather(r, "x", 0);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(smap, checkpoint_without_collectives_runs) {
+  nb_mesh *m = nb_mesh_cpu("x=2,y=2");
+  nb_scope_begin();
+  uint64_t seed = 12;
+  hb in[4];
+  double *X;
+  nb_tensor *xs = placed(m, "x, y", NB_SHAPE(4, 4), &seed, false, &X, in);
+  nb_fn *ex = nb_fn_create(exp_fn, NULL, 1, 1), *ck = nb_checkpoint(ex);
+  nb_fn *f = nb_fn_create(ck_body, ck, 1, 1);
+  const char *spec = "_, y";
+  nb_tensor *out;
+  cr_assert_eq(run_body(m, f, &xs, &spec, &out), NB_OK, "%s", nb_last_error());
+  double ref[16];
+  for (int i = 0; i < 16; i++)
+    ref[i] = exp(X[i]);
+  tc_assert_close(out, ref, NB_SHAPE(4, 4));
+  hb_free_all(in, 4);
+  free(X);
+  nb_fn_release(f);
+  nb_fn_release(ck);
+  nb_fn_release(ex);
+  nb_scope_end();
+  nb_mesh_release(m);
+}
+
+/* A program holding a collective run on its own (not by the interpreter):
+ * the kernel refuses with a clear error. */
+Test(smap, kernel_refuses_outside_the_interpreter) {
+  nb_mesh *m = nb_mesh_cpu("x=2");
+  nb_scope_begin();
+  nb_fn *ps = nb_fn_create(psum_fn, NULL, 1, 1);
+  nbi_program *prog;
+  nb_tensor **capt;
+  int n_capt;
+  nbi_smap_push(m);
+  cr_assert_eq(
+      nbi_trace_program("test", ps, &NB_SHAPE(3), &(nb_dtype){NB_F32}, &prog, &capt, &n_capt),
+      NB_OK, "%s", nb_last_error());
+  nbi_smap_pop();
+  nb_tensor *x = nb_ones(NB_SHAPE(3), NB_F32), *y = NULL;
+  cr_assert_neq(nbi_program_run("test", prog, &x, &y), NB_OK);
+  tc_assert_error(NB_ERR_SHARDING, "nb_all_reduce: a collective ran outside the per-device "
+                                   "execution of an nb_shard_map body");
+  cr_assert_null(y);
+  nbi_release_all(capt, n_capt);
+  nbi_program_release(prog);
+  nb_fn_release(ps);
+  nb_scope_end();
+  nb_mesh_release(m);
+}
