@@ -1226,3 +1226,67 @@ Test(smap, kernel_refuses_outside_the_interpreter) {
   nb_scope_end();
   nb_mesh_release(m);
 }
+
+/* The identity body hands the inputs' blocks through; the interpreter's own
+ * argument errors. */
+static nb_status id_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = in[0];
+  return NB_OK;
+}
+
+Test(smap, identity_body_and_exec_errors) {
+  nb_mesh *m = nb_mesh_cpu("x=2,y=2"), *m2 = nb_mesh_cpu("x=2,y=2");
+  nb_scope_begin();
+  uint64_t seed = 13;
+  hb in[4];
+  double *X;
+  nb_tensor *xs = placed(m, "y, x", NB_SHAPE(4, 6), &seed, false, &X, in);
+  nb_fn *f = nb_fn_create(id_body, NULL, 1, 1);
+  const char *spec = "y, x";
+  nb_tensor *out = NULL;
+  cr_assert_eq(run_body(m, f, &xs, &spec, &out), NB_OK, "%s", nb_last_error());
+  cr_assert_str_eq(nb_sharding_str(out), "[y, x]");
+  for (int d = 0; d < 4; d++)
+    cr_assert_eq(out->phys[d], xs->phys[d]);
+  tc_assert_close(out, X, NB_SHAPE(4, 6));
+  /* errors of nbi_smap_exec itself */
+  nbi_program *prog;
+  nb_tensor **capt;
+  int n_capt;
+  nbi_smap_push(m);
+  cr_assert_eq(
+      nbi_trace_program("test", f, &NB_SHAPE(2, 3), &(nb_dtype){NB_F64}, &prog, &capt, &n_capt),
+      NB_OK);
+  nbi_smap_pop();
+  nbi_sharding os;
+  cr_assert_eq(nbi_sharding_parse("test", m, "y, x", 2, false, &os), NB_OK);
+  nb_tensor *other = nb_shard(nb_zeros(NB_SHAPE(4, 6), NB_F64), m2, "y, x");
+  nb_tensor *uneven = nb_shard(nb_zeros(NB_SHAPE(4, 5), NB_F64), m, "y, x");
+  nb_tensor *f32 = nb_shard(nb_zeros(NB_SHAPE(4, 6), NB_F32), m, "y, x");
+  cr_assert_eq(nbi_smap_exec("t", m, prog, &other, &os, &out), NB_ERR_SHARDING);
+  tc_assert_error(NB_ERR_SHARDING, "t: input 0 is on mesh x=2,y=2, not x=2,y=2");
+  cr_assert_null(out);
+  cr_assert_eq(nbi_smap_exec("t", m, prog, &uneven, &os, &out), NB_ERR_SHAPE);
+  tc_assert_error(
+      NB_ERR_SHAPE,
+      "t: input 0's block on device 2 has shape [2,2] but the body was traced on [2,3]");
+  cr_assert_eq(nbi_smap_exec("t", m, prog, &f32, &os, &out), NB_ERR_DTYPE);
+  tc_assert_error(NB_ERR_DTYPE, "t: input 0 is f32 but the body takes f64");
+  nb_tensor *null_in = NULL;
+  cr_assert_eq(nbi_smap_exec("t", m, prog, &null_in, &os, &out), NB_ERR_NULL);
+  tc_assert_error(NB_ERR_NULL, "t: input 0 is NULL");
+  nbi_sharding one = nbi_sharding_replicated(1);
+  cr_assert_eq(nbi_smap_exec("t", m, prog, &xs, &one, &out), NB_ERR_SHARDING);
+  tc_assert_error(NB_ERR_SHARDING, "t: output 0 has 2 dims but its sharding 1");
+  cr_assert_eq(nbi_smap_exec("t", m, NULL, &xs, &os, &out), NB_ERR_NULL);
+  nb_clear_error();
+  nbi_release_all(capt, n_capt);
+  nbi_program_release(prog);
+  hb_free_all(in, 4);
+  free(X);
+  nb_fn_release(f);
+  nb_scope_end();
+  nb_mesh_release(m);
+  nb_mesh_release(m2);
+}
