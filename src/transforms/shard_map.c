@@ -221,12 +221,7 @@ static nb_status smap_body(void *user, nb_tensor *const *in, int n_in, nb_tensor
   int n_capt = 0;
   nb_status st = local && dts && in_s ? NB_OK : nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
   for (int k = 0; k < s->n_in && !st; k++) {
-    const nb_tensor *x = in[k];
-    if (x->mesh && x->mesh != s->m) {
-      st = nbi_error(NB_ERR_SHARDING, "%s: input %d is on mesh %s, the shard_map's is %s", FN, k,
-                     nb_mesh_str(x->mesh), nb_mesh_str(s->m));
-      break;
-    }
+    const nb_tensor *x = in[k]; /* on another mesh: gathered, then placed (smap_run) */
     if ((st = layout_of(s, true, k, x->shape.ndim, &in_s[k]))) break;
     local[k] = x->shape, dts[k] = x->dtype;
     for (int d = 0; d < x->shape.ndim && !st; d++) {
