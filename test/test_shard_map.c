@@ -439,6 +439,11 @@ Test(shard_map, errors_are_clear) {
   cr_assert_neq(nb_call(f, &x, &y), NB_OK);
   tc_assert_error(NB_ERR_SHARDING, "w");
   nb_fn_release(f);
+  /* a sub-axis */
+  f = nb_shard_map(body, m, (const char *[]){"x:(1)1, _"}, out_x);
+  cr_assert_neq(nb_call(f, &x, &y), NB_OK);
+  nb_fn_release(f);
+  nb_clear_error();
   /* partial axes in an in spec */
   f = nb_shard_map(body, m, (const char *[]){"x, _ partial(y)"}, out_x);
   cr_assert_neq(nb_call(f, &x, &y), NB_OK);

@@ -82,8 +82,22 @@ static nb_status layout_of(const smap_fn *s, bool input, int k, int ndim, nbi_sh
   }
   const char *spec = input ? s->in_spec[k] : s->out_spec[k];
   if (nbi_sharding_parse(FN, s->m, spec, ndim, false, out)) return nb_last_status();
-  for (int d = 0; d < ndim; d++)
+  for (int d = 0; d < ndim; d++) {
     out->dim[d].open = false, out->dim[d].priority = -1;
+    for (int i = 0; i < out->dim[d].n; i++)
+      if (out->dim[d].ax[i].size != s->m->size[out->dim[d].ax[i].axis])
+        return nbi_error(NB_ERR_SHARDING,
+                         "%s: %s_specs[%d] \"%s\" uses a sub-axis; shard_map specs name whole "
+                         "mesh axes",
+                         FN, input ? "in" : "out", k, spec);
+  }
+  for (int i = 0; i < out->n_partial; i++)
+    if (out->partial[i].size != s->m->size[out->partial[i].axis])
+      return nbi_error(NB_ERR_SHARDING,
+                       "%s: out_specs[%d] \"%s\" uses a sub-axis; shard_map specs name whole "
+                       "mesh axes",
+                       FN, k, spec);
+  out->n_repl = 0; /* every axis a spec does not use is replicated here anyway */
   if (input && out->n_partial)
     return nbi_error(NB_ERR_SHARDING,
                      "%s: in_specs[%d] \"%s\" lists partial axes (an input is a whole value; "
