@@ -317,6 +317,67 @@ static nb_status b_checkpoint(void *u, nb_tensor *const *in, int n_in, nb_tensor
   return st;
 }
 
+/* shard_map bodies on a 2-device mesh with each collective: the row's value
+ * is the logical function, so every check applies as to any op. */
+static nb_fn *mx_smap(nb_fn_body body, int n_in, const char *const *in_specs,
+                      const char *out_spec) {
+  static nb_mesh *m;
+  if (!m) m = nb_mesh_cpu("x=2"); /* kept for the process: rows are called many times */
+  nb_fn *b = mx_fn_of(body, n_in, 1), *f = nb_shard_map(b, m, in_specs, &out_spec);
+  nb_fn_release(b);
+  cr_assert(f, "%s", nb_last_error());
+  return f;
+}
+
+static nb_status mx_call_smap(nb_fn_body body, int n_in, const char *const *in_specs,
+                              const char *out_spec, nb_tensor *const *in, nb_tensor **out) {
+  nb_fn *f = mx_smap(body, n_in, in_specs, out_spec);
+  nb_status st = nb_call(f, in, out);
+  nb_fn_release(f);
+  return st;
+}
+
+/* every reduction: sum(a) + mean(a) * max(w) - min(w), a = sin(x) w */
+MX_BODY(sm_reduce_in,
+        nb_sub(nb_add(nb_all_reduce(nb_mul(nb_sin(in[0]), in[1]), "x", NB_REDUCE_SUM),
+                      nb_mul(nb_all_reduce(nb_mul(nb_sin(in[0]), in[1]), "x", NB_REDUCE_MEAN),
+                             nb_all_reduce(in[1], "x", NB_REDUCE_MAX))),
+               nb_all_reduce(nb_exp(in[0]), "x", NB_REDUCE_MIN)))
+static nb_status b_all_reduce(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  return mx_call_smap(sm_reduce_in, 2, (const char *[]){"x, _", "x, _"}, "_, _", in, out);
+}
+
+MX_BODY(sm_gather_in, nb_all_gather(nb_mul(nb_sin(in[0]), in[1]), "x", -2))
+static nb_status b_all_gather(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  return mx_call_smap(sm_gather_in, 2, (const char *[]){"x, _", "x, _"}, "_, _", in, out);
+}
+
+/* replicated inputs made device-dependent by the rank, then summed and cut */
+MX_BODY(sm_scatter_in,
+        nb_reduce_scatter(nb_mul(nb_mul(nb_sin(in[0]), in[1]),
+                                 nb_add_scalar(nb_cast(nb_axis_index("x"), NB_F64), 1)),
+                          "x", 0))
+static nb_status b_reduce_scatter(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
+                                  int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  return mx_call_smap(sm_scatter_in, 2, (const char *[]){"_, _", "_, _"}, "x, _", in, out);
+}
+
+MX_BODY(sm_a2a_in, nb_all_to_all(nb_mul(nb_sin(in[0]), in[1]), "x", 1, 0))
+static nb_status b_all_to_all(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  return mx_call_smap(sm_a2a_in, 2, (const char *[]){"x, _", "x, _"}, "_, x", in, out);
+}
+
+MX_BODY(sm_perm_in,
+        nb_ppermute(nb_mul(nb_sin(in[0]), in[1]), "x", (const int[][2]){{0, 1}, {1, 0}}, 2))
+static nb_status b_ppermute(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  return mx_call_smap(sm_perm_in, 2, (const char *[]){"x, _", "x, _"}, "x, _", in, out);
+}
+
 /* Custom ops on float64 x, w of one shape: "mx_sinmul" gives y0 = sin(x) w
  * with a batching rule; "mx_sinmul2" also y1 = x w and has none (the default
  * per-example loop). Rules are written with nabla ops. */
@@ -561,7 +622,13 @@ static nb_status b_custom_default_batching(void *u, nb_tensor *const *in, int n_
   /* calls as one node: checkpoint, custom ops (with and without a batching rule) */               \
   X(checkpoint, b_checkpoint, SM, IN(2, X23, X23))                                                 \
   X(custom_op, b_custom, SM, IN(2, X23, X23))                                                      \
-  X(custom_op_default_batching, b_custom_default_batching, SM, IN(2, X23, X23))
+  X(custom_op_default_batching, b_custom_default_batching, SM, IN(2, X23, X23))                    \
+  /* shard_map on x=2 with each collective (and axis_index) */                                     \
+  X(all_reduce, b_all_reduce, 0, IN(2, R(-1, 1, 4, 3), R(-1, 1, 4, 3)))                            \
+  X(all_gather, b_all_gather, SM, IN(2, R(-1, 1, 4, 3), R(-1, 1, 4, 3)))                           \
+  X(reduce_scatter, b_reduce_scatter, SM, IN(2, R(-1, 1, 4, 3), R(-1, 1, 4, 3)))                   \
+  X(all_to_all, b_all_to_all, SM, IN(2, R(-1, 1, 4, 4), R(-1, 1, 4, 4)))                           \
+  X(ppermute, b_ppermute, SM, IN(2, R(-1, 1, 4, 3), R(-1, 1, 4, 3)))
 
 #define MX_ENUM(name, ...) MX_ROW_##name,
 enum { MX_ROWS(MX_ENUM) MX_N_ROWS };

@@ -331,24 +331,36 @@ Test(sharding, reshard_picks_the_cheapest_collective) {
   nb_mesh_release(m);
 }
 
-/* A sharded tensor captured (not passed) by a traced function is a clear
- * error, not a wrong value. */
+/* A sharded tensor captured (not passed) by a traced function is read whole:
+ * a constant of the trace, gathered once. */
 static nb_tensor *captured;
 static nb_status capture_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
   (void)u, (void)n_in, (void)n_out;
-  out[0] = nb_sum(nb_mul(in[0], captured), NB_ALL, false);
+  out[0] = nb_sum(nb_mul(in[0], nb_square(captured)), NB_ALL, false);
   return out[0] ? NB_OK : nb_last_status();
 }
 
-Test(sharding, captured_sharded_tensor_in_a_trace_is_an_error) {
+Test(sharding, captured_sharded_tensor_in_a_trace_is_read_whole) {
   nb_mesh *m = nb_mesh_cpu("x=2");
-  captured = nb_shard(nb_ones(NB_SHAPE(4), NB_F32), m, "x");
+  double cv[4] = {1, -2, 3, 0.5}, xv[4] = {2, 1, -1, 4};
+  captured = nb_shard(tc_tensor(cv, NB_SHAPE(4), NB_F64), m, "x");
   nb_fn *f = nb_fn_create(capture_body, NULL, 1, 1), *g = nb_grad(f, NB_AXES(0));
-  nb_tensor *x = nb_ones(NB_SHAPE(4), NB_F32), *o[1];
-  cr_assert_neq(nb_call(g, &x, o), NB_OK);
-  cr_assert_eq(nb_last_status(), NB_ERR_SHARDING, "%s", nb_last_error());
-  cr_assert(strstr(nb_last_error(), "captured"), "%s", nb_last_error());
-  nb_clear_error();
+  nb_fn *jf = nb_jit(f);
+  nb_tensor *x = tc_tensor(xv, NB_SHAPE(4), NB_F64), *o[1];
+  double ref[4], y = 0;
+  for (int i = 0; i < 4; i++)
+    ref[i] = cv[i] * cv[i], y += xv[i] * ref[i];
+  nb_reset_stats();
+  cr_assert_eq(nb_call(g, &x, o), NB_OK, "%s", nb_last_error());
+  tc_assert_close_tol(o[0], ref, NB_SHAPE(4), 0);
+  cr_assert_eq(nb_get_stats().n_all_gather, 1);
+  /* jit of it, on plain and on sharded arguments */
+  cr_assert_eq(nb_call(jf, &x, o), NB_OK, "%s", nb_last_error());
+  cr_assert_float_eq(nb_item(o[0]), y, 1e-12);
+  nb_tensor *sx = nb_shard(x, m, "x");
+  cr_assert_eq(nb_call(jf, &sx, o), NB_OK, "%s", nb_last_error());
+  cr_assert_float_eq(nb_item(o[0]), y, 1e-12);
+  nb_fn_release(jf);
   nb_fn_release(g);
   nb_fn_release(f);
   nb_mesh_release(m);

@@ -479,7 +479,8 @@ nb_status nbi_program_build(const char *fn, nb_tensor *const *x, int n_x, nb_ten
   return NB_OK;
 }
 
-nb_status nbi_apply_begin(nbi_apply *a, const char *fn, const nbi_program *p, nb_tensor *const *in) {
+nb_status nbi_apply_begin(nbi_apply *a, const char *fn, const nbi_program *p,
+                          nb_tensor *const *in) {
   *a = (nbi_apply){.fn = fn, .p = p, .in = in};
   for (int k = 0; k < p->n_in; k++) {
     if (!in[k]) return nbi_error(NB_ERR_NULL, "%s: input %d is NULL", fn, k);
@@ -508,7 +509,8 @@ nb_status nbi_apply_node(nbi_apply *a, int i) {
     a->t[i] = a->outs[pn->in[0]][pn->attrs.i[0]];
     return NB_OK;
   }
-  nb_tensor *ins_local[8], **ins = pn->n_in <= 8 ? ins_local : malloc(sizeof *ins * (size_t)pn->n_in);
+  nb_tensor *ins_local[8],
+      **ins = pn->n_in <= 8 ? ins_local : malloc(sizeof *ins * (size_t)pn->n_in);
   if (!ins) return nbi_error(NB_ERR_OOM, "%s: out of memory", a->fn);
   for (int k = 0; k < pn->n_in; k++)
     ins[k] = nbi_apply_ref(a, pn->in[k]);

@@ -383,15 +383,24 @@ nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *con
   if (nbi_shard_hook.record)
     for (int i = 0; i < n_in; i++) {
       if (!in[i]->mesh) continue;
+      bool traced = false;
       for (int k = 0; k < n_in; k++)
-        if (in[k]->flags & NBI_T_TRACED) {
-          nbi_error(NB_ERR_SHARDING,
-                    "nb_%s: a sharded tensor inside a traced function must be one of its "
-                    "arguments (a captured sharded tensor is not supported)",
-                    nbi_op_table[op]->name);
-          return NULL;
-        }
-      return nbi_shard_hook.record(op, dt, shape, in, n_in, attrs);
+        traced |= (in[k]->flags & NBI_T_TRACED) != 0;
+      if (!traced) return nbi_shard_hook.record(op, dt, shape, in, n_in, attrs);
+      /* a sharded tensor a traced function captured (its arguments are
+       * traced, never sharded): read whole, a constant of the trace */
+      nb_tensor *local[8], **whole = n_in <= 8 ? local : malloc(sizeof *whole * (size_t)n_in);
+      if (!whole) {
+        nbi_error(NB_ERR_OOM, "nb_%s: out of memory", nbi_op_table[op]->name);
+        return NULL;
+      }
+      nb_tensor *r = NULL;
+      bool ok = true;
+      for (int k = 0; k < n_in && ok; k++)
+        ok = (whole[k] = in[k]->mesh ? nbi_readable("nb_eval", in[k]) : in[k]) != NULL;
+      if (ok) r = nbi_record(op, dt, shape, whole, n_in, attrs);
+      if (whole != local) free(whole);
+      return r;
     }
   nb_tensor *t = tensor_new(shape, dt, op);
   if (!t) {

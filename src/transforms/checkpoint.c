@@ -112,8 +112,7 @@ nb_fn *nb_checkpoint(nb_fn *f) {
 }
 
 /* ---- rules ------------------------------------------------------------------------------ */
-/* An nb_fn giving outputs idx[0..n-1] of f (the rest are dropped, so a trace of
- * it keeps only what those outputs need). */
+/* An nb_fn giving outputs idx[0..n-1] of f (transforms.h). */
 typedef struct select_fn {
   nb_fn *f;
   int n;
@@ -140,23 +139,27 @@ static void select_destroy(void *user) {
   free(s);
 }
 
+nb_fn *nbi_select_fn(const char *fn, nb_fn *g, const int *idx, int n) {
+  if (!g) return NULL;
+  select_fn *s = malloc(sizeof *s + sizeof(int) * (size_t)(n + 1));
+  if (!s) {
+    nb_fn_release(g);
+    nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+    return NULL;
+  }
+  s->f = g;
+  s->n = n;
+  memcpy(s->idx, idx, sizeof(int) * (size_t)n);
+  return nbi_fn_make(fn, select_body, s, select_destroy, g->n_in, n);
+}
+
 /* select(wrap(the program fn of p's program, arg), idx[0..n-1]): a rule's
  * function, to record as a REMAT node (remat_record). */
 static nb_fn *rule_fn(const nb_tensor *p, nb_fn *(*wrap)(nb_fn *, const void *), const void *arg,
                       const int *idx, int n) {
   nb_fn *pf = nbi_program_fn(FN, prog_of(p)), *g = pf ? wrap(pf, arg) : NULL;
   nb_fn_release(pf);
-  if (!g) return NULL;
-  select_fn *s = malloc(sizeof *s + sizeof(int) * (size_t)(n + 1));
-  if (!s) {
-    nb_fn_release(g);
-    nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
-    return NULL;
-  }
-  s->f = g;
-  s->n = n;
-  memcpy(s->idx, idx, sizeof(int) * (size_t)n);
-  return nbi_fn_make(FN, select_body, s, select_destroy, g->n_in, n);
+  return nbi_select_fn(FN, g, idx, n);
 }
 
 static nb_fn *wrap_vjp(nb_fn *f, const void *arg) {

@@ -107,6 +107,9 @@ nb_status nbi_trace_program_like(const char *fn, nb_fn *f, nb_tensor *const *in,
 /* An nb_fn (p->n_in inputs, p->n_out outputs) that applies p: what control
  * flow and checkpoint rules hand to the transforms (nb_vjp_fn of a body). */
 nb_fn *nbi_program_fn(const char *fn, nbi_program *p);
+/* An nb_fn giving outputs idx[0..n-1] of g, taking over the reference to g
+ * (released on failure; NULL g gives NULL). */
+nb_fn *nbi_select_fn(const char *fn, nb_fn *g, const int *idx, int n);
 /* Releases n tensors and frees the array (captures). */
 void nbi_release_all(nb_tensor **ts, int n);
 
