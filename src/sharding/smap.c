@@ -101,7 +101,8 @@ static const char *op_kind(int op) {
 }
 
 /* No collective node in the programs nested in p's nodes (recursively);
- * `in` names the outermost nesting for the message. */
+ * depth 0 is the body itself (collectives allowed), top_op the outermost
+ * nesting node's op (named in the message). */
 static nb_status check_nested(const char *fn, const nbi_program *p, int top_op, int depth) {
   if (depth > 64)
     return nbi_error(NB_ERR_SHARDING, "%s: programs nested more than 64 deep in the body", fn);
