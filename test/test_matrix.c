@@ -1328,6 +1328,22 @@ MX_ROWS(MX_TESTS)
 
 /* ---- the table itself ----------------------------------------------------------------- */
 /* Marks the op of every node reachable from t (pending graphs keep their inputs). */
+/* Marks the ops of program p and of the programs its nodes nest. */
+static void mx_walk_program(const nbi_program *p, bool *seen, int depth) {
+  for (int i = 0; i < p->n_nodes && depth < 16; i++) {
+    const nbi_prog_node *pn = &p->nodes[i];
+    seen[pn->op] = true;
+    const nbi_program *sub[2];
+    int ns = pn->payload && nbi_op_table[pn->op]->programs
+                 ? nbi_op_table[pn->op]->programs(pn->payload, sub)
+                 : 0;
+    for (int k = 0; k < ns; k++)
+      mx_walk_program(sub[k], seen, depth + 1);
+  }
+}
+
+/* Marks every op of t's graph, and of the programs its nodes run (bodies of
+ * checkpoint, control flow, shard_map). */
 static void mx_walk(nb_tensor *t, bool *seen) {
   int n = 0, cap = 64, nv = 0, capv = 64;
   nb_tensor **stack = malloc(sizeof *stack * (size_t)cap),
@@ -1342,6 +1358,12 @@ static void mx_walk(nb_tensor *t, bool *seen) {
     if (nv == capv) vis = realloc(vis, sizeof *vis * (size_t)(capv *= 2));
     vis[nv++] = c;
     seen[c->op] = true;
+    const nbi_program *sub[2];
+    int ns = c->payload && nbi_op_table[c->op]->programs
+                 ? nbi_op_table[c->op]->programs(c->payload, sub)
+                 : 0;
+    for (int k = 0; k < ns; k++)
+      mx_walk_program(sub[k], seen, 0);
     for (int k = 0; k < c->n_in; k++) {
       if (n == cap) stack = realloc(stack, sizeof *stack * (size_t)(cap *= 2));
       stack[n++] = c->in[k];

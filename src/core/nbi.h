@@ -352,6 +352,10 @@ typedef struct nbi_op_def {
   nbi_jvp_multi_rule jvp_multi;
   nbi_vmap_multi_rule vmap_multi;
   nbi_apply_rule apply; /* NULL: nbi_record */
+  /* Multi-output ops that run programs (checkpoint, control flow,
+   * shard_map): writes the programs payload p nests to out[0..1] and returns
+   * their number (cond: then, else; while: cond, body; the others: one). */
+  int (*programs)(const nbi_payload *p, const struct nbi_program **out);
 } nbi_op_def;
 
 /* One record per op, defined next to the op's public function, named

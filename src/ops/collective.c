@@ -491,10 +491,7 @@ static nb_tensor *axis_index_vmap(nb_tensor *y, nb_tensor *const *bin, const boo
 }
 
 /* ---- running a collective node across the devices (smap.c) ----------------------------
- * Declared in src/sharding/smap.c (the interpreter is its only caller). */
-int nbi_coll_group(const nbi_attrs *a, int *ax);
-nb_status nbi_coll_run(const char *fn, const nb_mesh *m, int op, const nbi_attrs *a,
-                       const nbi_payload *payload, nb_tensor *const *phys, nb_tensor **out);
+ * Contract: src/sharding/sharding.h (the interpreter is their only caller). */
 
 /* The group of a collective's attrs: its mesh axis indices into ax (at most
  * NBI_MESH_MAX_AXES); returns their number. */

@@ -38,8 +38,8 @@ __attribute__((constructor)) static void install_hooks(void) {
 }
 
 /* A logical tensor on m with sharding s over phys (each entry retained). */
-nb_tensor *nbi_sharded_make(const char *fn, nb_mesh *m, const nbi_sharding *s, const nb_shape *shape,
-                            nb_dtype dt, nb_tensor *const *phys) {
+nb_tensor *nbi_sharded_make(const char *fn, nb_mesh *m, const nbi_sharding *s,
+                            const nb_shape *shape, nb_dtype dt, nb_tensor *const *phys) {
   sharding_box *b = malloc(sizeof *b);
   if (!b) {
     nbi_error(NB_ERR_OOM, "%s: out of memory", fn);

@@ -227,6 +227,16 @@ void nbi_smap_push(nb_mesh *m);
 void nbi_smap_pop(void);
 nb_mesh *nbi_smap_mesh(void); /* the innermost, or NULL */
 
+/* A collective node's group (src/ops/collective.c owns the attribute
+ * layout): its mesh axis indices, major first, into ax (at most
+ * NBI_MESH_MAX_AXES); returns their number. */
+int nbi_coll_group(const nbi_attrs *a, int *ax);
+/* Runs collective node (op, attrs a, payload) across m's devices: phys[d] is
+ * device d's input (ignored by axis_index), out[d] its result, as the
+ * nbi_coll_* functions give them (borrowed, counted in nb_stats). */
+nb_status nbi_coll_run(const char *fn, const nb_mesh *m, int op, const nbi_attrs *a,
+                       const nbi_payload *payload, nb_tensor *const *phys, nb_tensor **out);
+
 /* The payload of a SHARD_MAP node (src/transforms/shard_map.c): its
  * operands are the body's inputs then its captures, in logical shapes. */
 typedef struct nbi_smap_payload {

@@ -20,17 +20,9 @@
  *  - collectives only at the body's top level: the programs nested in
  *    checkpoint, control flow and shard_map nodes (recursively) hold none
  *    (their nested realizations run single-device programs). */
-#include <stddef.h>
 #include <stdlib.h>
 
 #include "sharding.h"
-
-/* Defined in src/ops/collective.c (which owns the collectives' attribute
- * layout): a collective node's group axes, and one node run across the
- * devices. */
-int nbi_coll_group(const nbi_attrs *a, int *ax);
-nb_status nbi_coll_run(const char *fn, const nb_mesh *m, int op, const nbi_attrs *a,
-                       const nbi_payload *payload, nb_tensor *const *phys, nb_tensor **out);
 
 /* ---- the mesh stack ------------------------------------------------------------ */
 #define SMAP_DEPTH 32
@@ -62,32 +54,9 @@ static bool is_collective(int op) {
          op == NBI_OP_ALL_TO_ALL || op == NBI_OP_PPERMUTE || op == NBI_OP_AXIS_INDEX;
 }
 
-/* The programs a node's payload nests (at most 2), by op. The payloads of
- * checkpoint (remat), control flow (ctl) and shard_map (nbi_smap_payload)
- * all start with their nbi_multi header followed by their program pointers
- * (cond: then, else; while: cond, body; scan, remat, shard_map: one). */
-typedef struct progs_after_multi {
-  nbi_multi m;
-  nbi_program *prog[2];
-} progs_after_multi;
-
+/* The programs a node's payload nests (at most 2). */
 static int nested_programs(int op, const nbi_payload *p, const nbi_program **out) {
-  int n = 0;
-  switch (op) {
-  case NBI_OP_COND:
-  case NBI_OP_WHILE: n = 2; break;
-  case NBI_OP_SCAN:
-  case NBI_OP_REMAT: n = 1; break;
-  case NBI_OP_SHARD_MAP:
-    if (p) out[0] = ((const nbi_smap_payload *)p)->prog;
-    return p ? 1 : 0;
-  default: return 0;
-  }
-  if (!p) return 0;
-  for (int k = 0; k < n; k++)
-    memcpy(&out[k], (const char *)p + offsetof(progs_after_multi, prog) + k * sizeof(nbi_program *),
-           sizeof out[k]);
-  return n;
+  return p && nbi_op_table[op]->programs ? nbi_op_table[op]->programs(p, out) : 0;
 }
 
 static const char *op_kind(int op) {

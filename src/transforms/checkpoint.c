@@ -243,10 +243,16 @@ static nb_status remat_vmap(nb_tensor *p, nb_tensor *const *bin, const bool *bat
   return st;
 }
 
+static int remat_programs(const nbi_payload *p, const nbi_program **out) {
+  out[0] = ((const remat *)p)->prog;
+  return 1;
+}
+
 const nbi_op_def nbi_opdef_REMAT = {.name = "remat",
                                     .arity = -1,
                                     .cpu = remat_cpu,
                                     .flags = NBI_OPF_MULTI,
                                     .vjp_multi = remat_vjp,
                                     .jvp_multi = remat_jvp,
-                                    .vmap_multi = remat_vmap};
+                                    .vmap_multi = remat_vmap,
+                                    .programs = remat_programs};

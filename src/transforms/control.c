@@ -1220,24 +1220,37 @@ done:
 }
 
 /* ---- op records ------------------------------------------------------------------------------ */
+static int ctl_programs2(const nbi_payload *p, const nbi_program **out) {
+  const ctl *c = (const ctl *)p;
+  out[0] = c->prog[0], out[1] = c->prog[1];
+  return 2;
+}
+static int ctl_programs1(const nbi_payload *p, const nbi_program **out) {
+  out[0] = ((const ctl *)p)->prog[0];
+  return 1;
+}
+
 const nbi_op_def nbi_opdef_COND = {.name = "cond",
                                    .arity = -1,
                                    .cpu = cond_cpu,
                                    .flags = NBI_OPF_MULTI,
                                    .vjp_multi = cond_vjp,
                                    .jvp_multi = cond_jvp,
-                                   .vmap_multi = cond_vmap};
+                                   .vmap_multi = cond_vmap,
+                                   .programs = ctl_programs2};
 const nbi_op_def nbi_opdef_WHILE = {.name = "while_loop",
                                     .arity = -1,
                                     .cpu = while_cpu,
                                     .flags = NBI_OPF_MULTI,
                                     .vjp_multi = while_vjp,
                                     .jvp_multi = while_jvp,
-                                    .vmap_multi = while_vmap};
+                                    .vmap_multi = while_vmap,
+                                    .programs = ctl_programs2};
 const nbi_op_def nbi_opdef_SCAN = {.name = "scan",
                                    .arity = -1,
                                    .cpu = scan_cpu,
                                    .flags = NBI_OPF_MULTI,
                                    .vjp_multi = scan_vjp,
                                    .jvp_multi = scan_jvp,
-                                   .vmap_multi = scan_vmap};
+                                   .vmap_multi = scan_vmap,
+                                   .programs = ctl_programs1};

@@ -563,6 +563,11 @@ static nb_status smap_vmap(nb_tensor *p, nb_tensor *const *bin, const bool *batc
   return st;
 }
 
+static int smap_programs(const nbi_payload *p, const nbi_program **out) {
+  out[0] = ((const nbi_smap_payload *)p)->prog;
+  return 1;
+}
+
 const nbi_op_def nbi_opdef_SHARD_MAP = {.name = "shard_map",
                                         .arity = -1,
                                         .cpu = smap_cpu,
@@ -570,4 +575,5 @@ const nbi_op_def nbi_opdef_SHARD_MAP = {.name = "shard_map",
                                         .vjp_multi = smap_vjp,
                                         .jvp_multi = smap_jvp,
                                         .vmap_multi = smap_vmap,
-                                        .apply = smap_apply};
+                                        .apply = smap_apply,
+                                        .programs = smap_programs};
