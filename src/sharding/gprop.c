@@ -28,6 +28,7 @@
  * Values are always those of the unsharded program: only layouts change. */
 #include "sharding.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 /* shard.c: the record hook's result constraint (see there). */
@@ -45,6 +46,7 @@ typedef struct gp {
   int n_v;           /* inputs then nodes */
   nbi_sharding *s;   /* [n_v] */
   uint8_t *kind;     /* [n_v] V_* */
+  bool *multi;       /* [n_v]: read by several nodes or outputs: never left partial */
   nb_shape *shape;   /* [n_v] */
   nbi_shard_rule *r; /* [n_nodes] */
   uint8_t *has_rule; /* [n_nodes]: 0 unknown, 1 yes, 2 none */
@@ -78,6 +80,7 @@ static void gain(gp *g, int v, const nbi_sharding *want) {
   if (v < 0 || g->kind[v] != V_OPEN || want->ndim != g->s[v].ndim) return;
   nbi_sharding *o = &g->s[v], c = *o;
   bool more = false;
+  int n_partial = g->multi[v] ? 0 : want->n_partial;
   for (int d = 0; d < o->ndim; d++) {
     if (!axes_extend(&o->dim[d], &want->dim[d])) return;
     if (want->dim[d].n > o->dim[d].n) {
@@ -86,7 +89,7 @@ static void gain(gp *g, int v, const nbi_sharding *want) {
       memcpy(c.dim[d].ax, want->dim[d].ax, sizeof c.dim[d].ax);
     }
   }
-  for (int i = 0; i < want->n_partial && c.n_partial < NBI_MESH_MAX_AXES; i++)
+  for (int i = 0; i < n_partial && c.n_partial < NBI_MESH_MAX_AXES; i++)
     if (!in_set(c.partial, c.n_partial, &want->partial[i])) {
       c.partial[c.n_partial++] = want->partial[i];
       more = true;
@@ -178,6 +181,20 @@ static nb_status step(gp *g, int i) {
 
 static nb_status init(gp *g, nb_tensor *const *in) {
   const nbi_program *p = g->p;
+  int *uses = calloc((size_t)g->n_v + 1, sizeof *uses);
+  if (!uses) return nbi_error(NB_ERR_OOM, "%s: out of memory", g->fn);
+  for (int i = 0; i < p->n_nodes; i++)
+    for (int k = 0; k < p->nodes[i].n_in; k++) {
+      bool again = false; /* a node reading a value twice is one reader */
+      for (int q = 0; q < k && !again; q++)
+        again = p->nodes[i].in[q] == p->nodes[i].in[k];
+      if (!again) uses[vref(g, p->nodes[i].in[k])]++;
+    }
+  for (int j = 0; j < p->n_out; j++)
+    uses[vref(g, p->out[j])]++;
+  for (int v = 0; v < g->n_v; v++)
+    g->multi[v] = uses[v] > 1;
+  free(uses);
   for (int k = 0; k < p->n_in; k++) {
     g->shape[k] = p->in_shape[k];
     if (in[k]->mesh && in[k]->mesh != g->m)
@@ -252,8 +269,17 @@ static nb_status apply_node(gp *g, nbi_apply *a, int i) {
   nbi_shard_record_out = hint ? &want : NULL;
   nb_status st = nbi_apply_node(a, i);
   nbi_shard_record_out = NULL;
-  if (st || g->kind[v] != V_CLOSED) return st;
   nb_tensor *t = a->t[i];
+  if (getenv("GPDBG") && t)
+    fprintf(stderr, "apply v%d %s -> %s (AG so far %llu)\n", v, nbi_op_table[pn->op]->name,
+            nb_sharding_str(t), (unsigned long long)nb_get_stats().n_all_gather);
+  if (!st && g->kind[v] == V_OPEN && g->multi[v] && t->mesh && nbi_sharding_of(t)->n_partial) {
+    /* a partial sum several ops read is summed once, here */
+    nbi_sharding full = *nbi_sharding_of(t);
+    full.n_partial = 0;
+    if (!(a->t[i] = nbi_shard_to(g->fn, t, g->m, &full))) return nb_last_status();
+  }
+  if (st || g->kind[v] != V_CLOSED) return st;
   if (t->mesh == g->m && nbi_sharding_eq(nbi_sharding_of(t), &want)) return NB_OK;
   nb_tensor *r = nbi_shard_to(g->fn, t, g->m, &want);
   if (!r) return nb_last_status();
@@ -274,13 +300,24 @@ nb_status nbi_sharded_apply_program(const char *fn, const nbi_program *p, nb_ten
   size_t nv = (size_t)g.n_v + 1, nn = (size_t)p->n_nodes + 1;
   g.s = malloc(sizeof *g.s * nv);
   g.kind = malloc(nv);
+  g.multi = malloc(sizeof *g.multi * nv);
   g.shape = malloc(sizeof *g.shape * nv);
   g.r = malloc(sizeof *g.r * nn);
   g.has_rule = calloc(nn, 1);
-  if (!g.s || !g.kind || !g.shape || !g.r || !g.has_rule)
+  if (!g.s || !g.kind || !g.multi || !g.shape || !g.r || !g.has_rule)
     st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
   if (!st) st = init(&g, in);
   if (!st) st = fixed_point(&g);
+  if (!st && getenv("GPDBG"))
+    for (int v = 0; v < g.n_v; v++) {
+      char b[256];
+      nbi_sharding_format(g.m, &g.s[v], b, sizeof b);
+      int i = v - p->n_in;
+      fprintf(stderr, "v%d %s kind %d in(%d,%d) %s\n", v,
+              i >= 0 ? nbi_op_table[p->nodes[i].op]->name : "input", g.kind[v],
+              i >= 0 && p->nodes[i].n_in > 0 ? vref(&g, p->nodes[i].in[0]) : -9,
+              i >= 0 && p->nodes[i].n_in > 1 ? vref(&g, p->nodes[i].in[1]) : -9, b);
+    }
   nb_scope_begin();
   for (int i = 0; i < p->n_nodes && !st; i++)
     st = apply_node(&g, &a, i);
@@ -298,6 +335,7 @@ nb_status nbi_sharded_apply_program(const char *fn, const nbi_program *p, nb_ten
   nbi_apply_end(&a);
   free(g.s);
   free(g.kind);
+  free(g.multi);
   free(g.shape);
   free(g.r);
   free(g.has_rule);

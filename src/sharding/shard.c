@@ -84,16 +84,15 @@ static nb_tensor *cut(nb_tensor *src, const int64_t *from, const nb_shape *sh,
   return whole ? src : nb_slice(src, a, b, one);
 }
 
-/* Whether device d's block under `to` lies inside its block under `from`. */
+/* Whether device d's block under `to` lies inside its block under `from`
+ * along dimension k. */
 static bool block_inside(const nb_mesh *m, const nbi_sharding *from, const nbi_sharding *to,
-                         const nb_shape *shape, int d) {
+                         const nb_shape *shape, int d, int k) {
   nb_shape fs, ts;
   int64_t f0[NB_MAX_DIMS], t0[NB_MAX_DIMS];
   nbi_local_block(m, from, shape, d, &fs, f0);
   nbi_local_block(m, to, shape, d, &ts, t0);
-  for (int k = 0; k < shape->ndim; k++)
-    if (ts.dims[k] > 0 && (t0[k] < f0[k] || t0[k] + ts.dims[k] > f0[k] + fs.dims[k])) return false;
-  return true;
+  return ts.dims[k] == 0 || (t0[k] >= f0[k] && t0[k] + ts.dims[k] <= f0[k] + fs.dims[k]);
 }
 
 /* out[d] = device d's block under `to` cut from in[d] (its block under
@@ -268,7 +267,7 @@ static nb_status reshard_phys(const char *fn, const nb_mesh *m, nbi_sharding cur
     if (p == c->n) {
       bool inside = true;
       for (int d = 0; d < n && inside; d++)
-        inside = block_inside(m, &cur, to, shape, d);
+        inside = block_inside(m, &cur, to, shape, d, k);
       if (inside) continue;
       p = 0;
     }

@@ -90,11 +90,14 @@ static nb_status seed_like(const char *fn, const char *what, int k, nb_tensor *s
   return *out ? NB_OK : nb_last_status();
 }
 
-/* The cotangent g (NULL: zero) of primal alias x, laid out like x under a
- * trace mesh. */
+/* The cotangent g (NULL: zero) of primal alias x (the trace's identity of
+ * the value the caller passed), laid out like that value under a trace mesh:
+ * like the argument itself, not like the layout the alias may take inside
+ * the program. */
 static nb_tensor *cotangent_of(nb_tensor *g, nb_tensor *x) {
   if (!g) g = nbi_zeros_like(x);
-  return g && nbi_trace_mesh() ? nbi_shard_like(g, x) : g;
+  if (!g || !nbi_trace_mesh()) return g;
+  return nbi_shard_like(g, x->op == NBI_OP_IDENTITY && x->n_in == 1 ? x->in[0] : x);
 }
 
 /* ---- the bodies ------------------------------------------------------------------ */
