@@ -278,3 +278,224 @@ Test(gprop, constraint_on_an_output_is_honoured) {
   free(xv);
   nb_mesh_release(m);
 }
+
+/* The reshard planner gathers only the dimensions whose blocks change. */
+Test(gprop, reshard_gathers_only_the_changed_dimension) {
+  nb_mesh *m = nb_mesh_cpu("tp=2");
+  uint64_t seed = 15;
+  nb_tensor *x = rand_f64(NB_SHAPE(4, 8), &seed);
+  nb_tensor *s = sharded(x, m, "_, tp");
+  nb_stats s0 = nb_get_stats();
+  nb_tensor *r = nb_reshard(s, "_, _");
+  ASSERT_SPEC(r, "[_, _]");
+  ASSERT_COUNTS(since(&s0), 0, 1, 0, 0, 0);
+  assert_same(r, x, 0);
+  nb_mesh_release(m);
+}
+
+/* ---- derivatives and batching of the constraints ---------------------------------------- */
+/* sin(shard_like(nb_shard(a * b, m, "x, _") * a, b)) */
+static nb_status both_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  nb_tensor *z = nb_shard(nb_mul(in[0], in[1]), u, "x, _");
+  out[0] = nb_sin(nbi_shard_like(nb_mul(z, in[0]), in[1]));
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(gprop, constraint_derivatives_match_finite_differences) {
+  nb_mesh *m = nb_mesh_cpu("x=2,y=2");
+  uint64_t seed = 16;
+  nb_tensor *xs[2] = {tc_rand_f64(NB_SHAPE(4, 3), -1, 1, &seed),
+                      tc_rand_f64(NB_SHAPE(4, 3), -1, 1, &seed)};
+  tc_check_grad("constraints", both_body, m, 2, xs, TC_SECOND);
+  nb_mesh_release(m);
+}
+
+/* vjp and jvp of the same body on sharded values (graph mode) equal the
+ * plain ones; cotangents come out laid out like their primals. */
+Test(gprop, constraint_derivatives_on_sharded_values) {
+  nb_mesh *m = nb_mesh_cpu("x=2,y=2");
+  uint64_t seed = 17;
+  nb_tensor *a = rand_f64(NB_SHAPE(4, 3), &seed), *b = rand_f64(NB_SHAPE(4, 3), &seed),
+            *u = rand_f64(NB_SHAPE(4, 3), &seed), *v = rand_f64(NB_SHAPE(4, 3), &seed);
+  nb_fn *f = nb_fn_create(both_body, m, 2, 1), *vj = nb_vjp_fn(f), *jv = nb_jvp_fn(f);
+  nb_tensor *ref[3], *got[3];
+  cr_assert_eq(nb_call(vj, (nb_tensor *[]){a, b, u}, ref), NB_OK, "%s", nb_last_error());
+  cr_assert_eq(
+      nb_call(vj,
+              (nb_tensor *[]){sharded(a, m, "_, y"), sharded(b, m, "y, _"), sharded(u, m, "_, _")},
+              got),
+      NB_OK, "%s", nb_last_error());
+  ASSERT_SPEC(got[0], "[y, _]"); /* the output: laid out like b */
+  ASSERT_SPEC(got[1], "[_, y]");
+  ASSERT_SPEC(got[2], "[y, _]");
+  for (int k = 0; k < 3; k++)
+    assert_same(got[k], ref[k], 1e-12);
+  cr_assert_eq(nb_call(jv, (nb_tensor *[]){a, b, u, v}, ref), NB_OK, "%s", nb_last_error());
+  cr_assert_eq(nb_call(jv,
+                       (nb_tensor *[]){sharded(a, m, "x, _"), sharded(b, m, "_, _"),
+                                       sharded(u, m, "_, x"), sharded(v, m, "y, _")},
+                       got),
+               NB_OK, "%s", nb_last_error());
+  for (int k = 0; k < 2; k++)
+    assert_same(got[k], ref[k], 1e-12);
+  nb_fn_release(jv);
+  nb_fn_release(vj);
+  nb_fn_release(f);
+  nb_mesh_release(m);
+}
+
+/* a per-example x of shape (8,) constrained to "x": batched, the batch
+ * dimension stays unsharded */
+static nb_status twice_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  out[0] = nb_shard(nb_mul(in[0], nb_scalar(2.0, NB_F64)), u, "x");
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(gprop, constraint_batching_prepends_an_unsharded_dimension) {
+  nb_mesh *m = nb_mesh_cpu("x=2");
+  uint64_t seed = 18;
+  nb_tensor *x = rand_f64(NB_SHAPE(3, 8), &seed), *y[1], *z[1];
+  double *xv = tc_read(x), want[24];
+  for (int i = 0; i < 24; i++)
+    want[i] = 2 * xv[i];
+  nb_fn *f = nb_fn_create(twice_body, m, 1, 1), *vf = nb_vmap(f, NULL, NULL);
+  cr_assert_eq(nb_call(vf, &x, y), NB_OK, "%s", nb_last_error());
+  tc_assert_close_tol(y[0], want, NB_SHAPE(3, 8), 0);
+  nb_stats s0 = nb_get_stats();
+  nb_tensor *sx = sharded(x, m, "_, _");
+  cr_assert_eq(nb_call(vf, &sx, z), NB_OK, "%s", nb_last_error());
+  ASSERT_SPEC(z[0], "[_, x]");
+  ASSERT_COUNTS(since(&s0), 0, 0, 0, 0, 0);
+  tc_assert_close_tol(z[0], want, NB_SHAPE(3, 8), 0);
+  free(xv);
+  nb_fn_release(vf);
+  nb_fn_release(f);
+  nb_mesh_release(m);
+}
+
+/* vmap(grad) and jvp(grad) on sharded values: the gradients' shard_like is
+ * batched and differentiated; values equal the plain ones. */
+Test(gprop, shard_like_under_vmap_and_jvp) {
+  nb_mesh *m = nb_mesh_cpu("dp=2,tp=2");
+  uint64_t seed = 19;
+  nb_tensor *x = rand_f64(NB_SHAPE(3, 8, 4), &seed), *w1 = rand_f64(NB_SHAPE(4, 6), &seed),
+            *w2 = rand_f64(NB_SHAPE(6, 4), &seed), *t1 = rand_f64(NB_SHAPE(4, 6), &seed),
+            *t2 = rand_f64(NB_SHAPE(6, 4), &seed);
+  nb_fn *f = nb_fn_create(mlp_body, NULL, 3, 1), *g = nb_grad(f, NB_AXES(1, 2));
+  nb_fn *vg = nb_vmap(g, (int[]){0, NB_NOT_MAPPED, NB_NOT_MAPPED}, NULL);
+  nb_tensor *ref[2], *got[2];
+  cr_assert(vg, "%s", nb_last_error());
+  cr_assert_eq(nb_call(vg, (nb_tensor *[]){x, w1, w2}, ref), NB_OK, "%s", nb_last_error());
+  cr_assert_eq(nb_call(vg,
+                       (nb_tensor *[]){sharded(x, m, "_, dp, _"), sharded(w1, m, "_, tp"),
+                                       sharded(w2, m, "tp, _")},
+                       got),
+               NB_OK, "%s", nb_last_error());
+  ASSERT_SPEC(got[0], "[_, _, tp]");
+  ASSERT_SPEC(got[1], "[_, tp, _]");
+  for (int k = 0; k < 2; k++)
+    assert_same(got[k], ref[k], 1e-12);
+  nb_fn *jg = nb_jvp_fn(g);
+  nb_tensor *x0 =
+      nb_reshape(nb_slice(x, (int64_t[]){0, 0, 0}, (int64_t[]){1, 8, 4}, (int64_t[]){1, 1, 1}),
+                 NB_SHAPE(8, 4));
+  nb_tensor *zx = nb_zeros(NB_SHAPE(8, 4), NB_F64), *jref[4], *jgot[4];
+  cr_assert_eq(nb_call(jg, (nb_tensor *[]){x0, w1, w2, zx, t1, t2}, jref), NB_OK, "%s",
+               nb_last_error());
+  cr_assert_eq(nb_call(jg,
+                       (nb_tensor *[]){sharded(x0, m, "dp, _"), sharded(w1, m, "_, tp"),
+                                       sharded(w2, m, "tp, _"), zx, sharded(t1, m, "_, tp"),
+                                       sharded(t2, m, "tp, _")},
+                       jgot),
+               NB_OK, "%s", nb_last_error());
+  for (int k = 0; k < 4; k++)
+    assert_same(jgot[k], jref[k], 1e-12);
+  nb_fn_release(jg);
+  nb_fn_release(vg);
+  nb_fn_release(g);
+  nb_fn_release(f);
+  nb_mesh_release(m);
+}
+
+/* nbi_shard_like outside traces: the identity on one device; on a mesh, g
+ * moved to x's dimension layout, its partial sums reduced. */
+Test(gprop, shard_like_on_values) {
+  nb_mesh *m = nb_mesh_cpu("x=2,y=2");
+  uint64_t seed = 20;
+  nb_tensor *g = rand_f64(NB_SHAPE(4, 6), &seed), *x = rand_f64(NB_SHAPE(4, 6), &seed);
+  nb_tensor *r = nbi_shard_like(g, x);
+  cr_assert(r && !nb_mesh_of(r), "%s", nb_last_error());
+  assert_same(r, g, 0);
+  nb_tensor *sg = sharded(g, m, "_, _ partial(y)"), *sx = sharded(x, m, "y, x");
+  nb_stats s0 = nb_get_stats();
+  r = nbi_shard_like(sg, sx);
+  ASSERT_SPEC(r, "[y, x]");
+  ASSERT_COUNTS(since(&s0), 0, 0, 1, 0, 0); /* the partial sum reduce-scattered over y */
+  assert_same(r, g, 1e-15);
+  r = nbi_shard_like(sx, g); /* x on no mesh: replicated */
+  ASSERT_SPEC(r, "[_, _]");
+  assert_same(r, x, 0);
+  cr_assert_null(nbi_shard_like(g, nb_zeros(NB_SHAPE(6, 4), NB_F64)));
+  tc_assert_error(NB_ERR_SHAPE, "laid out like");
+  nb_mesh_release(m);
+}
+
+/* ---- nb_reshard of traced values, errors ----------------------------------------------------- */
+static nb_status reshard_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_reshard(nb_exp(in[0]), "_, x");
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(gprop, reshard_of_a_traced_value_uses_the_calls_mesh) {
+  nb_mesh *m = nb_mesh_cpu("x=2");
+  uint64_t seed = 21;
+  nb_tensor *x = rand_f64(NB_SHAPE(4, 6), &seed), *y;
+  nb_fn *f = nb_fn_create(reshard_body, NULL, 1, 1), *j = nb_jit(f);
+  nb_tensor *ref = nb_exp(x), *sx = sharded(x, m, "x, _");
+  nb_stats s0 = nb_get_stats();
+  cr_assert_eq(nb_call(j, &sx, &y), NB_OK, "%s", nb_last_error());
+  ASSERT_SPEC(y, "[_, x]");
+  ASSERT_COUNTS(since(&s0), 0, 0, 0, 1, 0); /* exp ran on row blocks, then one all-to-all */
+  assert_same(y, ref, 0);
+  /* traced on one device there is no mesh to reshard on */
+  cr_assert_neq(nb_call(j, &x, &y), NB_OK);
+  tc_assert_error(NB_ERR_SHARDING, "nb_reshard: the tensor is on no mesh");
+  nb_fn_release(j);
+  nb_fn_release(f);
+  nb_mesh_release(m);
+}
+
+static nb_status bad_spec_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
+                               int n_out) {
+  (void)n_in, (void)n_out;
+  out[0] = nb_shard(nb_exp(in[0]), u, "z, _");
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(gprop, errors) {
+  nb_mesh *m = nb_mesh_cpu("x=2"), *m2 = nb_mesh_cpu("y=2");
+  uint64_t seed = 22;
+  nb_tensor *x = rand_f64(NB_SHAPE(4, 6), &seed), *y;
+  /* a spec the mesh cannot parse: at the call, traced or not */
+  nb_fn *f = nb_fn_create(bad_spec_body, m, 1, 1), *j = nb_jit(f);
+  cr_assert_neq(nb_call(j, &x, &y), NB_OK);
+  tc_assert_error(NB_ERR_SHARDING, "nb_shard");
+  nb_fn_release(j);
+  nb_fn_release(f);
+  /* a constraint on another mesh than the values' */
+  cst c = {m2, "y, _"};
+  f = nb_fn_create(doubled_body, &c, 1, 1), j = nb_jit(f);
+  nb_tensor *sx = sharded(x, m, "x, _");
+  cr_assert_neq(nb_call(j, &sx, &y), NB_OK);
+  tc_assert_error(NB_ERR_SHARDING, "a sharding constraint on mesh y=2 applied to values on x=2");
+  /* ... which on one device is the identity */
+  cr_assert_eq(nb_call(j, &x, &y), NB_OK, "%s", nb_last_error());
+  cr_assert_null(nb_mesh_of(y));
+  nb_fn_release(j);
+  nb_fn_release(f);
+  nb_mesh_release(m2);
+  nb_mesh_release(m);
+}

@@ -28,7 +28,6 @@
  * Values are always those of the unsharded program: only layouts change. */
 #include "sharding.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 
 /* shard.c: the record hook's result constraint (see there). */
@@ -270,9 +269,6 @@ static nb_status apply_node(gp *g, nbi_apply *a, int i) {
   nb_status st = nbi_apply_node(a, i);
   nbi_shard_record_out = NULL;
   nb_tensor *t = a->t[i];
-  if (getenv("GPDBG") && t)
-    fprintf(stderr, "apply v%d %s -> %s (AG so far %llu)\n", v, nbi_op_table[pn->op]->name,
-            nb_sharding_str(t), (unsigned long long)nb_get_stats().n_all_gather);
   if (!st && g->kind[v] == V_OPEN && g->multi[v] && t->mesh && nbi_sharding_of(t)->n_partial) {
     /* a partial sum several ops read is summed once, here */
     nbi_sharding full = *nbi_sharding_of(t);
@@ -308,16 +304,6 @@ nb_status nbi_sharded_apply_program(const char *fn, const nbi_program *p, nb_ten
     st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
   if (!st) st = init(&g, in);
   if (!st) st = fixed_point(&g);
-  if (!st && getenv("GPDBG"))
-    for (int v = 0; v < g.n_v; v++) {
-      char b[256];
-      nbi_sharding_format(g.m, &g.s[v], b, sizeof b);
-      int i = v - p->n_in;
-      fprintf(stderr, "v%d %s kind %d in(%d,%d) %s\n", v,
-              i >= 0 ? nbi_op_table[p->nodes[i].op]->name : "input", g.kind[v],
-              i >= 0 && p->nodes[i].n_in > 0 ? vref(&g, p->nodes[i].in[0]) : -9,
-              i >= 0 && p->nodes[i].n_in > 1 ? vref(&g, p->nodes[i].in[1]) : -9, b);
-    }
   nb_scope_begin();
   for (int i = 0; i < p->n_nodes && !st; i++)
     st = apply_node(&g, &a, i);
