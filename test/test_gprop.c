@@ -499,3 +499,32 @@ Test(gprop, errors) {
   nb_mesh_release(m2);
   nb_mesh_release(m);
 }
+
+/* Backward through a chain of views: h = exp(x) (8, 6); y = nb_shard(
+ * reshape(transpose(h), (2, 24)), m, "x, _"): y's rows are blocks of h's columns, so
+ * h comes out column-sharded and nothing moves. */
+static nb_status chain_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  out[0] = nb_exp(in[0]);
+  out[1] = nb_shard(nb_reshape(nb_transpose(out[0]), NB_SHAPE(2, 24)), u, "x, _");
+  return out[0] && out[1] ? NB_OK : nb_last_status();
+}
+
+Test(gprop, constraint_reaches_back_through_views) {
+  nb_mesh *m = nb_mesh_cpu("x=2");
+  uint64_t seed = 23;
+  nb_tensor *x = rand_f64(NB_SHAPE(8, 6), &seed), *ref[2], *got[2];
+  nb_fn *f = nb_fn_create(chain_body, m, 1, 2), *j = nb_jit(f);
+  cr_assert_eq(nb_call(f, &x, ref), NB_OK, "%s", nb_last_error());
+  nb_tensor *sx = sharded(x, m, "_, _");
+  nb_stats s0 = nb_get_stats();
+  cr_assert_eq(nb_call(j, &sx, got), NB_OK, "%s", nb_last_error());
+  ASSERT_SPEC(got[0], "[_, x]");
+  ASSERT_SPEC(got[1], "[x, _]");
+  ASSERT_COUNTS(since(&s0), 0, 0, 0, 0, 0);
+  assert_same(got[0], ref[0], 0);
+  assert_same(got[1], ref[1], 0);
+  nb_fn_release(j);
+  nb_fn_release(f);
+  nb_mesh_release(m);
+}
