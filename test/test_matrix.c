@@ -42,6 +42,8 @@
  * without a row fails; and every op has a batching rule. */
 #include "grad_check.h"
 
+#include "../src/sharding/sharding.h"
+
 TestSuite(matrix, .init = tc_setup, .fini = tc_teardown);
 
 #define MX_B 3        /* batch size of the vmap checks */
@@ -473,6 +475,30 @@ static nb_status b_custom_default_batching(void *u, nb_tensor *const *in, int n_
   return out[0] ? NB_OK : nb_last_status();
 }
 
+/* a sharding constraint (src/sharding/constraint.c): nb_reshard on a value
+ * of a mesh or traced under one (a call on sharded values); traced on one
+ * device, nb_shard on a mesh of the row's own (recorded; the identity where
+ * the program runs on one device); eager on one device it is left out
+ * (nb_shard would place the value on the mesh) */
+static nb_status b_sharding_constraint(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
+                                       int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  nb_tensor *y = nb_sin(in[0]), *z = y;
+  if (y && (nb_mesh_of(y) || ((y->flags & NBI_T_TRACED) && nbi_trace_mesh()))) {
+    z = nb_reshard(y, "a, _");
+  } else if (y && (y->flags & NBI_T_TRACED)) {
+    nb_mesh *m = nb_mesh_cpu("a=2");
+    z = nb_shard(y, m, "a, _");
+    nb_mesh_release(m);
+  }
+  out[0] = nb_mul(z, in[0]);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+/* a value laid out like another (how gradients under a trace mesh get their
+ * primals' layouts): x0 * x1 like x1 */
+MX_BODY(b_shard_like, nbi_shard_like(nb_mul(in[0], in[1]), in[1]))
+
 /* The table. X(name, body, flags, fields...): each row is a test name and the
  * designated initializers of its mx_row. Rows of the generic bodies: */
 #define MX_UN(X, name, flags, ...) X(name, mx_unary, flags, .un = nb_##name, IN(1, __VA_ARGS__))
@@ -629,7 +655,10 @@ static nb_status b_custom_default_batching(void *u, nb_tensor *const *in, int n_
   X(all_gather, b_all_gather, SM | MX_SMAP, IN(2, R(-1, 1, 4, 3), R(-1, 1, 4, 3)))                 \
   X(reduce_scatter, b_reduce_scatter, SM | MX_SMAP, IN(2, R(-1, 1, 4, 3), R(-1, 1, 4, 3)))         \
   X(all_to_all, b_all_to_all, SM | MX_SMAP, IN(2, R(-1, 1, 4, 4), R(-1, 1, 4, 4)))                 \
-  X(ppermute, b_ppermute, SM | MX_SMAP, IN(2, R(-1, 1, 4, 3), R(-1, 1, 4, 3)))
+  X(ppermute, b_ppermute, SM | MX_SMAP, IN(2, R(-1, 1, 4, 3), R(-1, 1, 4, 3)))                     \
+  /* sharding constraints */                                                                       \
+  X(sharding_constraint, b_sharding_constraint, SM, IN(1, X23))                                    \
+  X(shard_like, b_shard_like, SM, IN(2, X23, X23))
 
 #define MX_ENUM(name, ...) MX_ROW_##name,
 enum { MX_ROWS(MX_ENUM) MX_N_ROWS };

@@ -642,6 +642,7 @@ static void rb_op(rb *b, int op, const nbi_attrs *a, const nb_shape *in, int n_i
     return;
   case NBI_OP_IDENTITY:
   case NBI_OP_STOP_GRADIENT:
+  case NBI_OP_SHARD_CONSTRAINT: /* graph mode closes its result at the constraint */
     if (in[0].ndim != out->ndim) rb_fail(b, "identity changes the rank");
     rb_broadcast(b, in, 1, out, NULL);
     r->linear = NBI_LINEAR_UNARY;
@@ -651,6 +652,11 @@ static void rb_op(rb *b, int op, const nbi_attrs *a, const nb_shape *in, int n_i
 #undef NB_OP
     rb_broadcast(b, in, n_in, out, NULL);
     r->linear = op == NBI_OP_CAST ? NBI_LINEAR_NONE : ew_linear(op, a);
+    return;
+  case NBI_OP_SHARD_LIKE: /* g, x and the result share one layout, never partial */
+    if (n_in != 2 || !nbi_shape_eq(&in[0], out) || !nbi_shape_eq(&in[1], out))
+      rb_fail(b, "shard_like of different shapes");
+    rb_broadcast(b, in, 2, out, NULL);
     return;
   case NBI_OP_REDUCE_SUM:
     rb_reduce(b, in, out, (uint64_t)a->i[0], NBI_FACTOR_REDUCTION);

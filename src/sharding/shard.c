@@ -34,8 +34,15 @@ __attribute__((constructor)) static void install_hooks(void) {
   nbi_shard_hook = (nbi_shard_hooks){.record = hook_record,
                                      .gather = hook_gather,
                                      .release = hook_release,
-                                     .mesh_release = hook_mesh_release};
+                                     .mesh_release = hook_mesh_release,
+                                     .apply_program = nbi_sharded_apply_program};
 }
+
+/* Graph mode (gprop.c) sets this around the record of a program node: the
+ * sharding it chose for the node's result, which the record hook passes to
+ * propagation as the result's constraint. The hook takes it (clears it) on
+ * entry, so nothing it records itself sees it. */
+_Thread_local const nbi_sharding *nbi_shard_record_out;
 
 /* A logical tensor on m with sharding s over phys (each entry retained). */
 nb_tensor *nbi_sharded_make(const char *fn, nb_mesh *m, const nbi_sharding *s,
@@ -77,16 +84,15 @@ static nb_tensor *cut(nb_tensor *src, const int64_t *from, const nb_shape *sh,
   return whole ? src : nb_slice(src, a, b, one);
 }
 
-/* Whether device d's block under `to` lies inside its block under `from`. */
+/* Whether device d's block under `to` lies inside its block under `from`
+ * along dimension k. */
 static bool block_inside(const nb_mesh *m, const nbi_sharding *from, const nbi_sharding *to,
-                         const nb_shape *shape, int d) {
+                         const nb_shape *shape, int d, int k) {
   nb_shape fs, ts;
   int64_t f0[NB_MAX_DIMS], t0[NB_MAX_DIMS];
   nbi_local_block(m, from, shape, d, &fs, f0);
   nbi_local_block(m, to, shape, d, &ts, t0);
-  for (int k = 0; k < shape->ndim; k++)
-    if (ts.dims[k] > 0 && (t0[k] < f0[k] || t0[k] + ts.dims[k] > f0[k] + fs.dims[k])) return false;
-  return true;
+  return ts.dims[k] == 0 || (t0[k] >= f0[k] && t0[k] + ts.dims[k] <= f0[k] + fs.dims[k]);
 }
 
 /* out[d] = device d's block under `to` cut from in[d] (its block under
@@ -261,7 +267,7 @@ static nb_status reshard_phys(const char *fn, const nb_mesh *m, nbi_sharding cur
     if (p == c->n) {
       bool inside = true;
       for (int d = 0; d < n && inside; d++)
-        inside = block_inside(m, &cur, to, shape, d);
+        inside = block_inside(m, &cur, to, shape, d, k);
       if (inside) continue;
       p = 0;
     }
@@ -355,6 +361,7 @@ nb_tensor *nb_shard(nb_tensor *t, nb_mesh *m, const char *spec) {
   }
   nbi_sharding s;
   if (nbi_sharding_parse(FN, m, spec, t->shape.ndim, false, &s)) return NULL;
+  if (t->flags & NBI_T_TRACED) return nbi_shard_constraint(FN, t, m, &s);
   if (t->mesh && t->mesh != m) { /* another mesh: through one tensor */
     nb_tensor *g = hook_gather(FN, t);
     return g ? nbi_shard_to(FN, g, m, &s) : NULL;
@@ -368,13 +375,16 @@ nb_tensor *nb_reshard(nb_tensor *t, const char *spec) {
     nbi_error(NB_ERR_NULL, "%s: %s is NULL", FN, !t ? "t" : "spec");
     return NULL;
   }
-  if (!t->mesh) {
+  /* a traced value: a constraint on the mesh of the sharded call being traced */
+  nb_mesh *m = t->mesh ? t->mesh : (t->flags & NBI_T_TRACED) ? nbi_trace_mesh() : NULL;
+  if (!m) {
     nbi_error(NB_ERR_SHARDING, "%s: the tensor is on no mesh (use nb_shard)", FN);
     return NULL;
   }
   nbi_sharding s;
-  if (nbi_sharding_parse(FN, t->mesh, spec, t->shape.ndim, false, &s)) return NULL;
-  return nbi_shard_to(FN, t, t->mesh, &s);
+  if (nbi_sharding_parse(FN, m, spec, t->shape.ndim, false, &s)) return NULL;
+  if (t->flags & NBI_T_TRACED) return nbi_shard_constraint(FN, t, m, &s);
+  return nbi_shard_to(FN, t, m, &s);
 }
 
 /* ---- assignment -------------------------------------------------------------------------- */
@@ -418,6 +428,9 @@ static nb_tensor *hook_gather(const char *fn, nb_tensor *t) {
 /* ---- ops on sharded tensors --------------------------------------------------------------- */
 static nb_tensor *hook_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in,
                               int n_in, const nbi_attrs *attrs) {
+  const nbi_sharding *want = nbi_shard_record_out;
+  nbi_shard_record_out = NULL;
+  if (want && want->ndim != shape->ndim) want = NULL;
   char fn[64];
   snprintf(fn, sizeof fn, "nb_%s", nbi_op_table[op]->name);
   nb_mesh *m = NULL;
@@ -453,7 +466,7 @@ static nb_tensor *hook_record(int op, nb_dtype dt, const nb_shape *shape, nb_ten
       target[k] = nbi_sharding_replicated(shapes[k].ndim);
     out_s = nbi_sharding_replicated(shape->ndim);
   } else if (!st) {
-    st = nbi_propagate(fn, m, rule, from, shapes, NULL, target, &out_s);
+    st = nbi_propagate(fn, m, rule, from, shapes, want, target, &out_s);
   }
   /* operands to their targets: phys + k n .. */
   for (int k = 0; k < n_in && !st; k++) {

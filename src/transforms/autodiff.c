@@ -7,10 +7,17 @@
  * argument, with a symbolic seed, then batch that derivative graph over the
  * basis with the vmap pass), and (4) returns the new graph's outputs. The outputs are ordinary
  * lazy tensors: realized when read, or traced again by an enclosing transform.
+ *
+ * Traced under a trace mesh (a call on sharded values, src/transforms/fn.c),
+ * each input cotangent of vjp / grad / value_and_grad is laid out like its
+ * primal (nbi_shard_like): graph-mode propagation then gives a replicated
+ * weight a replicated gradient (one all-reduce), a sharded one its layout.
  */
 #include "transforms.h"
 
 #include <stdlib.h>
+
+#include "../sharding/sharding.h"
 
 enum kind { K_VJP, K_JVP, K_GRAD, K_VALUE_AND_GRAD, K_JACREV, K_JACFWD };
 
@@ -83,6 +90,16 @@ static nb_status seed_like(const char *fn, const char *what, int k, nb_tensor *s
   return *out ? NB_OK : nb_last_status();
 }
 
+/* The cotangent g (NULL: zero) of primal alias x (the trace's identity of
+ * the value the caller passed), laid out like that value under a trace mesh:
+ * like the argument itself, not like the layout the alias may take inside
+ * the program. */
+static nb_tensor *cotangent_of(nb_tensor *g, nb_tensor *x) {
+  if (!g) g = nbi_zeros_like(x);
+  if (!g || !nbi_trace_mesh()) return g;
+  return nbi_shard_like(g, x->op == NBI_OP_IDENTITY && x->n_in == 1 ? x->in[0] : x);
+}
+
 /* ---- the bodies ------------------------------------------------------------------ */
 static nb_status body_vjp(const xform *x, nbi_trace *tr, nb_tensor *const *in, nb_tensor **out) {
   int n_in = tr->n_in, n_out = tr->n_out;
@@ -96,7 +113,7 @@ static nb_status body_vjp(const xform *x, nbi_trace *tr, nb_tensor *const *in, n
   for (int k = 0; k < n_out && !st; k++)
     out[k] = tr->y[k];
   for (int k = 0; k < n_in && !st; k++)
-    out[n_out + k] = g[n_out + k] ? g[n_out + k] : nbi_zeros_like(tr->x[k]);
+    if (!(out[n_out + k] = cotangent_of(g[n_out + k], tr->x[k]))) st = nb_last_status();
   nbi_sweep_free(&s);
   free(g);
   return st;
@@ -147,7 +164,7 @@ static nb_status body_grad(const xform *x, nbi_trace *tr, nb_tensor **out) {
   for (int k = 0; k < base && !st; k++)
     out[k] = tr->y[k];
   for (int a = 0; a < x->n_arg && !st; a++)
-    out[base + a] = g[a] ? g[a] : nbi_zeros_like(xs[a]);
+    if (!(out[base + a] = cotangent_of(g[a], xs[a]))) st = nb_last_status();
   free(xs);
   return st;
 }

@@ -3,6 +3,8 @@
 
 #include <stdlib.h>
 
+#include "../sharding/sharding.h"
+
 nb_fn *nbi_fn_make(const char *fn, nb_fn_body body, void *user, void (*destroy)(void *), int n_in,
                    int n_out) {
   nb_fn *f = calloc(1, sizeof *f);
@@ -46,15 +48,23 @@ int nb_fn_n_in(const nb_fn *f) { return f ? f->n_in : -1; }
 int nb_fn_n_out(const nb_fn *f) { return f ? f->n_out : -1; }
 
 /* A transform's function on sharded values: its program, traced on unsharded
- * placeholders of the inputs' logical shapes, applied to the sharded inputs,
- * so every op it records (VJP, JVP and batched ops included) is sharded by
- * per-op propagation (src/sharding). A user's body runs as it is: its ops
- * see the sharded values directly. */
+ * placeholders of the inputs' logical shapes (under nbi_trace_mesh: the
+ * inputs' mesh), applied to the sharded inputs by graph-mode propagation
+ * (src/sharding/gprop.c: a sharding for every value of the program, the
+ * constraints it holds honoured, then each op recorded per device). A user's
+ * body runs as it is: its ops see the sharded values directly. */
 static nb_status call_sharded(nb_fn *f, nb_tensor *const *in, nb_tensor **out) {
   nbi_program *prog;
   nb_tensor **capt;
   int n_capt;
+  /* traced under the inputs' mesh: nb_reshard of a traced value uses it,
+   * gradients are laid out like their primals (src/sharding/constraint.c) */
+  nb_mesh *old = nbi_trace_mesh(), *m = NULL;
+  for (int k = 0; k < f->n_in && !m; k++)
+    m = in[k]->mesh;
+  nbi_trace_mesh_set(m);
   nb_status st = nbi_trace_program_like("nb_call", f, in, &prog, &capt, &n_capt);
+  nbi_trace_mesh_set(old);
   if (st) return st;
   nb_tensor **args = malloc(sizeof *args * (size_t)(prog->n_in + 1));
   if (!args) st = nbi_error(NB_ERR_OOM, "nb_call: out of memory");

@@ -20,10 +20,17 @@
  * A program that captured a traced tensor (a closure over an enclosing
  * transform's value) is valid for this call only: it is applied and not
  * cached.
+ *
+ * A call on sharded values traces the jitted function into the caller's
+ * program (src/transforms/fn.c, call_sharded) under a trace mesh, which
+ * changes what f records (gradients laid out like their primals, nb_reshard
+ * of traced values): entries are keyed by that mesh too.
  */
 #include "transforms.h"
 
 #include <stdlib.h>
+
+#include "../sharding/sharding.h"
 
 #define JIT_CACHE 16
 
@@ -31,6 +38,7 @@ typedef struct jit_entry {
   nbi_program *prog; /* NULL: empty slot */
   nb_tensor **capt;  /* retained captures: the program's inputs after f's */
   int n_capt;
+  nb_mesh *mesh;  /* retained: the trace mesh it was traced under (NULL: none) */
   nbi_exec *exec; /* the program planned once for top-level calls (NULL: not yet) */
   int running;    /* calls of this entry in progress (a nested call may not evict it) */
   bool no_exec;   /* planning it failed: replay instead */
@@ -47,6 +55,7 @@ static const char *FN = "nb_jit";
 
 static void entry_clear(jit_entry *e) {
   nbi_exec_free(e->exec);
+  if (e->mesh) nb_mesh_release(e->mesh);
   nbi_program_release(e->prog);
   nbi_release_all(e->capt, e->n_capt);
   *e = (jit_entry){0};
@@ -68,8 +77,10 @@ static bool matches(const nbi_program *p, nb_tensor *const *in, int n_in) {
 }
 
 static jit_entry *lookup(jit_fn *j, nb_tensor *const *in) {
+  nb_mesh *m = nbi_trace_mesh();
   for (int i = 0; i < JIT_CACHE; i++)
-    if (j->cache[i].prog && matches(j->cache[i].prog, in, j->f->n_in)) return &j->cache[i];
+    if (j->cache[i].prog && j->cache[i].mesh == m && matches(j->cache[i].prog, in, j->f->n_in))
+      return &j->cache[i];
   return NULL;
 }
 
@@ -136,6 +147,7 @@ static nb_status jit_body(void *user, nb_tensor *const *in, int n_in, nb_tensor 
   if (!e) {
     st = nbi_trace_program_like(FN, j->f, in, &fresh.prog, &fresh.capt, &fresh.n_capt);
     if (st) return st;
+    if (nbi_trace_mesh()) fresh.mesh = nb_mesh_retain(nbi_trace_mesh());
     bool cacheable = true;
     for (int c = 0; c < fresh.n_capt; c++)
       if (fresh.capt[c]->flags & NBI_T_TRACED) cacheable = false;
