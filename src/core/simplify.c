@@ -79,6 +79,8 @@ static nb_tensor *noop_source(const pass *s, const nb_tensor *t) {
   switch (t->op) {
   case NBI_OP_IDENTITY:
   case NBI_OP_STOP_GRADIENT:
+  case NBI_OP_SHARD_CONSTRAINT: /* layouts only: on one device, identities */
+  case NBI_OP_SHARD_LIKE:
   case NBI_OP_BROADCAST_TO: return same_type(t, x) ? x : NULL;
   case NBI_OP_CONCAT: return t->n_in == 1 && same_type(t, x) ? x : NULL;
   case NBI_OP_RESHAPE:

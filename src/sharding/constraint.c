@@ -63,8 +63,6 @@ static cpayload *cpayload_new(const char *fn, nb_mesh *m, const nbi_sharding *s)
   return c;
 }
 
-/* A SHARD_CONSTRAINT program node's sharding and mesh (graph mode, gprop.c). */
-const nbi_sharding *nbi_shard_constraint_of(const nbi_prog_node *pn, nb_mesh **m);
 const nbi_sharding *nbi_shard_constraint_of(const nbi_prog_node *pn, nb_mesh **m) {
   const cpayload *c = (const cpayload *)pn->payload;
   *m = c->mesh;

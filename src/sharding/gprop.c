@@ -30,10 +30,6 @@
 
 #include <stdlib.h>
 
-/* shard.c: the record hook's result constraint (see there). */
-extern _Thread_local const nbi_sharding *nbi_shard_record_out;
-/* constraint.c: a SHARD_CONSTRAINT node's sharding and mesh. */
-const nbi_sharding *nbi_shard_constraint_of(const nbi_prog_node *pn, nb_mesh **m);
 
 enum { V_NONE, V_OPEN, V_CLOSED };
 enum { MAX_ROUNDS = 64 };

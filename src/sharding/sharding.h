@@ -276,6 +276,12 @@ nb_status nbi_smap_exec(const char *fn, nb_mesh *m, const nbi_program *prog, nb_
  * sharding as the result's constraint. */
 nb_status nbi_sharded_apply_program(const char *fn, const nbi_program *p, nb_tensor *const *in,
                                     nb_tensor **out);
+/* The sharding the next op recorded on sharded inputs must give its result
+ * (graph mode sets it around each node's record; shard.c's record hook takes
+ * it, clearing it, and passes it to nbi_propagate as out_constraint). */
+extern _Thread_local const nbi_sharding *nbi_shard_record_out;
+/* A SHARD_CONSTRAINT program node's sharding and mesh (*m). */
+const nbi_sharding *nbi_shard_constraint_of(const nbi_prog_node *pn, nb_mesh **m);
 /* The mesh of the call on sharded values being traced on this thread (set by
  * call_sharded around its trace; NULL otherwise): nb_reshard of a traced
  * value uses it, and gradients traced under it are laid out like their
