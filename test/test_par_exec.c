@@ -1,7 +1,8 @@
 /* test/test_par_exec.c — independent steps of a plan run at once on the
- * OpenMP pool (src/core/graph.c, "parallel steps"): sharded computations on
- * virtual CPU meshes give the same bits, the same kernel counts and the same
- * errors as the serial order (NABLA_SERIAL=1), and parallel levels did run. */
+ * OpenMP pool (src/core/graph.c, "parallel steps", NABLA_PAR_STEPS=1): sharded
+ * computations on virtual CPU meshes give the same bits, the same kernel
+ * counts and the same errors as the serial order (NABLA_PAR_STEPS=0), and
+ * parallel levels did run. */
 #include "common.h"
 
 #include <stdio.h>
@@ -15,12 +16,7 @@ static bool mesh_2d; /* the mesh compare() runs on has two axes */
 /* Builds the computation's outputs on mesh m (inputs from fixed seeds). */
 typedef int (*build_fn)(nb_mesh *m, nb_tensor **out);
 
-static void set_serial(bool on) {
-  if (on)
-    setenv("NABLA_SERIAL", "1", 1);
-  else
-    unsetenv("NABLA_SERIAL");
-}
+static void set_serial(bool on) { setenv("NABLA_PAR_STEPS", on ? "0" : "1", 1); }
 
 /* A [r, c] f32 tensor of seeded values in [-1, 1), placed by spec on m. */
 static nb_tensor *input(nb_mesh *m, int64_t r, int64_t c, uint64_t seed, const char *spec) {
@@ -63,7 +59,7 @@ static uint64_t compare(const char *ms, build_fn build) {
     nb_scope_end();
     nb_mesh_release(m);
   }
-  unsetenv("NABLA_SERIAL");
+  unsetenv("NABLA_PAR_STEPS");
   cr_assert_eq(n[0], n[1]);
   cr_expect_eq(kernels[0], kernels[1], "%s: kernels_run serial %llu, parallel %llu", ms,
                (unsigned long long)kernels[0], (unsigned long long)kernels[1]);
@@ -209,7 +205,7 @@ static nb_status take_error(bool serial, char *msg, size_t cap, uint64_t *kernel
   nb_clear_error();
   nb_scope_end();
   nb_mesh_release(m);
-  unsetenv("NABLA_SERIAL");
+  unsetenv("NABLA_PAR_STEPS");
   return st;
 }
 

@@ -712,7 +712,9 @@ static void step_done(const plan *p, graph *g, int c) {
  *    calling thread after the window: the steps before the failure.
  * Small kernels do not open OpenMP regions and reductions fold in a fixed
  * order, so the values are those of the serial run, bit for bit.
- * NABLA_SERIAL=1 (read at every realization) turns windows off. */
+ * Off unless NABLA_PAR_STEPS=1 (read at every realization): on the 2-core
+ * machine this was measured on, waking the pool for a level cost more than
+ * it saved (a Megatron MLP step on x=4: 0.89-0.98x; bench_sharding). */
 enum { PAR_WINDOW = 64 };
 
 /* Levels run in parallel so far (by the calling thread; for test_par_exec.c,
@@ -722,8 +724,8 @@ uint64_t nbi_par_levels_run(void);
 uint64_t nbi_par_levels_run(void) { return par_levels; }
 
 static bool par_enabled(void) {
-  const char *s = getenv("NABLA_SERIAL");
-  return !(s && s[0] == '1');
+  const char *s = getenv("NABLA_PAR_STEPS");
+  return s && s[0] == '1';
 }
 
 /* Ops whose CPU kernel reads its operand views and writes its fresh output
