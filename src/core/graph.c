@@ -692,12 +692,13 @@ static void step_done(const plan *p, graph *g, int c) {
  *  - Its steps get levels: a step runs after the window's steps it reads
  *    (inputs as the run reads them: aliases swapped to their sources) and,
  *    when it writes over an input in place, after the window's other readers
- *    of that input. Each level with two or more steps runs as one
- *    `omp parallel for` (dynamic, one step per iteration), each thread's
- *    nested regions limited to one thread (omp_set_num_threads(1): kernels
- *    and oneDNN then run sequentially; OpenBLAS stays single-threaded at
- *    these sizes); a level of one step runs on the calling thread. A window
- *    with no level of two steps runs in order, as before.
+ *    of that input. Each level of two or more steps and at least NBI_PAR_MIN
+ *    work in all (par_work) runs as one `omp parallel for` (dynamic, one
+ *    step per iteration), each thread's nested regions limited to one thread
+ *    (omp_set_num_threads(1): kernels and oneDNN then run sequentially;
+ *    OpenBLAS stays single-threaded at these sizes); other levels run on
+ *    the calling thread. A window with no such level runs in order, as
+ *    before.
  *  - In-place buffers are taken on the calling thread before each level;
  *    the bookkeeping of the window's steps (kept aliases sharing storage,
  *    frees) runs after the window, in order: frees only come later (a step
@@ -878,7 +879,8 @@ static nb_status plan_exec(const plan *p, graph *g, nb_tensor **cn_buf) {
   swap_inputs(p, g, true);
   share_sources(p, g, 0);
   /* parallel windows (above): not inside an OpenMP region (a caller's), nor
-   * with one thread; cn[serial..] up to position serial_end run in order */
+   * with one thread; positions up to serial_end (a window found to have no
+   * parallel level) run in order without looking again */
   bool par = p->n_run > 1 && !omp_in_parallel() && omp_get_max_threads() > 1 && par_enabled();
   int serial_end = -1, level[PAR_WINDOW];
   if (par) nbi_cpu_init(); /* the pool the windows use has FTZ/DAZ set */
