@@ -25,6 +25,10 @@
 
 #include "bench_common.h"
 
+/* src/core/nbi.h: the parallel-steps switch (internal; this bench links the
+ * static library to measure both settings in one run) */
+void nbi_set_par_steps(bool on);
+
 static double run(nb_tensor *a, nb_tensor *b, nb_mesh *m, int reps) {
   nb_scope_begin();
   nb_tensor *sa = m ? nb_shard(a, m, "x, _") : a, *sb = m ? nb_shard(b, m, "_, _") : b;
@@ -70,7 +74,7 @@ static void run_mlp(int reps, double *med) {
   double *t = malloc(sizeof(double) * 2 * (size_t)reps);
   for (int r = -2; r < 2 * reps; r++) {
     int serial = (r + 2) % 2;
-    setenv("NABLA_PAR_STEPS", serial ? "0" : "1", 1);
+    nbi_set_par_steps(!serial);
     nb_scope_begin();
     double t0 = now_s();
     nb_tensor *o[3];
@@ -78,7 +82,7 @@ static void run_mlp(int reps, double *med) {
     if (r >= 0) t[serial * reps + r / 2] = now_s() - t0;
     nb_scope_end();
   }
-  unsetenv("NABLA_PAR_STEPS");
+  nbi_set_par_steps(false);
   med[0] = nb_last_status() == NB_OK ? median(t, reps) : -1;
   med[1] = nb_last_status() == NB_OK ? median(t + reps, reps) : -1;
   free(t);

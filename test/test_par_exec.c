@@ -7,8 +7,6 @@
 
 #include <stdio.h>
 
-uint64_t nbi_par_levels_run(void); /* src/core/graph.c */
-
 enum { MAX_OUT = 8 };
 
 static bool mesh_2d; /* the mesh compare() runs on has two axes */
@@ -16,7 +14,7 @@ static bool mesh_2d; /* the mesh compare() runs on has two axes */
 /* Builds the computation's outputs on mesh m (inputs from fixed seeds). */
 typedef int (*build_fn)(nb_mesh *m, nb_tensor **out);
 
-static void set_serial(bool on) { setenv("NABLA_PAR_STEPS", on ? "0" : "1", 1); }
+static void set_serial(bool on) { nbi_set_par_steps(!on); }
 
 /* A [r, c] f32 tensor of seeded values in [-1, 1), placed by spec on m. */
 static nb_tensor *input(nb_mesh *m, int64_t r, int64_t c, uint64_t seed, const char *spec) {
@@ -59,7 +57,7 @@ static uint64_t compare(const char *ms, build_fn build) {
     nb_scope_end();
     nb_mesh_release(m);
   }
-  unsetenv("NABLA_PAR_STEPS");
+  nbi_set_par_steps(false);
   cr_assert_eq(n[0], n[1]);
   cr_expect_eq(kernels[0], kernels[1], "%s: kernels_run serial %llu, parallel %llu", ms,
                (unsigned long long)kernels[0], (unsigned long long)kernels[1]);
@@ -205,7 +203,7 @@ static nb_status take_error(bool serial, char *msg, size_t cap, uint64_t *kernel
   nb_clear_error();
   nb_scope_end();
   nb_mesh_release(m);
-  unsetenv("NABLA_PAR_STEPS");
+  nbi_set_par_steps(false);
   return st;
 }
 

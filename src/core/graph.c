@@ -713,21 +713,23 @@ static void step_done(const plan *p, graph *g, int c) {
  *    calling thread after the window: the steps before the failure.
  * Small kernels do not open OpenMP regions and reductions fold in a fixed
  * order, so the values are those of the serial run, bit for bit.
- * Off unless NABLA_PAR_STEPS=1 (read at every realization): on the 2-core
+ * Off unless NABLA_PAR_STEPS=1 (or nbi_set_par_steps): on the 2-core
  * machine this was measured on, waking the pool for a level cost more than
  * it saved (a Megatron MLP step on x=4: 0.89-0.98x; bench_sharding). */
 enum { PAR_WINDOW = 64 };
 
-/* Levels run in parallel so far (by the calling thread; for test_par_exec.c,
- * which declares it). */
-static uint64_t par_levels;
-uint64_t nbi_par_levels_run(void);
+static uint64_t par_levels; /* levels run in parallel so far (nbi.h) */
 uint64_t nbi_par_levels_run(void) { return par_levels; }
 
-static bool par_enabled(void) {
-  const char *s = getenv("NABLA_PAR_STEPS");
-  return s && s[0] == '1';
+static int par_steps = -1; /* -1: not read from the environment yet */
+bool nbi_par_steps_enabled(void) {
+  if (par_steps < 0) {
+    const char *s = getenv("NABLA_PAR_STEPS");
+    par_steps = s && s[0] == '1';
+  }
+  return par_steps;
 }
+void nbi_set_par_steps(bool on) { par_steps = on; }
 
 /* Ops whose CPU kernel reads its operand views and writes its fresh output
  * only (no nested realization, no global state but the locked buffer cache
@@ -881,7 +883,8 @@ static nb_status plan_exec(const plan *p, graph *g, nb_tensor **cn_buf) {
   /* parallel windows (above): not inside an OpenMP region (a caller's), nor
    * with one thread; positions up to serial_end (a window found to have no
    * parallel level) run in order without looking again */
-  bool par = p->n_run > 1 && !omp_in_parallel() && omp_get_max_threads() > 1 && par_enabled();
+  bool par =
+      p->n_run > 1 && !omp_in_parallel() && omp_get_max_threads() > 1 && nbi_par_steps_enabled();
   int serial_end = -1, level[PAR_WINDOW];
   if (par) nbi_cpu_init(); /* the pool the windows use has FTZ/DAZ set */
   for (int c = 0; c < p->n_run && !st; c++) {
