@@ -43,3 +43,101 @@ Test(review_3, jit_in_bodies_on_two_meshes) {
   }
   nb_fn_release(body), nb_fn_release(jg), nb_fn_release(g);
 }
+
+/* ---- probes ---- */
+/* out0: sum over the group of sum(x^2) (invariant); out1: its int cast (invariant) */
+static nb_status int_out_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
+                              int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_all_reduce(nb_sum(nb_square(in[0]), NB_ALL, false), "x", NB_REDUCE_SUM);
+  out[1] = nb_cast(out[0], NB_I32);
+  return out[0] && out[1] ? NB_OK : nb_last_status();
+}
+
+static nb_status first_of(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  nb_tensor *o[2];
+  nb_status st = nb_call((nb_fn *)u, in, o);
+  out[0] = st ? NULL : o[0];
+  return st;
+}
+
+Test(review_3, probe_grad_with_an_int_output) {
+  nb_mesh *m = nb_mesh_cpu("x=2");
+  nb_fn *body = nb_fn_create(int_out_body, NULL, 1, 2);
+  nb_fn *f = nb_shard_map(body, m, (const char *[]){"x"}, (const char *[]){"", ""});
+  nb_fn *l = nb_fn_create(first_of, f, 1, 1), *gl = nb_grad(l, NB_AXES(0));
+  double v[4] = {1, -2, 3, 0.5}, ref[4];
+  for (int k = 0; k < 4; k++)
+    ref[k] = 2 * v[k];
+  nb_tensor *x = tc_tensor(v, NB_SHAPE(4), NB_F64), *g;
+  cr_assert_eq(nb_call(gl, &x, &g), NB_OK, "%s", nb_last_error());
+  tc_assert_close(g, ref, NB_SHAPE(4));
+  nb_fn *jl = nb_jvp_fn(f);
+  nb_tensor *a[2] = {x, x}, *o[4];
+  cr_assert_eq(nb_call(jl, a, o), NB_OK, "%s", nb_last_error());
+  double t = 0;
+  for (int k = 0; k < 4; k++)
+    t += 2 * v[k] * v[k];
+  tc_assert_close(o[2], &t, NB_SHAPE());
+  nb_fn_release(jl), nb_fn_release(gl), nb_fn_release(l), nb_fn_release(f), nb_fn_release(body);
+  nb_mesh_release(m);
+}
+
+/* y = x * w (w unbatched) + c (a capture), per device; out sharded like x */
+static nb_tensor *cap;
+static nb_status mulw_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_add(nb_mul(in[0], in[1]), nb_sum(cap, NB_ALL, false));
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(review_3, probe_vmap_unbatched_input_and_capture) {
+  nb_mesh *m = nb_mesh_cpu("x=2");
+  double cv[2] = {0.25, 0.5};
+  cap = tc_tensor(cv, NB_SHAPE(2), NB_F64);
+  nb_fn *body = nb_fn_create(mulw_body, NULL, 2, 1);
+  nb_fn *f = nb_shard_map(body, m, (const char *[]){"x", "x"}, (const char *[]){"x"});
+  nb_fn *vf = nb_vmap(f, (int[]){0, NB_NOT_MAPPED}, NULL);
+  cr_assert(vf, "%s", nb_last_error());
+  double xv[12], wv[4] = {1, 2, 3, 4}, ref[12];
+  for (int k = 0; k < 12; k++)
+    xv[k] = k - 5, ref[k] = xv[k] * wv[k % 4] + 0.75;
+  nb_tensor *in[2] = {tc_tensor(xv, NB_SHAPE(3, 4), NB_F64), tc_tensor(wv, NB_SHAPE(4), NB_F64)},
+            *y;
+  cr_assert_eq(nb_call(vf, in, &y), NB_OK, "%s", nb_last_error());
+  tc_assert_close(y, ref, NB_SHAPE(3, 4));
+  nb_fn_release(vf), nb_fn_release(f), nb_fn_release(body);
+  nb_mesh_release(m);
+}
+
+static nb_status no_in_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)in, (void)n_in, (void)n_out;
+  out[0] = nb_mul_scalar(cap, 2);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(review_3, probe_no_inputs_and_bad_specs) {
+  nb_mesh *m = nb_mesh_cpu("x=2");
+  double cv[2] = {0.25, 0.5}, ref[2] = {0.5, 1};
+  cap = tc_tensor(cv, NB_SHAPE(2), NB_F64);
+  nb_fn *body = nb_fn_create(no_in_body, NULL, 0, 1);
+  nb_fn *f = nb_shard_map(body, m, NULL, (const char *[]){""});
+  nb_tensor *y;
+  cr_assert_eq(nb_call(f, NULL, &y), NB_OK, "%s", nb_last_error());
+  tc_assert_close(y, ref, NB_SHAPE(2));
+  nb_fn_release(f);
+  f = nb_shard_map(body, m, NULL, (const char *[]){"x, x"});
+  cr_assert_eq(nb_call(f, NULL, &y), NB_ERR_SHARDING);
+  tc_assert_error(NB_ERR_SHARDING, "nb_shard_map");
+  nb_fn_release(f);
+  f = nb_shard_map(body, m, NULL, (const char *[]){"zz"});
+  cr_assert_eq(nb_call(f, NULL, &y), NB_ERR_SHARDING);
+  tc_assert_error(NB_ERR_SHARDING, "nb_shard_map");
+  nb_fn_release(f);
+  f = nb_shard_map(body, m, NULL, (const char *[]){"partial(zz)"});
+  cr_assert_eq(nb_call(f, NULL, &y), NB_ERR_SHARDING);
+  tc_assert_error(NB_ERR_SHARDING, "nb_shard_map");
+  nb_fn_release(f), nb_fn_release(body);
+  nb_mesh_release(m);
+}
