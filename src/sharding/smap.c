@@ -94,18 +94,6 @@ static nb_status check_nested(const char *fn, const nbi_program *p, int top_op, 
   return NB_OK;
 }
 
-/* The mesh axes (bitmask) a sharding names: its dimensions' and its partial
- * sums' (sub-axes count as their axis). */
-static uint32_t named_axes(const nbi_sharding *s) {
-  uint32_t v = 0;
-  for (int k = 0; k < s->ndim; k++)
-    for (int i = 0; i < s->dim[k].n; i++)
-      v |= 1u << s->dim[k].ax[i].axis;
-  for (int i = 0; i < s->n_partial; i++)
-    v |= 1u << s->partial[i].axis;
-  return v;
-}
-
 static uint32_t ref_var(const uint32_t *var_in, const uint32_t *var, int32_t r) {
   return r >= 0 ? var[r] : var_in[-1 - r];
 }
@@ -206,7 +194,7 @@ static nb_status bind_inputs(run *r, nb_tensor *const *in, uint32_t *var_in) {
     if (x->dtype != p->in_dtype[k])
       return nbi_error(NB_ERR_DTYPE, "%s: input %d is %s but the body takes %s", r->fn, k,
                        nb_dtype_name(x->dtype), nb_dtype_name(p->in_dtype[k]));
-    var_in[k] = x->mesh ? named_axes(nbi_sharding_of(x)) : 0;
+    var_in[k] = x->mesh ? nbi_sharding_axes(nbi_sharding_of(x), true) : 0;
     for (int d = 0; d < r->nd; d++) {
       nb_tensor *v = x->mesh ? x->phys[d] : x;
       if (!nbi_shape_eq(&v->shape, &p->in_shape[k]))
@@ -243,7 +231,7 @@ nb_status nbi_smap_exec(const char *fn, nb_mesh *m, const nbi_program *prog, nb_
     if (s->ndim != prog->out_shape[j].ndim)
       st = nbi_error(NB_ERR_SHARDING, "%s: output %d has %d dims but its sharding %d", fn, j,
                      prog->out_shape[j].ndim, s->ndim);
-    uint32_t extra = st ? 0 : ref_var(var_in, var, prog->out[j]) & ~named_axes(s);
+    uint32_t extra = st ? 0 : ref_var(var_in, var, prog->out[j]) & ~nbi_sharding_axes(s, true);
     for (int a = 0; a < m->n_axes && extra && !st; a++)
       if (extra & (1u << a))
         st = nbi_error(NB_ERR_SHARDING,
