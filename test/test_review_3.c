@@ -46,8 +46,7 @@ Test(review_3, jit_in_bodies_on_two_meshes) {
 
 /* ---- probes ---- */
 /* out0: sum over the group of sum(x^2) (invariant); out1: its int cast (invariant) */
-static nb_status int_out_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
-                              int n_out) {
+static nb_status int_out_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
   (void)u, (void)n_in, (void)n_out;
   out[0] = nb_all_reduce(nb_sum(nb_square(in[0]), NB_ALL, false), "x", NB_REDUCE_SUM);
   out[1] = nb_cast(out[0], NB_I32);
@@ -139,5 +138,60 @@ Test(review_3, probe_no_inputs_and_bad_specs) {
   cr_assert_eq(nb_call(f, NULL, &y), NB_ERR_SHARDING);
   tc_assert_error(NB_ERR_SHARDING, "nb_shard_map");
   nb_fn_release(f), nb_fn_release(body);
+  nb_mesh_release(m);
+}
+
+/* y = sum over a of sum(x^2) (x's rows over a): invariant over a and b */
+static nb_status sq_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  nb_tensor *one = nb_full(NB_SHAPE(2), 1.0, NB_F64); /* a constant of the body */
+  out[0] = nb_add(nb_all_reduce(nb_sum(nb_square(in[0]), NB_ALL, false), "a", NB_REDUCE_SUM),
+                  nb_sum(nb_all_reduce(one, "a,b", NB_REDUCE_SUM), NB_ALL, false));
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(review_3, probe_grad_partial_and_invariant_on_two_axes) {
+  nb_mesh *m = nb_mesh_cpu("a=2,b=2");
+  nb_fn *body = nb_fn_create(sq_body, NULL, 1, 1);
+  double v[8], ref[8], s = 0;
+  for (int k = 0; k < 8; k++)
+    v[k] = 0.5 * k - 1, s += v[k] * v[k];
+  nb_tensor *x = tc_tensor(v, NB_SHAPE(4, 2), NB_F64), *y, *g;
+  for (int c = 0; c < 2; c++) {
+    /* "" : y; "partial(b)": the sum of y over b, 2 y */
+    double k = c == 0 ? 1 : 2, val = k * (s + 8);
+    nb_fn *f = nb_shard_map(body, m, (const char *[]){"a, _"},
+                            (const char *[]){c == 0 ? "" : "partial(b)"});
+    nb_fn *gf = nb_grad(f, NB_AXES(0));
+    cr_assert_eq(nb_call(f, &x, &y), NB_OK, "%s", nb_last_error());
+    tc_assert_close(y, &val, NB_SHAPE());
+    cr_assert_eq(nb_call(gf, &x, &g), NB_OK, "%s", nb_last_error());
+    for (int i = 0; i < 8; i++)
+      ref[i] = 2 * k * v[i];
+    tc_assert_close(g, ref, NB_SHAPE(4, 2));
+    nb_fn_release(gf), nb_fn_release(f);
+  }
+  nb_fn_release(body);
+  nb_mesh_release(m);
+}
+
+static nb_status varying_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_mul_scalar(in[0], 2); /* varies over x, out spec "_" */
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(review_3, probe_variance_error_under_jit_and_grad) {
+  nb_mesh *m = nb_mesh_cpu("x=2");
+  nb_fn *body = nb_fn_create(varying_body, NULL, 1, 1);
+  nb_fn *f = nb_shard_map(body, m, (const char *[]){"x"}, (const char *[]){"_"});
+  nb_fn *jf = nb_jit(f);
+  double v[4] = {1, 2, 3, 4};
+  nb_tensor *x = tc_tensor(v, NB_SHAPE(4), NB_F64), *y;
+  cr_assert_eq(nb_call(f, &x, &y), NB_ERR_SHARDING);
+  tc_assert_error(NB_ERR_SHARDING, "varies over mesh axis x");
+  cr_assert_eq(nb_call(jf, &x, &y), NB_ERR_SHARDING);
+  tc_assert_error(NB_ERR_SHARDING, "varies over mesh axis x");
+  nb_fn_release(jf), nb_fn_release(f), nb_fn_release(body);
   nb_mesh_release(m);
 }
