@@ -195,3 +195,39 @@ Test(review_3, probe_variance_error_under_jit_and_grad) {
   nb_fn_release(jf), nb_fn_release(f), nb_fn_release(body);
   nb_mesh_release(m);
 }
+
+/* ---- shard_maps nested deeper than the mesh stack holds ---- */
+typedef struct nest {
+  nb_mesh *m;
+  int depth;
+} nest;
+
+static nb_status nested_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  nest *c = u;
+  if (c->depth == 0) {
+    out[0] = nb_add(in[0], nb_axis_index("x") ? in[0] : NULL);
+    return out[0] ? NB_OK : nb_last_status();
+  }
+  nest inner = {c->m, c->depth - 1};
+  nb_fn *body = nb_fn_create(nested_body, &inner, 1, 1);
+  nb_fn *f = nb_shard_map(body, c->m, (const char *[]){"_"}, (const char *[]){"_"});
+  nb_status st = nb_call(f, in, out);
+  nb_fn_release(f), nb_fn_release(body);
+  return st;
+}
+
+Test(review_3, shard_maps_nested_too_deep_fail) {
+  nb_mesh *m = nb_mesh_cpu("x=1");
+  double v[2] = {1, 2};
+  nb_tensor *x = tc_tensor(v, NB_SHAPE(2), NB_F64), *y;
+  nest c = {m, 40};
+  nb_fn *body = nb_fn_create(nested_body, &c, 1, 1);
+  cr_assert_neq(nb_call(body, &x, &y), NB_OK);
+  tc_assert_error(NB_ERR_SHARDING, "nested more than");
+  /* the stack is whole again: a collective outside a body is refused */
+  cr_assert_null(nb_axis_index("x"));
+  tc_assert_error(NB_ERR_SHARDING, "only inside an nb_shard_map body");
+  nb_fn_release(body);
+  nb_mesh_release(m);
+}

@@ -182,7 +182,7 @@ static nb_status run_body(nb_mesh *m, nb_fn *f, nb_tensor *const *xs, const char
   nbi_program *prog;
   nb_tensor **capt;
   int n_capt;
-  nbi_smap_push(m);
+  cr_assert_eq(nbi_smap_push("test", m), NB_OK);
   nb_status st = nbi_trace_program("test_smap", f, ls, dts, &prog, &capt, &n_capt);
   nbi_smap_pop();
   cr_assert_null(nbi_smap_mesh());
@@ -548,7 +548,7 @@ Test(smap, argument_errors) {
   nb_scope_begin();
   nb_tensor *x = nb_zeros(NB_SHAPE(4, 6), NB_F32);
   nb_tensor *xi = nb_zeros(NB_SHAPE(4, 6), NB_I32);
-  nbi_smap_push(m);
+  cr_assert_eq(nbi_smap_push("test", m), NB_OK);
   cr_assert_eq(nbi_smap_mesh(), m);
   /* axes text */
   cr_assert_null(nb_all_reduce(NULL, "dp", NB_REDUCE_SUM));
@@ -1154,7 +1154,7 @@ Test(smap, kernel_refuses_outside_the_interpreter) {
   nbi_program *prog;
   nb_tensor **capt;
   int n_capt;
-  nbi_smap_push(m);
+  cr_assert_eq(nbi_smap_push("test", m), NB_OK);
   cr_assert_eq(
       nbi_trace_program("test", ps, &NB_SHAPE(3), &(nb_dtype){NB_F32}, &prog, &capt, &n_capt),
       NB_OK, "%s", nb_last_error());
@@ -1198,7 +1198,7 @@ Test(smap, identity_body_and_exec_errors) {
   nbi_program *prog;
   nb_tensor **capt;
   int n_capt;
-  nbi_smap_push(m);
+  cr_assert_eq(nbi_smap_push("test", m), NB_OK);
   cr_assert_eq(
       nbi_trace_program("test", f, &NB_SHAPE(2, 3), &(nb_dtype){NB_F64}, &prog, &capt, &n_capt),
       NB_OK);

@@ -229,7 +229,7 @@ const nbi_sharding *nbi_sharding_of(const nb_tensor *t);
  * While an nb_shard_map body is traced (or a transform of it: its VJP, JVP,
  * batching), its mesh is pushed on this thread's stack; the collective ops
  * (src/ops/collective.c) record only inside one and name axes of it. */
-void nbi_smap_push(nb_mesh *m);
+nb_status nbi_smap_push(const char *fn, nb_mesh *m); /* NB_ERR_SHARDING when full: no pop */
 void nbi_smap_pop(void);
 nb_mesh *nbi_smap_mesh(void); /* the innermost, or NULL */
 

@@ -27,23 +27,17 @@
 /* ---- the mesh stack ------------------------------------------------------------ */
 #define SMAP_DEPTH 32
 static _Thread_local nb_mesh *smap_stack[SMAP_DEPTH];
-static _Thread_local int smap_depth;    /* entries in use */
-static _Thread_local int smap_overflow; /* pushes beyond SMAP_DEPTH (not stored) */
+static _Thread_local int smap_depth; /* entries in use */
 
-void nbi_smap_push(nb_mesh *m) {
-  if (smap_depth == SMAP_DEPTH) {
-    if (!smap_overflow++)
-      nbi_error(NB_ERR_SHARDING, "nb_shard_map: bodies nested more than %d deep", SMAP_DEPTH);
-    return;
-  }
+nb_status nbi_smap_push(const char *fn, nb_mesh *m) {
+  if (smap_depth == SMAP_DEPTH)
+    return nbi_error(NB_ERR_SHARDING, "%s: bodies nested more than %d deep", fn, SMAP_DEPTH);
   smap_stack[smap_depth++] = m;
+  return NB_OK;
 }
 
 void nbi_smap_pop(void) {
-  if (smap_overflow > 0)
-    smap_overflow--;
-  else if (smap_depth > 0)
-    smap_depth--;
+  if (smap_depth > 0) smap_depth--;
 }
 
 nb_mesh *nbi_smap_mesh(void) { return smap_depth > 0 ? smap_stack[smap_depth - 1] : NULL; }

@@ -258,8 +258,7 @@ static nb_status smap_body(void *user, nb_tensor *const *in, int n_in, nb_tensor
     g = s->ct_scale ? nbi_fn_make(FN, scaled_body, (void *)s, NULL, s->n_in, s->n_out) : s->f;
     if (!g) st = nb_last_status();
   }
-  if (!st) {
-    nbi_smap_push(s->m);
+  if (!st && !(st = nbi_smap_push(FN, s->m))) {
     st = nbi_trace_program(FN, g, local, dts, &prog, &capt, &n_capt);
     nbi_smap_pop();
   }
