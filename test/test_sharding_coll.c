@@ -10,6 +10,7 @@
 #include "common.h"
 
 #include "../src/sharding/sharding.h"
+#include "host_blocks.h"
 
 /* ---- meshes and groups (reference side) ------------------------------------ */
 
@@ -31,20 +32,6 @@ static nb_mesh tm_mesh(const char *text) {
     m.n_dev *= (int)m.size[i];
   snprintf(m.text, sizeof m.text, "%s", text);
   return m;
-}
-
-static void coords_of(const nb_mesh *m, int dev, int64_t *c) {
-  for (int i = m->n_axes - 1; i >= 0; i--) {
-    c[i] = dev % m->size[i];
-    dev /= (int)m->size[i];
-  }
-}
-
-static int dev_of(const nb_mesh *m, const int64_t *c) {
-  int64_t d = 0;
-  for (int i = 0; i < m->n_axes; i++)
-    d = d * m->size[i] + c[i];
-  return (int)d;
 }
 
 typedef struct tgroup {
@@ -83,63 +70,6 @@ static int ref_member(const nb_mesh *m, const tgroup *g, int dev, int r) {
     c[a->axis] += (digit - old) * p;
   }
   return dev_of(m, c);
-}
-
-/* ---- host blocks ----------------------------------------------------------------- */
-
-typedef struct hb {
-  nb_shape s;
-  double *x;
-} hb;
-
-static hb hb_new(nb_shape s) {
-  int64_t n = tc_numel(s);
-  return (hb){s, calloc((size_t)(n ? n : 1), sizeof(double))};
-}
-
-static int64_t chunk_start(int64_t len, int n, int r) {
-  int64_t c = (len + n - 1) / n;
-  return r * c < len ? r * c : len;
-}
-
-/* x[start:stop] along dim. */
-static hb hb_slice(const hb *t, int dim, int64_t start, int64_t stop) {
-  nb_shape s = t->s;
-  s.dims[dim] = stop - start;
-  hb y = hb_new(s);
-  int64_t ix[NB_MAX_DIMS];
-  for (int64_t i = 0; i < tc_numel(s); i++) {
-    tc_unravel(i, &s, ix);
-    ix[dim] += start;
-    y.x[i] = t->x[tc_ravel(ix, &t->s)];
-  }
-  return y;
-}
-
-static hb hb_chunk(const hb *t, int dim, int n, int r) {
-  return hb_slice(t, dim, chunk_start(t->s.dims[dim], n, r), chunk_start(t->s.dims[dim], n, r + 1));
-}
-
-static hb hb_concat(const hb *ts, int n, int dim) {
-  nb_shape s = ts[0].s;
-  s.dims[dim] = 0;
-  for (int k = 0; k < n; k++)
-    s.dims[dim] += ts[k].s.dims[dim];
-  hb y = hb_new(s);
-  int64_t ix[NB_MAX_DIMS];
-  for (int64_t i = 0; i < tc_numel(s); i++) {
-    tc_unravel(i, &s, ix);
-    int k = 0;
-    while (ix[dim] >= ts[k].s.dims[dim])
-      ix[dim] -= ts[k++].s.dims[dim];
-    y.x[i] = ts[k].x[tc_ravel(ix, &ts[k].s)];
-  }
-  return y;
-}
-
-static void hb_free_all(hb *t, int n) {
-  for (int k = 0; k < n; k++)
-    free(t[k].x);
 }
 
 /* ---- collectives: the library call and the reference ----------------------------- */

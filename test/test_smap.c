@@ -16,23 +16,10 @@
 #include "common.h"
 
 #include "../src/sharding/sharding.h"
+#include "host_blocks.h"
 #include "../src/transforms/transforms.h"
 
 /* ---- groups (reference side) ------------------------------------------------- */
-
-static void coords(const nb_mesh *m, int d, int64_t *c) {
-  for (int i = m->n_axes - 1; i >= 0; i--) {
-    c[i] = d % m->size[i];
-    d /= (int)m->size[i];
-  }
-}
-
-static int dev_at(const nb_mesh *m, const int64_t *c) {
-  int64_t d = 0;
-  for (int i = 0; i < m->n_axes; i++)
-    d = d * m->size[i] + c[i];
-  return (int)d;
-}
 
 typedef struct tgroup {
   int n;
@@ -48,7 +35,7 @@ static int gsize(const nb_mesh *m, const tgroup *g) {
 
 static int rank_of(const nb_mesh *m, const tgroup *g, int d) {
   int64_t c[NBI_MESH_MAX_AXES], r = 0;
-  coords(m, d, c);
+  coords_of(m, d, c);
   for (int k = 0; k < g->n; k++)
     r = r * m->size[g->ax[k]] + c[g->ax[k]];
   return (int)r;
@@ -56,63 +43,20 @@ static int rank_of(const nb_mesh *m, const tgroup *g, int d) {
 
 static int member(const nb_mesh *m, const tgroup *g, int d, int r) {
   int64_t c[NBI_MESH_MAX_AXES];
-  coords(m, d, c);
+  coords_of(m, d, c);
   for (int k = g->n - 1; k >= 0; k--) {
     c[g->ax[k]] = r % m->size[g->ax[k]];
     r /= (int)m->size[g->ax[k]];
   }
-  return dev_at(m, c);
+  return dev_of(m, c);
 }
 
 /* ---- host blocks ---------------------------------------------------------------------- */
-
-typedef struct hb {
-  nb_shape s;
-  double *x;
-} hb;
-
-static hb hb_new(nb_shape s) {
-  int64_t n = tc_numel(s);
-  return (hb){s, calloc((size_t)(n ? n : 1), sizeof(double))};
-}
 
 static hb hb_copy(const hb *t) {
   hb y = hb_new(t->s);
   memcpy(y.x, t->x, sizeof(double) * (size_t)tc_numel(t->s));
   return y;
-}
-
-/* Chunk r of n (equal sizes) of t along dim. */
-static hb hb_chunk(const hb *t, int dim, int n, int r) {
-  nb_shape s = t->s;
-  s.dims[dim] /= n;
-  hb y = hb_new(s);
-  int64_t ix[NB_MAX_DIMS];
-  for (int64_t i = 0; i < tc_numel(s); i++) {
-    tc_unravel(i, &s, ix);
-    ix[dim] += r * s.dims[dim];
-    y.x[i] = t->x[tc_ravel(ix, &t->s)];
-  }
-  return y;
-}
-
-static hb hb_concat(const hb *ts, int n, int dim) {
-  nb_shape s = ts[0].s;
-  s.dims[dim] *= n;
-  hb y = hb_new(s);
-  int64_t ix[NB_MAX_DIMS];
-  for (int64_t i = 0; i < tc_numel(s); i++) {
-    tc_unravel(i, &s, ix);
-    int k = (int)(ix[dim] / ts[0].s.dims[dim]);
-    ix[dim] %= ts[0].s.dims[dim];
-    y.x[i] = ts[k].x[tc_ravel(ix, &ts[k].s)];
-  }
-  return y;
-}
-
-static void hb_free_all(hb *t, int n) {
-  for (int k = 0; k < n; k++)
-    free(t[k].x);
 }
 
 /* Device d's block of the logical host array X (shape S) under xs's sharding. */
@@ -238,7 +182,7 @@ static nb_status run_body(nb_mesh *m, nb_fn *f, nb_tensor *const *xs, const char
   nbi_program *prog;
   nb_tensor **capt;
   int n_capt;
-  nbi_smap_push(m);
+  cr_assert_eq(nbi_smap_push("test", m), NB_OK);
   nb_status st = nbi_trace_program("test_smap", f, ls, dts, &prog, &capt, &n_capt);
   nbi_smap_pop();
   cr_assert_null(nbi_smap_mesh());
@@ -604,7 +548,7 @@ Test(smap, argument_errors) {
   nb_scope_begin();
   nb_tensor *x = nb_zeros(NB_SHAPE(4, 6), NB_F32);
   nb_tensor *xi = nb_zeros(NB_SHAPE(4, 6), NB_I32);
-  nbi_smap_push(m);
+  cr_assert_eq(nbi_smap_push("test", m), NB_OK);
   cr_assert_eq(nbi_smap_mesh(), m);
   /* axes text */
   cr_assert_null(nb_all_reduce(NULL, "dp", NB_REDUCE_SUM));
@@ -1210,7 +1154,7 @@ Test(smap, kernel_refuses_outside_the_interpreter) {
   nbi_program *prog;
   nb_tensor **capt;
   int n_capt;
-  nbi_smap_push(m);
+  cr_assert_eq(nbi_smap_push("test", m), NB_OK);
   cr_assert_eq(
       nbi_trace_program("test", ps, &NB_SHAPE(3), &(nb_dtype){NB_F32}, &prog, &capt, &n_capt),
       NB_OK, "%s", nb_last_error());
@@ -1254,7 +1198,7 @@ Test(smap, identity_body_and_exec_errors) {
   nbi_program *prog;
   nb_tensor **capt;
   int n_capt;
-  nbi_smap_push(m);
+  cr_assert_eq(nbi_smap_push("test", m), NB_OK);
   cr_assert_eq(
       nbi_trace_program("test", f, &NB_SHAPE(2, 3), &(nb_dtype){NB_F64}, &prog, &capt, &n_capt),
       NB_OK);

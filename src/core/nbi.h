@@ -500,6 +500,11 @@ nb_status nbi_apply_begin(nbi_apply *a, const char *fn, const nbi_program *p, nb
 nb_status nbi_apply_node(nbi_apply *a, int i);
 nb_tensor *nbi_apply_ref(const nbi_apply *a, int32_t r);
 void nbi_apply_end(nbi_apply *a);
+/* Applies every node of a's program in order in a scope (node(ctx, a, i);
+ * NULL: nbi_apply_node), then writes out[j] (p->n_out of them: kept, for
+ * the caller's scope; all NULL on failure) and ends a. */
+nb_status nbi_apply_all(nbi_apply *a, nb_status (*node)(void *ctx, nbi_apply *a, int i), void *ctx,
+                        nb_tensor **out);
 /* For kernels: shares every in[k]'s storage as a leaf, applies p and realizes
  * its outputs in one nested realization. out[j] are realized tensors the
  * caller owns (nb_release each). */

@@ -540,6 +540,28 @@ void nbi_apply_end(nbi_apply *a) {
   a->outs = NULL, a->t = NULL;
 }
 
+nb_status nbi_apply_all(nbi_apply *a, nb_status (*node)(void *ctx, nbi_apply *a, int i), void *ctx,
+                        nb_tensor **out) {
+  const nbi_program *p = a->p;
+  nb_status st = NB_OK;
+  nb_scope_begin();
+  for (int i = 0; i < p->n_nodes && !st; i++)
+    st = node ? node(ctx, a, i) : nbi_apply_node(a, i);
+  for (int j = 0; j < p->n_out && !st; j++) {
+    int32_t r = p->out[j];
+    out[j] = r >= 0 ? a->t[r] : nbi_identity(a->in[-1 - r]);
+    if (!out[j]) st = nb_last_status();
+  }
+  for (int j = 0; j < p->n_out && !st; j++)
+    nb_keep(out[j]);
+  nb_scope_end();
+  if (st)
+    for (int j = 0; j < p->n_out; j++)
+      out[j] = NULL;
+  nbi_apply_end(a);
+  return st;
+}
+
 nb_status nbi_program_apply(const char *fn, const nbi_program *p, nb_tensor *const *in,
                             nb_tensor **out) {
   for (int j = 0; j < p->n_out; j++)
@@ -549,23 +571,7 @@ nb_status nbi_program_apply(const char *fn, const nbi_program *p, nb_tensor *con
       if (in[k] && in[k]->mesh) return nbi_shard_hook.apply_program(fn, p, in, out);
   nbi_apply a;
   nb_status st = nbi_apply_begin(&a, fn, p, in);
-  if (st) return st;
-  nb_scope_begin();
-  for (int i = 0; i < p->n_nodes && !st; i++)
-    st = nbi_apply_node(&a, i);
-  for (int j = 0; j < p->n_out && !st; j++) {
-    int32_t r = p->out[j];
-    out[j] = r >= 0 ? a.t[r] : nbi_identity(in[-1 - r]);
-    if (!out[j]) st = nb_last_status();
-  }
-  for (int j = 0; j < p->n_out && !st; j++)
-    nb_keep(out[j]);
-  nb_scope_end();
-  if (st)
-    for (int j = 0; j < p->n_out; j++)
-      out[j] = NULL;
-  nbi_apply_end(&a);
-  return st;
+  return st ? st : nbi_apply_all(&a, NULL, NULL, out);
 }
 
 nb_status nbi_program_run(const char *fn, const nbi_program *p, nb_tensor *const *in,

@@ -113,21 +113,11 @@ static nb_tensor *constraint_jvp(nb_tensor *y, nb_tensor *const *tin) {
   return constrain("nb_shard", tin[0], c->mesh, &c->s);
 }
 
-/* The sharding s of a value with an unsharded batch dimension prepended. */
-static nbi_sharding batched_sharding(const nbi_sharding *s) {
-  nbi_sharding b = *s;
-  b.ndim = s->ndim + 1;
-  memset(&b.dim[0], 0, sizeof b.dim[0]);
-  b.dim[0].priority = -1;
-  memcpy(&b.dim[1], &s->dim[0], sizeof s->dim[0] * (size_t)s->ndim);
-  return b;
-}
-
 static nb_tensor *constraint_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
                                   int64_t B) {
   (void)batched, (void)B;
   const cpayload *c = cpayload_of(y);
-  nbi_sharding b = batched_sharding(&c->s);
+  nbi_sharding b = nbi_sharding_batched(&c->s);
   return constrain("nb_shard", bin[0], c->mesh, &b);
 }
 

@@ -30,7 +30,6 @@
 
 #include <stdlib.h>
 
-
 enum { V_NONE, V_OPEN, V_CLOSED };
 enum { MAX_ROUNDS = 64 };
 
@@ -277,6 +276,12 @@ static nb_status apply_node(gp *g, nbi_apply *a, int i) {
   return NB_OK;
 }
 
+/* Node i: per-op propagation in eager mode, else with its chosen sharding. */
+static nb_status gp_node(void *ctx, nbi_apply *a, int i) {
+  gp *g = ctx;
+  return g->eager ? nbi_apply_node(a, i) : apply_node(g, a, i);
+}
+
 nb_status nbi_sharded_apply_program(const char *fn, const nbi_program *p, nb_tensor *const *in,
                                     nb_tensor **out) {
   for (int j = 0; j < p->n_out; j++)
@@ -298,21 +303,10 @@ nb_status nbi_sharded_apply_program(const char *fn, const nbi_program *p, nb_ten
     st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
   if (!st) st = init(&g, in);
   if (!st && !g.eager) st = fixed_point(&g);
-  nb_scope_begin();
-  for (int i = 0; i < p->n_nodes && !st; i++)
-    st = g.eager ? nbi_apply_node(&a, i) : apply_node(&g, &a, i);
-  for (int j = 0; j < p->n_out && !st; j++) {
-    int32_t r = p->out[j];
-    out[j] = r >= 0 ? a.t[r] : nbi_identity(in[-1 - r]);
-    if (!out[j]) st = nb_last_status();
-  }
-  for (int j = 0; j < p->n_out && !st; j++)
-    nb_keep(out[j]);
-  nb_scope_end();
-  if (st)
-    for (int j = 0; j < p->n_out; j++)
-      out[j] = NULL;
-  nbi_apply_end(&a);
+  if (!st)
+    st = nbi_apply_all(&a, gp_node, &g, out);
+  else
+    nbi_apply_end(&a);
   free(g.s);
   free(g.kind);
   free(g.multi);

@@ -90,6 +90,12 @@ nb_status nbi_sharding_check(const char *fn, const nb_mesh *m, const nbi_shardin
 size_t nbi_sharding_format(const nb_mesh *m, const nbi_sharding *s, char *buf, size_t cap);
 /* A fully replicated sharding of ndim dims (closed, no partial). */
 nbi_sharding nbi_sharding_replicated(int ndim);
+/* The mesh axes (bit a: axis a) s's dimensions name, and its partial sums
+ * with partial_too; a sub-axis counts as its whole axis. */
+uint32_t nbi_sharding_axes(const nbi_sharding *s, bool partial_too);
+/* s with an unsharded batch dimension prepended (vmap rules); s->ndim <
+ * NB_MAX_DIMS (a batched value has at most NB_MAX_DIMS dims). */
+nbi_sharding nbi_sharding_batched(const nbi_sharding *s);
 bool nbi_sharding_eq(const nbi_sharding *a, const nbi_sharding *b); /* layouts (not flags) */
 /* Shards of dimension d: the product of its axes' sizes. */
 int64_t nbi_dim_shards(const nbi_sharding *s, int d);
@@ -210,8 +216,8 @@ nb_status nbi_sharded_assign(nb_tensor *dst, nb_tensor *src);
 /* A logical tensor on m with sharding s (logical shape and dtype) over
  * phys[0..n_dev) (each entry retained; shapes must be the local blocks),
  * registered in the current scope. NULL + error naming fn. */
-nb_tensor *nbi_sharded_make(const char *fn, nb_mesh *m, const nbi_sharding *s, const nb_shape *shape,
-                            nb_dtype dt, nb_tensor *const *phys);
+nb_tensor *nbi_sharded_make(const char *fn, nb_mesh *m, const nbi_sharding *s,
+                            const nb_shape *shape, nb_dtype dt, nb_tensor *const *phys);
 /* t (plain, or on m) moved to sharding s on m by the cheapest collectives
  * (a plain t is cut into blocks, no communication); new in the current
  * scope. NULL + error naming fn. */
@@ -223,7 +229,7 @@ const nbi_sharding *nbi_sharding_of(const nb_tensor *t);
  * While an nb_shard_map body is traced (or a transform of it: its VJP, JVP,
  * batching), its mesh is pushed on this thread's stack; the collective ops
  * (src/ops/collective.c) record only inside one and name axes of it. */
-void nbi_smap_push(nb_mesh *m);
+nb_status nbi_smap_push(const char *fn, nb_mesh *m); /* NB_ERR_SHARDING when full: no pop */
 void nbi_smap_pop(void);
 nb_mesh *nbi_smap_mesh(void); /* the innermost, or NULL */
 

@@ -27,23 +27,17 @@
 /* ---- the mesh stack ------------------------------------------------------------ */
 #define SMAP_DEPTH 32
 static _Thread_local nb_mesh *smap_stack[SMAP_DEPTH];
-static _Thread_local int smap_depth;    /* entries in use */
-static _Thread_local int smap_overflow; /* pushes beyond SMAP_DEPTH (not stored) */
+static _Thread_local int smap_depth; /* entries in use */
 
-void nbi_smap_push(nb_mesh *m) {
-  if (smap_depth == SMAP_DEPTH) {
-    if (!smap_overflow++)
-      nbi_error(NB_ERR_SHARDING, "nb_shard_map: bodies nested more than %d deep", SMAP_DEPTH);
-    return;
-  }
+nb_status nbi_smap_push(const char *fn, nb_mesh *m) {
+  if (smap_depth == SMAP_DEPTH)
+    return nbi_error(NB_ERR_SHARDING, "%s: bodies nested more than %d deep", fn, SMAP_DEPTH);
   smap_stack[smap_depth++] = m;
+  return NB_OK;
 }
 
 void nbi_smap_pop(void) {
-  if (smap_overflow > 0)
-    smap_overflow--;
-  else if (smap_depth > 0)
-    smap_depth--;
+  if (smap_depth > 0) smap_depth--;
 }
 
 nb_mesh *nbi_smap_mesh(void) { return smap_depth > 0 ? smap_stack[smap_depth - 1] : NULL; }
@@ -92,18 +86,6 @@ static nb_status check_nested(const char *fn, const nbi_program *p, int top_op, 
     }
   }
   return NB_OK;
-}
-
-/* The mesh axes (bitmask) a sharding names: its dimensions' and its partial
- * sums' (sub-axes count as their axis). */
-static uint32_t named_axes(const nbi_sharding *s) {
-  uint32_t v = 0;
-  for (int k = 0; k < s->ndim; k++)
-    for (int i = 0; i < s->dim[k].n; i++)
-      v |= 1u << s->dim[k].ax[i].axis;
-  for (int i = 0; i < s->n_partial; i++)
-    v |= 1u << s->partial[i].axis;
-  return v;
 }
 
 static uint32_t ref_var(const uint32_t *var_in, const uint32_t *var, int32_t r) {
@@ -206,7 +188,7 @@ static nb_status bind_inputs(run *r, nb_tensor *const *in, uint32_t *var_in) {
     if (x->dtype != p->in_dtype[k])
       return nbi_error(NB_ERR_DTYPE, "%s: input %d is %s but the body takes %s", r->fn, k,
                        nb_dtype_name(x->dtype), nb_dtype_name(p->in_dtype[k]));
-    var_in[k] = x->mesh ? named_axes(nbi_sharding_of(x)) : 0;
+    var_in[k] = x->mesh ? nbi_sharding_axes(nbi_sharding_of(x), true) : 0;
     for (int d = 0; d < r->nd; d++) {
       nb_tensor *v = x->mesh ? x->phys[d] : x;
       if (!nbi_shape_eq(&v->shape, &p->in_shape[k]))
@@ -243,7 +225,7 @@ nb_status nbi_smap_exec(const char *fn, nb_mesh *m, const nbi_program *prog, nb_
     if (s->ndim != prog->out_shape[j].ndim)
       st = nbi_error(NB_ERR_SHARDING, "%s: output %d has %d dims but its sharding %d", fn, j,
                      prog->out_shape[j].ndim, s->ndim);
-    uint32_t extra = st ? 0 : ref_var(var_in, var, prog->out[j]) & ~named_axes(s);
+    uint32_t extra = st ? 0 : ref_var(var_in, var, prog->out[j]) & ~nbi_sharding_axes(s, true);
     for (int a = 0; a < m->n_axes && extra && !st; a++)
       if (extra & (1u << a))
         st = nbi_error(NB_ERR_SHARDING,

@@ -430,6 +430,26 @@ nbi_sharding nbi_sharding_replicated(int ndim) {
   return s;
 }
 
+uint32_t nbi_sharding_axes(const nbi_sharding *s, bool partial_too) {
+  uint32_t v = 0;
+  for (int k = 0; k < s->ndim; k++)
+    for (int i = 0; i < s->dim[k].n; i++)
+      v |= 1u << s->dim[k].ax[i].axis;
+  for (int i = 0; partial_too && i < s->n_partial; i++)
+    v |= 1u << s->partial[i].axis;
+  return v;
+}
+
+nbi_sharding nbi_sharding_batched(const nbi_sharding *s) {
+  nbi_sharding b = *s;
+  int n = s->ndim < NB_MAX_DIMS ? s->ndim : NB_MAX_DIMS - 1;
+  b.ndim = n + 1;
+  memset(&b.dim[0], 0, sizeof b.dim[0]);
+  b.dim[0].priority = -1;
+  memcpy(&b.dim[1], &s->dim[0], sizeof s->dim[0] * (size_t)n);
+  return b;
+}
+
 static bool lists_eq(const nbi_axis *a, int na, const nbi_axis *b, int nb) {
   if (na != nb) return false;
   for (int i = 0; i < na; i++)

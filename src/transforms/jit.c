@@ -24,7 +24,9 @@
  * A call on sharded values traces the jitted function into the caller's
  * program (src/transforms/fn.c, call_sharded) under a trace mesh, which
  * changes what f records (gradients laid out like their primals, nb_reshard
- * of traced values): entries are keyed by that mesh too.
+ * of traced values): entries are keyed by that mesh too. A call inside an
+ * nb_shard_map body records collectives over the body's mesh (their groups
+ * are that mesh's axes): entries are keyed by the body's mesh as well.
  */
 #include "transforms.h"
 
@@ -39,6 +41,7 @@ typedef struct jit_entry {
   nb_tensor **capt;  /* retained captures: the program's inputs after f's */
   int n_capt;
   nb_mesh *mesh;  /* retained: the trace mesh it was traced under (NULL: none) */
+  nb_mesh *body;  /* retained: the shard_map body's mesh it was traced in (NULL: none) */
   nbi_exec *exec; /* the program planned once for top-level calls (NULL: not yet) */
   int running;    /* calls of this entry in progress (a nested call may not evict it) */
   bool no_exec;   /* planning it failed: replay instead */
@@ -56,6 +59,7 @@ static const char *FN = "nb_jit";
 static void entry_clear(jit_entry *e) {
   nbi_exec_free(e->exec);
   if (e->mesh) nb_mesh_release(e->mesh);
+  if (e->body) nb_mesh_release(e->body);
   nbi_program_release(e->prog);
   nbi_release_all(e->capt, e->n_capt);
   *e = (jit_entry){0};
@@ -77,9 +81,10 @@ static bool matches(const nbi_program *p, nb_tensor *const *in, int n_in) {
 }
 
 static jit_entry *lookup(jit_fn *j, nb_tensor *const *in) {
-  nb_mesh *m = nbi_trace_mesh();
+  nb_mesh *m = nbi_trace_mesh(), *b = nbi_smap_mesh();
   for (int i = 0; i < JIT_CACHE; i++)
-    if (j->cache[i].prog && j->cache[i].mesh == m && matches(j->cache[i].prog, in, j->f->n_in))
+    if (j->cache[i].prog && j->cache[i].mesh == m && j->cache[i].body == b &&
+        matches(j->cache[i].prog, in, j->f->n_in))
       return &j->cache[i];
   return NULL;
 }
@@ -148,6 +153,7 @@ static nb_status jit_body(void *user, nb_tensor *const *in, int n_in, nb_tensor 
     st = nbi_trace_program_like(FN, j->f, in, &fresh.prog, &fresh.capt, &fresh.n_capt);
     if (st) return st;
     if (nbi_trace_mesh()) fresh.mesh = nb_mesh_retain(nbi_trace_mesh());
+    if (nbi_smap_mesh()) fresh.body = nb_mesh_retain(nbi_smap_mesh());
     bool cacheable = true;
     for (int c = 0; c < fresh.n_capt; c++)
       if (fresh.capt[c]->flags & NBI_T_TRACED) cacheable = false;

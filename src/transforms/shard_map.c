@@ -258,8 +258,7 @@ static nb_status smap_body(void *user, nb_tensor *const *in, int n_in, nb_tensor
     g = s->ct_scale ? nbi_fn_make(FN, scaled_body, (void *)s, NULL, s->n_in, s->n_out) : s->f;
     if (!g) st = nb_last_status();
   }
-  if (!st) {
-    nbi_smap_push(s->m);
+  if (!st && !(st = nbi_smap_push(FN, s->m))) {
     st = nbi_trace_program(FN, g, local, dts, &prog, &capt, &n_capt);
     nbi_smap_pop();
   }
@@ -300,13 +299,6 @@ static nb_fn *smap_make(smap_fn *s) {
   return nbi_fn_make(FN, smap_body, s, smap_fn_destroy, s->n_in, s->n_out);
 }
 
-static char *dup(const char *t) {
-  size_t n = strlen(t) + 1;
-  char *c = malloc(n);
-  if (c) memcpy(c, t, n);
-  return c;
-}
-
 nb_fn *nb_shard_map(nb_fn *f, nb_mesh *m, const char *const *in_specs,
                     const char *const *out_specs) {
   if (!f || !m || (!in_specs && f->n_in > 0) || !out_specs) {
@@ -339,9 +331,9 @@ nb_fn *nb_shard_map(nb_fn *f, nb_mesh *m, const char *const *in_specs,
   s->out_spec = calloc((size_t)f->n_out + 1, sizeof *s->out_spec);
   bool ok = s->in_spec && s->out_spec;
   for (int k = 0; ok && k < f->n_in; k++)
-    ok = (s->in_spec[k] = dup(in_specs[k])) != NULL;
+    ok = (s->in_spec[k] = strdup(in_specs[k])) != NULL;
   for (int j = 0; ok && j < f->n_out; j++)
-    ok = (s->out_spec[j] = dup(out_specs[j])) != NULL;
+    ok = (s->out_spec[j] = strdup(out_specs[j])) != NULL;
   if (!ok) {
     smap_fn_destroy(s);
     nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
@@ -391,17 +383,6 @@ static nb_status smap_apply(const nbi_prog_node *pn, nb_tensor *const *in, nb_te
 }
 
 /* ---- rules ------------------------------------------------------------------------- */
-/* Whether mesh axis a is used by s (a dimension or partial axis; sub-axes
- * count for their axis). */
-static bool names_axis(const nbi_sharding *s, int a, bool partial_too) {
-  for (int d = 0; d < s->ndim; d++)
-    for (int i = 0; i < s->dim[d].n; i++)
-      if (s->dim[d].ax[i].axis == a) return true;
-  for (int i = 0; partial_too && i < s->n_partial; i++)
-    if (s->partial[i].axis == a) return true;
-  return false;
-}
-
 /* s without partial axes. */
 static nbi_sharding whole(const nbi_sharding *s) {
   nbi_sharding r = *s;
@@ -412,19 +393,9 @@ static nbi_sharding whole(const nbi_sharding *s) {
 /* s plus partial over every mesh axis it does not use. */
 static nbi_sharding partial_rest(const nb_mesh *m, const nbi_sharding *s) {
   nbi_sharding r = whole(s);
+  uint32_t used = nbi_sharding_axes(&r, false);
   for (int a = 0; a < m->n_axes; a++)
-    if (!names_axis(&r, a, false) && m->size[a] > 1)
-      r.partial[r.n_partial++] = nbi_axis_whole(m, a);
-  return r;
-}
-
-/* s with an unsharded dimension in front (the batch). */
-static nbi_sharding batched(const nbi_sharding *s) {
-  nbi_sharding r = *s;
-  for (int d = s->ndim; d > 0; d--)
-    r.dim[d] = s->dim[d - 1];
-  r.dim[0] = (nbi_dim_sharding){.priority = -1};
-  r.ndim = s->ndim + 1;
+    if (!(used >> a & 1u) && m->size[a] > 1) r.partial[r.n_partial++] = nbi_axis_whole(m, a);
   return r;
 }
 
@@ -487,8 +458,9 @@ static nb_status smap_vjp(nb_tensor *p, nb_tensor *const *gys, const bool *need,
     if (!(a[n_in + j] = gys[j] ? gys[j] : zeros_of_output(p, j))) st = nb_last_status();
     in_s[n_in + j] = whole(&q->out_s[j]);
     int64_t rest = 1; /* the axes output j is invariant over */
+    uint32_t named = nbi_sharding_axes(&q->out_s[j], true);
     for (int ax = 0; ax < m->n_axes; ax++)
-      if (!names_axis(&q->out_s[j], ax, true)) rest *= m->size[ax];
+      if (!(named >> ax & 1u)) rest *= m->size[ax];
     scale[n_in + j] = 1.0 / (double)rest;
   }
   if (!st && n) {
@@ -548,10 +520,10 @@ static nb_status smap_vmap(nb_tensor *p, nb_tensor *const *bin, const bool *batc
   nb_status st = axes && in_s && out_s ? NB_OK : nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
   for (int k = 0; k < n_in && !st; k++) {
     axes[k] = batched_in[k] ? 0 : NB_NOT_MAPPED;
-    in_s[k] = batched_in[k] ? batched(&q->in_s[k]) : q->in_s[k];
+    in_s[k] = batched_in[k] ? nbi_sharding_batched(&q->in_s[k]) : q->in_s[k];
   }
   for (int j = 0; j < n_out && !st; j++)
-    out_s[j] = batched(&q->out_s[j]);
+    out_s[j] = nbi_sharding_batched(&q->out_s[j]);
   if (!st) {
     nb_fn *pf = nbi_program_fn(FN, q->prog), *v = pf ? nb_vmap(pf, axes, NULL) : NULL;
     nb_fn_release(pf);
