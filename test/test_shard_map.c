@@ -465,3 +465,35 @@ Test(shard_map, errors_are_clear) {
   nb_fn_release(f), nb_fn_release(body);
   nb_mesh_release(m), nb_mesh_release(other);
 }
+
+/* A body is per device: inside it no sharded call is traced, so nb_reshard
+ * of a body value is refused the same way on plain and on sharded inputs. */
+static nb_status reshard_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_reshard(in[0], "x");
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+static nb_status sum_of(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  nb_tensor *y;
+  nb_status st = nb_call(u, in, &y);
+  out[0] = st ? NULL : nb_sum(y, NB_ALL, false);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(shard_map, no_sharded_trace_inside_a_body) {
+  nb_mesh *m = nb_mesh_cpu("x=2");
+  uint64_t seed = 12;
+  nb_fn *body = nb_fn_create(reshard_body, NULL, 1, 1);
+  nb_fn *f = nb_shard_map(body, m, (const char *[]){"x"}, (const char *[]){"x"});
+  nb_fn *s = nb_fn_create(sum_of, f, 1, 1), *g = nb_grad(s, NB_AXES(0));
+  nb_tensor *x = rand_t(NB_SHAPE(4), &seed), *o;
+  cr_assert_neq(nb_call(g, &x, &o), NB_OK);
+  tc_assert_error(NB_ERR_SHARDING, "no mesh");
+  nb_tensor *sx = nb_shard(x, m, "x");
+  cr_assert_neq(nb_call(g, &sx, &o), NB_OK);
+  tc_assert_error(NB_ERR_SHARDING, "no mesh");
+  nb_fn_release(g), nb_fn_release(s), nb_fn_release(f), nb_fn_release(body);
+  nb_mesh_release(m);
+}

@@ -86,7 +86,7 @@ nb_mesh *nb_mesh_of(const nb_tensor *t);
  * collectives below over m's axes. Output j's per-device values are
  * assembled under out_specs[j]: a dimension sharded over axes is the
  * concatenation of the devices' blocks; an axis out_specs[j] does not name is
- * one the value must not vary over (checked when traced: reduce or gather it
+ * one the value must not vary over (checked before the body runs: reduce or gather it
  * in f, else NB_ERR_SHARDING naming the output and the axis), unless the spec
  * lists it in partial(...): the output is then the pending sum over it.
  * Inputs may be plain tensors or tensors on m (resharded to in_specs by the

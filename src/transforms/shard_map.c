@@ -259,7 +259,12 @@ static nb_status smap_body(void *user, nb_tensor *const *in, int n_in, nb_tensor
     if (!g) st = nb_last_status();
   }
   if (!st && !(st = nbi_smap_push(FN, s->m))) {
+    /* the body is per device: no call on sharded values is being traced in
+     * it (gradients there are not laid out like sharded primals) */
+    nb_mesh *outer = nbi_trace_mesh();
+    nbi_trace_mesh_set(NULL);
     st = nbi_trace_program(FN, g, local, dts, &prog, &capt, &n_capt);
+    nbi_trace_mesh_set(outer);
     nbi_smap_pop();
   }
   if (g && g != s->f) nb_fn_release(g);
