@@ -325,7 +325,7 @@ Test(shard_map, checkpoint_of_a_shard_map) {
 static nb_status cube_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
   (void)u, (void)n_in, (void)n_out;
   nb_tensor *c = nb_sum(nb_mul(in[0], nb_square(in[0])), NB_ALL, false);
-  out[0] = nb_all_reduce(c, "x", NB_REDUCE_SUM);
+  out[0] = nb_all_reduce(c, "x", NB_SUM); /* API.md's short name */
   return out[0] ? NB_OK : nb_last_status();
 }
 

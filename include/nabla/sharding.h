@@ -64,7 +64,12 @@ typedef enum nb_reduce_op {
   NB_REDUCE_SUM,
   NB_REDUCE_MAX,
   NB_REDUCE_MIN,
-  NB_REDUCE_MEAN
+  NB_REDUCE_MEAN,
+  /* the short names API.md writes: nb_all_reduce(t, "tp", NB_SUM) */
+  NB_SUM = NB_REDUCE_SUM,
+  NB_MAX = NB_REDUCE_MAX,
+  NB_MIN = NB_REDUCE_MIN,
+  NB_MEAN = NB_REDUCE_MEAN
 } nb_reduce_op;
 
 /* The mesh t lives on, or NULL (not retained). */
