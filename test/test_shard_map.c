@@ -295,6 +295,9 @@ Test(shard_map, jit_runs_every_call_and_counts) {
     assert_same(y, r, 1e-12, "jit (sharded inputs)");
     cr_assert_eq(nb_call(jf, in, &y), NB_OK, "%s", nb_last_error());
     assert_same(y, r, 1e-12, "jit (plain inputs)");
+    /* the direct call's layout, jitted or not */
+    cr_assert(nb_mesh_of(y) == m, "call %d", call);
+    cr_assert_str_eq(nb_sharding_str(y), "[dp, _]");
   }
   nb_fn_release(f), nb_fn_release(jf);
   nb_mesh_release(m);

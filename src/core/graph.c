@@ -916,6 +916,7 @@ static nb_status plan_exec(const plan *p, graph *g, nb_tensor **cn_buf) {
 /* Depth of realizations running on this thread: a kernel may realize a nested
  * graph (control flow, checkpoint); only the outermost adds to the timers. */
 static _Thread_local int depth;
+int nbi_realize_depth(void) { return depth; }
 
 /* nbi_realize, where dying_t (a realized tensor, or NULL) is nb_assign's dst:
  * its value dies in this realization. */

@@ -608,6 +608,9 @@ void nbi_plan_describe_free(nbi_plan_desc *d);
  * own realization runs; nested realizations count in nb_stats like any other
  * but their time is not added to plan_ns/exec_ns twice. */
 nb_status nbi_realize(nb_tensor *const *ts, int n);
+/* Realizations (and executable runs) in progress on this thread: > 0 while a
+ * kernel runs, e.g. one running a body program (nbi_program_run). */
+int nbi_realize_depth(void);
 /* A planned executable: the pending graph ending in roots, planned once and
  * run on new inputs with no graph work (nb_jit's fast path). slots are
  * realized leaves standing for the inputs (their layouts are planned for);

@@ -128,8 +128,12 @@ static bool plain(nb_tensor *const *args, int n) {
  * leaves sharing the arguments' storage, so the plan sees their layouts. */
 static void build_exec(jit_entry *e, nb_tensor *const *args) {
   int n = e->prog->n_in, n_out = e->prog->n_out;
-  nb_tensor *local[32], **t = n + n_out <= 32 ? local : malloc(sizeof *t * (size_t)(n + n_out));
   e->no_exec = true;
+  /* a shard_map's replay puts its outputs on its mesh (as a direct call
+   * does); an executable runs single-device values only */
+  for (int i = 0; i < e->prog->n_nodes; i++)
+    if (e->prog->nodes[i].op == NBI_OP_SHARD_MAP) return;
+  nb_tensor *local[32], **t = n + n_out <= 32 ? local : malloc(sizeof *t * (size_t)(n + n_out));
   if (!t) return;
   nb_status before = nb_last_status();
   nb_scope_begin();

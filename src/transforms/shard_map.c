@@ -9,12 +9,13 @@
  *   tensors on the mesh with the out specs' layouts;
  * - traced inputs (an enclosing transform): one multi-output SHARD_MAP node
  *   on the logical inputs, whose payload (nbi_smap_payload) holds the body
- *   program and the layouts. Applied to sharded values later (a call on
- *   sharded values, jit replay) its apply rule runs it as above; applied to
- *   plain values (jit's executable, a body run by a kernel) it records its
- *   node again, and a realization that reaches the node runs its kernel,
- *   which does the same in a nested realization and gathers the outputs (so
- *   programs on plain values give plain values).
+ *   program and the layouts. Applied to values later (jit replay, a call on
+ *   sharded values) its apply rule runs it as above; applied inside a kernel
+ *   (a body program of checkpoint or control flow) it records its node
+ *   again, and a realization that reaches the node runs its kernel, which
+ *   does the same in a nested realization and gathers the outputs (such
+ *   programs give plain values). nb_jit never plans an executable for a
+ *   program holding a shard_map: its replay gives the direct call's layouts.
  *
  * The logical function of a shard_map is assemble o body-per-device o
  * distribute, where distribute copies input k's block to every device along
@@ -376,14 +377,18 @@ static nb_status smap_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in)
   return st;
 }
 
-/* Applied to sharded values it runs at once (its outputs are on the mesh);
- * on plain or traced values it records its node: a program applied to plain
- * values (jit's executable, a kernel running a body) gives plain values, the
- * kernel gathering the outputs. */
+/* Applied to values that are not traced (jit's replay, a call on sharded
+ * values) it runs at once, like a direct call: its outputs are on the mesh.
+ * Traced values, or plain values inside a kernel (a body program run by
+ * checkpoint or control flow, which must give plain values), record its
+ * node; the kernel runs it and gathers the outputs. */
 static nb_status smap_apply(const nbi_prog_node *pn, nb_tensor *const *in, nb_tensor **out) {
   nbi_smap_payload *q = (nbi_smap_payload *)pn->payload;
+  bool sharded = false;
   for (int k = 0; k < pn->n_in; k++)
-    if (in[k]->mesh && !any_traced(in, pn->n_in)) return smap_run(q, in, out);
+    sharded |= in[k]->mesh != NULL;
+  if (!any_traced(in, pn->n_in) && (sharded || nbi_realize_depth() == 0))
+    return smap_run(q, in, out);
   return nbi_record_multi(NBI_OP_SHARD_MAP, in, pn->n_in, &q->m, NULL, out);
 }
 
