@@ -53,7 +53,9 @@ static const setup SETUPS[] = {
     {"x=2", "_, _", {"_, x", "x", "x, _", "_"}, "x"},
     {"dp=2,tp=2", "dp, _", {"_, tp", "tp", "tp, _", "_"}, "dp"},
     {"x=4,y=2", "x, _", {"_, y", "y", "y, _", "_"}, "x"},
-    /* both over one axis and a sub-axis layout */
+    /* sub-axes: rows over x's major half, W over its minor half */
+    {"x=4,y=2", "x:(1)2, _", {"_, x:(2)2", "x:(2)2", "x:(2)2, _", "_"}, "y"},
+    /* rows over both axes, W over one */
     {"x=4,y=2", "(x, y), _", {"_, x", "x", "x, _", "y"}, "y"},
 };
 

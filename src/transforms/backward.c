@@ -69,7 +69,8 @@ static int first_with_block(const nb_mesh *m, const nbi_sharding *s, int d) {
 
 /* The (sub-)axes of m that no dimension of s is sharded over (nor, with
  * partial_too, s sums over): the gaps each mesh axis leaves between the
- * sub-axes s uses, into out (room for NBI_GAPS_MAX). Returns their count. */
+ * sub-axes s uses, into out (room for NBI_GAPS_MAX). Returns their count, or
+ * -1 when they do not fit. */
 #define NBI_GAPS_MAX (3 * NBI_MESH_MAX_AXES)
 static int replicated_axes(const nb_mesh *m, const nbi_sharding *s, bool partial_too,
                            nbi_axis *out) {
@@ -81,7 +82,8 @@ static int replicated_axes(const nb_mesh *m, const nbi_sharding *s, bool partial
       const nbi_axis *ax = k < s->ndim ? s->dim[k].ax : s->partial;
       int cnt = k < s->ndim ? s->dim[k].n : partial_too ? s->n_partial : 0;
       for (int i = 0; i < cnt; i++)
-        if (ax[i].axis == a && n < 2 * NBI_MESH_MAX_AXES) {
+        if (ax[i].axis == a) {
+          if (n == 2 * NBI_MESH_MAX_AXES) return -1;
           int j = n++; /* sorted by pre */
           while (j > 0 && used[j - 1].pre > ax[i].pre) {
             used[j] = used[j - 1];
@@ -91,8 +93,9 @@ static int replicated_axes(const nb_mesh *m, const nbi_sharding *s, bool partial
         }
     }
     int64_t c = 1; /* the product of the part covered so far */
-    for (int i = 0; i <= n && n_out < NBI_GAPS_MAX; i++) {
+    for (int i = 0; i <= n; i++) {
       int64_t next = i < n ? used[i].pre : m->size[a];
+      if (next > c && n_out == NBI_GAPS_MAX) return -1;
       if (next > c) out[n_out++] = (nbi_axis){.axis = a, .pre = c, .size = next / c};
       if (i < n && used[i].pre * used[i].size > c) c = used[i].pre * used[i].size;
     }
@@ -124,8 +127,14 @@ static nb_tensor *sharded_grad(const char *fn, nb_tensor *leaf) {
   if (split) { /* a partial sum over the replicated (sub-)axes */
     nbi_axis gaps[NBI_GAPS_MAX];
     int n_gaps = replicated_axes(m, ls, false, gaps);
+    if (n_gaps < 0 || n_gaps > NBI_MESH_MAX_AXES - ps.n_partial) {
+      free(g);
+      nbi_error(NB_ERR_SHARDING, "%s: the leaf's layout %s leaves too many replicated sub-axes", fn,
+                nb_sharding_str(leaf));
+      return NULL;
+    }
     ps.n_repl = 0;
-    for (int i = 0; i < n_gaps && ps.n_partial < NBI_MESH_MAX_AXES; i++)
+    for (int i = 0; i < n_gaps; i++)
       ps.partial[ps.n_partial++] = gaps[i];
   }
   nb_status st = NB_OK;
@@ -195,6 +204,9 @@ static nb_status sharded_roots(const char *fn, nb_tensor *loss, nb_tensor ***roo
   const nb_mesh *m = loss->mesh;
   nbi_axis rep[NBI_GAPS_MAX];
   int n_rep = replicated_axes(m, nbi_sharding_of(loss), true, rep);
+  if (n_rep < 0)
+    return nbi_error(NB_ERR_SHARDING, "%s: the loss's layout %s uses too many sub-axes", fn,
+                     nb_sharding_str(loss));
   nb_tensor **r = malloc(sizeof *r * (size_t)m->n_dev);
   if (!r) return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
   int k = 0;
