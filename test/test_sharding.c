@@ -366,16 +366,21 @@ Test(sharding, captured_sharded_tensor_in_a_trace_is_read_whole) {
   nb_mesh_release(m);
 }
 
-/* nb_backward does not run through sharded tensors yet: a clear error. */
-Test(sharding, backward_on_sharded_is_a_clear_error) {
+/* nb_backward runs through sharded tensors (test_sharded_backward.c has
+ * the models): a plain requires-grad tensor placed on a mesh gets the
+ * gradient of a loss computed on its shards, and so does a sharded leaf. */
+Test(sharding, backward_through_sharded_tensors) {
   nb_mesh *m = nb_mesh_cpu("x=2");
-  nb_tensor *x = nb_set_requires_grad(nb_ones(NB_SHAPE(4), NB_F32), true);
+  nb_tensor *x = nb_set_requires_grad(nb_full(NB_SHAPE(4), 3, NB_F32), true);
   nb_tensor *s = nb_shard(x, m, "x");
-  cr_assert_null(nb_set_requires_grad(s, true));
-  cr_assert_eq(nb_last_status(), NB_ERR_SHARDING);
-  nb_clear_error();
-  cr_assert_eq(nb_backward(nb_sum(nb_mul(s, s), NB_ALL, false)), NB_ERR_SHARDING);
-  cr_assert(strstr(nb_last_error(), "nb_grad"), "%s", nb_last_error());
-  nb_clear_error();
+  cr_assert(nb_requires_grad(s));
+  cr_assert_eq(nb_backward(nb_sum(nb_mul(s, s), NB_ALL, false)), NB_OK, "%s", nb_last_error());
+  tc_assert_close(nb_grad_of(x), (double[]){6, 6, 6, 6}, NB_SHAPE(4));
+  nb_tensor *l = nb_set_requires_grad(nb_shard(nb_full(NB_SHAPE(4), 2, NB_F32), m, "x"), true);
+  cr_assert(l, "%s", nb_last_error());
+  cr_assert_eq(nb_backward(nb_sum(nb_mul(l, l), NB_ALL, false)), NB_OK, "%s", nb_last_error());
+  nb_tensor *g = nb_grad_of(l);
+  cr_assert_str_eq(nb_sharding_str(g), nb_sharding_str(l));
+  tc_assert_close(g, (double[]){4, 4, 4, 4}, NB_SHAPE(4));
   nb_mesh_release(m);
 }

@@ -61,8 +61,13 @@ nb_tensor *nbi_sharded_make(const char *fn, nb_mesh *m, const nbi_sharding *s,
     free(b);
     return NULL;
   }
-  for (int d = 0; d < m->n_dev; d++)
+  /* provenance (nb_backward) is the physical graph's; the logical tensor
+   * says whether it has any, so nb_requires_grad and nb_backward see it */
+  for (int d = 0; d < m->n_dev; d++) {
     nb_retain(phys[d]);
+    if ((phys[d]->flags & (NBI_T_REQUIRES_GRAD | NBI_T_GRAD_PATH)) && !nbi_no_grad)
+      t->flags |= NBI_T_GRAD_PATH;
+  }
   return t;
 }
 
@@ -399,7 +404,16 @@ nb_status nbi_sharded_assign(nb_tensor *dst, nb_tensor *val) {
    * must not grow a chain of pending steps) */
   nb_tensor *v = nbi_shard_to(FN, val, m, sharding_of(dst));
   nb_status st = v ? nbi_realize(&v, 1) : nb_last_status();
-  if (!st) {
+  if (!st && (dst->flags & NBI_T_REQUIRES_GRAD)) {
+    /* a trainable leaf keeps its physical objects (they carry requires-grad
+     * and their .grad): each distinct one takes its device's new block */
+    for (int d = 0; d < m->n_dev && !st; d++) {
+      bool seen = false;
+      for (int e = 0; e < d && !seen; e++)
+        seen = dst->phys[e] == dst->phys[d];
+      if (!seen) st = nb_assign(dst->phys[d], v->phys[d]);
+    }
+  } else if (!st) {
     for (int d = 0; d < m->n_dev; d++) {
       nb_retain(v->phys[d]);
       nb_release(dst->phys[d]);

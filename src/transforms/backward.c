@@ -25,9 +25,11 @@ static nb_status check_untraced(const char *fn, const nb_tensor *t) {
 nb_tensor *nb_set_requires_grad(nb_tensor *t, bool on) {
   if (nbi_any_null("nb_set_requires_grad", &t, 1)) return NULL;
   if (check_untraced("nb_set_requires_grad", t)) return NULL;
-  if (on && t->mesh) {
-    nbi_error(NB_ERR_SHARDING, "nb_set_requires_grad: nb_backward does not support sharded "
-                               "tensors yet (nb_grad and nb_value_and_grad do)");
+  if (on && t->mesh && nbi_sharding_of(t)->n_partial) {
+    nbi_error(NB_ERR_SHARDING,
+              "nb_set_requires_grad: the tensor holds pending partial sums (%s); reshard it "
+              "to a layout without partial(...) first (nb_reshard)",
+              nb_sharding_str(t));
     return NULL;
   }
   if (on && !nb_dtype_is_float(t->dtype)) {
@@ -37,10 +39,15 @@ nb_tensor *nb_set_requires_grad(nb_tensor *t, bool on) {
               nb_dtype_name(t->dtype));
     return NULL;
   }
-  if (on)
-    t->flags |= NBI_T_REQUIRES_GRAD;
-  else
-    t->flags &= ~(uint32_t)NBI_T_REQUIRES_GRAD;
+  /* a sharded tensor: the logical tensor and its physical objects (the
+   * sources nb_backward reaches on the physical graph) */
+  for (int d = -1; d < (t->mesh ? t->n_phys : 0); d++) {
+    nb_tensor *x = d < 0 ? t : t->phys[d];
+    if (on)
+      x->flags |= NBI_T_REQUIRES_GRAD;
+    else
+      x->flags &= ~(uint32_t)NBI_T_REQUIRES_GRAD;
+  }
   return t;
 }
 
@@ -48,16 +55,123 @@ bool nb_requires_grad(const nb_tensor *t) {
   return t && (t->flags & (NBI_T_REQUIRES_GRAD | NBI_T_GRAD_PATH));
 }
 
+/* The first device before d whose block of a tensor under s is d's (its
+ * coordinates on the axes s shards dimensions over are d's), or d. */
+static int first_with_block(const nb_mesh *m, const nbi_sharding *s, int d) {
+  for (int e = 0; e < d; e++) {
+    bool same = true;
+    for (int k = 0; k < s->ndim && same; k++)
+      same = nbi_dim_index(m, s, k, e) == nbi_dim_index(m, s, k, d);
+    if (same) return e;
+  }
+  return d;
+}
+
+/* The (sub-)axes of m that no dimension of s is sharded over (nor, with
+ * partial_too, s sums over): the gaps each mesh axis leaves between the
+ * sub-axes s uses, into out (room for NBI_GAPS_MAX). Returns their count, or
+ * -1 when they do not fit. */
+#define NBI_GAPS_MAX (3 * NBI_MESH_MAX_AXES)
+static int replicated_axes(const nb_mesh *m, const nbi_sharding *s, bool partial_too,
+                           nbi_axis *out) {
+  int n_out = 0;
+  for (int a = 0; a < m->n_axes; a++) {
+    nbi_axis used[2 * NBI_MESH_MAX_AXES];
+    int n = 0;
+    for (int k = 0; k <= s->ndim; k++) {
+      const nbi_axis *ax = k < s->ndim ? s->dim[k].ax : s->partial;
+      int cnt = k < s->ndim ? s->dim[k].n : partial_too ? s->n_partial : 0;
+      for (int i = 0; i < cnt; i++)
+        if (ax[i].axis == a) {
+          if (n == 2 * NBI_MESH_MAX_AXES) return -1;
+          int j = n++; /* sorted by pre */
+          while (j > 0 && used[j - 1].pre > ax[i].pre) {
+            used[j] = used[j - 1];
+            j--;
+          }
+          used[j] = ax[i];
+        }
+    }
+    int64_t c = 1; /* the product of the part covered so far */
+    for (int i = 0; i <= n; i++) {
+      int64_t next = i < n ? used[i].pre : m->size[a];
+      if (next > c && n_out == NBI_GAPS_MAX) return -1;
+      if (next > c) out[n_out++] = (nbi_axis){.axis = a, .pre = c, .size = next / c};
+      if (i < n && used[i].pre * used[i].size > c) c = used[i].pre * used[i].size;
+    }
+  }
+  return n_out;
+}
+
+/* The gradient of a sharded leaf, laid out like the leaf: each device's
+ * block is the gradient of its physical object (zeros where it has none).
+ * Devices holding one block in distinct objects (each got its own gradient)
+ * hold a partial sum over the leaf's replicated axes, reduced here to the
+ * leaf's layout. NULL (no error) when no object has a gradient. */
+static nb_tensor *sharded_grad(const char *fn, nb_tensor *leaf) {
+  nb_mesh *m = leaf->mesh;
+  const nbi_sharding *ls = nbi_sharding_of(leaf);
+  int n = m->n_dev;
+  bool any = false, split = false;
+  for (int d = 0; d < n; d++) {
+    any |= leaf->phys[d]->grad != NULL;
+    split |= leaf->phys[first_with_block(m, ls, d)] != leaf->phys[d];
+  }
+  if (!any) return NULL;
+  nb_tensor **g = malloc(sizeof *g * (size_t)n);
+  if (!g) {
+    nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+    return NULL;
+  }
+  nbi_sharding ps = *ls;
+  if (split) { /* a partial sum over the replicated (sub-)axes */
+    nbi_axis gaps[NBI_GAPS_MAX];
+    int n_gaps = replicated_axes(m, ls, false, gaps);
+    if (n_gaps < 0 || n_gaps > NBI_MESH_MAX_AXES - ps.n_partial) {
+      free(g);
+      nbi_error(NB_ERR_SHARDING, "%s: the leaf's layout %s leaves too many replicated sub-axes", fn,
+                nb_sharding_str(leaf));
+      return NULL;
+    }
+    ps.n_repl = 0;
+    for (int i = 0; i < n_gaps; i++)
+      ps.partial[ps.n_partial++] = gaps[i];
+  }
+  nb_status st = NB_OK;
+  for (int d = 0; d < n && !st; d++) {
+    nb_tensor *p = leaf->phys[d];
+    int e = 0; /* an earlier device holding p for the same block */
+    while (e < d &&
+           !(leaf->phys[e] == p && first_with_block(m, ls, e) == first_with_block(m, ls, d)))
+      e++;
+    /* an object counts once per block: in a partial sum its later holders
+     * add zeros; otherwise they share its gradient */
+    if (e < d)
+      g[d] = split ? nb_zeros(p->shape, p->dtype) : g[e];
+    else
+      g[d] = p->grad ? p->grad : nb_zeros(p->shape, p->dtype);
+    if (!g[d]) st = nb_last_status();
+  }
+  nb_tensor *r = st ? NULL : nbi_sharded_make(fn, m, &ps, &leaf->shape, leaf->dtype, g);
+  free(g);
+  return r && split ? nbi_shard_to(fn, r, m, ls) : r;
+}
+
 nb_tensor *nb_grad_of(nb_tensor *leaf) {
-  if (nbi_any_null("nb_grad_of", &leaf, 1) || !leaf->grad) return NULL;
+  if (nbi_any_null("nb_grad_of", &leaf, 1)) return NULL;
+  if (leaf->mesh && (leaf->flags & NBI_T_REQUIRES_GRAD)) return sharded_grad("nb_grad_of", leaf);
+  if (!leaf->grad) return NULL;
   nbi_scope_register(nb_retain(leaf->grad));
   return leaf->grad;
 }
 
 void nb_zero_grad(nb_tensor *leaf) {
   if (nbi_any_null("nb_zero_grad", &leaf, 1)) return;
-  nb_release(leaf->grad);
-  leaf->grad = NULL;
+  for (int d = -1; d < (leaf->mesh ? leaf->n_phys : 0); d++) {
+    nb_tensor *x = d < 0 ? leaf : leaf->phys[d];
+    nb_release(x->grad);
+    x->grad = NULL;
+  }
 }
 
 /* Drops the edges of the walked provenance. Every node is retained first:
@@ -81,16 +195,37 @@ static void free_provenance(nbi_sweep *s) {
     nb_release(s->nodes[i]);
 }
 
+/* The physical tensors of a sharded loss whose sum is the logical loss:
+ * device d's where its coordinate is 0 on every mesh (sub-)axis the loss
+ * neither shards a dimension over nor lists as partial (its replicated
+ * axes: one representative), once per such device (an object two of them
+ * hold counts twice: the sweep adds the seeds of a repeated root). */
+static nb_status sharded_roots(const char *fn, nb_tensor *loss, nb_tensor ***roots, int *n) {
+  const nb_mesh *m = loss->mesh;
+  nbi_axis rep[NBI_GAPS_MAX];
+  int n_rep = replicated_axes(m, nbi_sharding_of(loss), true, rep);
+  if (n_rep < 0)
+    return nbi_error(NB_ERR_SHARDING, "%s: the loss's layout %s uses too many sub-axes", fn,
+                     nb_sharding_str(loss));
+  nb_tensor **r = malloc(sizeof *r * (size_t)m->n_dev);
+  if (!r) return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  int k = 0;
+  for (int d = 0; d < m->n_dev; d++) {
+    bool first = true;
+    for (int i = 0; i < n_rep && first; i++)
+      first = nbi_axis_coord(m, &rep[i], d) == 0;
+    if (first) r[k++] = loss->phys[d];
+  }
+  *roots = r;
+  *n = k;
+  return NB_OK;
+}
+
 nb_status nb_backward(nb_tensor *loss) {
   const char *fn = "nb_backward";
   if (nbi_any_null(fn, &loss, 1)) return nb_last_status();
   nb_status st = check_untraced(fn, loss);
   if (st) return st;
-  if (loss->mesh)
-    return nbi_error(NB_ERR_SHARDING,
-                     "%s: the loss is sharded; nb_backward does not support "
-                     "sharded tensors yet (nb_grad and nb_value_and_grad do)",
-                     fn);
   if (nbi_numel(&loss->shape) != 1) {
     char b[160];
     return nbi_error(NB_ERR_SHAPE, "%s: the loss has shape %s; backward needs one element", fn,
@@ -107,20 +242,22 @@ nb_status nb_backward(nb_tensor *loss) {
                      "pass supports one backward)",
                      fn);
   nbi_sweep s = {.fn = fn, .imperative = true};
-  nb_tensor **g = NULL, **eval = NULL;
+  nb_tensor **g = NULL, **eval = NULL, **roots = &loss, **seeds = NULL;
+  int n_roots = 1;
   nb_scope_begin();
   bool saved = nbi_no_grad;
   nbi_no_grad = true;
-  st = nbi_sweep_collect(&s, &loss, 1, NULL, 0);
+  if (loss->mesh) st = sharded_roots(fn, loss, &roots, &n_roots);
+  if (!st) st = nbi_sweep_collect(&s, roots, n_roots, NULL, 0);
   if (!st) {
     g = calloc((size_t)s.n_sources + 1, sizeof *g);
-    eval = calloc((size_t)s.n_sources + 1, sizeof *eval);
-    if (!g || !eval) st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+    eval = calloc((size_t)s.n_sources + (size_t)n_roots, sizeof *eval);
+    seeds = calloc((size_t)n_roots, sizeof *seeds);
+    if (!g || !eval || !seeds) st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
   }
-  if (!st) {
-    nb_tensor *seed = nbi_ones_like(loss);
-    st = seed ? nbi_sweep_reverse(&s, &loss, &seed, 1, g) : nb_last_status();
-  }
+  for (int r = 0; r < n_roots && !st; r++)
+    if (!(seeds[r] = nbi_ones_like(roots[r]))) st = nb_last_status();
+  if (!st) st = nbi_sweep_reverse(&s, roots, seeds, n_roots, g);
   nbi_no_grad = saved;
   int n_eval = 0;
   if (!st) {
@@ -141,10 +278,13 @@ nb_status nb_backward(nb_tensor *loss) {
   /* the loss and every new gradient in one realization */
   if (!st) st = nbi_realize(eval, n_eval);
   if (!st) free_provenance(&s);
+  if (!st && loss->mesh) loss->flags |= NBI_T_GRAD_FREED;
   nbi_sweep_free(&s);
   nb_scope_end();
   free(g);
   free(eval);
+  free(seeds);
+  if (roots != &loss) free(roots);
   return st;
 }
 
