@@ -883,8 +883,9 @@ static nb_status plan_exec(const plan *p, graph *g, nb_tensor **cn_buf) {
   /* parallel windows (above): not inside an OpenMP region (a caller's), nor
    * with one thread; positions up to serial_end (a window found to have no
    * parallel level) run in order without looking again */
+  /* the switch first: off by default, so a realization makes no OpenMP call here */
   bool par =
-      p->n_run > 1 && !omp_in_parallel() && omp_get_max_threads() > 1 && nbi_par_steps_enabled();
+      nbi_par_steps_enabled() && p->n_run > 1 && !omp_in_parallel() && omp_get_max_threads() > 1;
   int serial_end = -1, level[PAR_WINDOW];
   if (par) nbi_cpu_init(); /* the pool the windows use has FTZ/DAZ set */
   for (int c = 0; c < p->n_run && !st; c++) {

@@ -494,7 +494,7 @@ typedef struct nbi_apply {
   const nbi_program *p;
   nb_tensor *const *in; /* [p->n_in] */
   nb_tensor **t;        /* [p->n_nodes] */
-  nb_tensor ***outs;    /* [p->n_nodes]: a pack's outputs its apply rule gave, or NULL */
+  nb_tensor ***outs;    /* NULL, or [p->n_nodes]: a pack's outputs its apply rule gave */
 } nbi_apply;
 nb_status nbi_apply_begin(nbi_apply *a, const char *fn, const nbi_program *p, nb_tensor *const *in);
 nb_status nbi_apply_node(nbi_apply *a, int i);

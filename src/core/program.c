@@ -491,12 +491,10 @@ nb_status nbi_apply_begin(nbi_apply *a, const char *fn, const nbi_program *p,
                        nb_dtype_name(p->in_dtype[k]), nb_shape_str(p->in_shape[k], y, sizeof y));
     }
   }
-  a->t = calloc((size_t)p->n_nodes + 1, sizeof *a->t);
-  a->outs = calloc((size_t)p->n_nodes + 1, sizeof *a->outs);
-  if (!a->t || !a->outs) {
-    nbi_apply_end(a);
+  /* outs is made when a pack's apply rule first gives outputs (shard_map:
+   * rare), so an ordinary replay allocates one array */
+  if (!(a->t = calloc((size_t)p->n_nodes + 1, sizeof *a->t)))
     return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
-  }
   return NB_OK;
 }
 
@@ -505,7 +503,7 @@ nb_tensor *nbi_apply_ref(const nbi_apply *a, int32_t r) { return r >= 0 ? a->t[r
 nb_status nbi_apply_node(nbi_apply *a, int i) {
   const nbi_prog_node *pn = &a->p->nodes[i];
   const nbi_op_def *def = nbi_op_table[pn->op];
-  if (pn->op == NBI_OP_TUPLE_GET && pn->in[0] >= 0 && a->outs[pn->in[0]]) {
+  if (pn->op == NBI_OP_TUPLE_GET && pn->in[0] >= 0 && a->outs && a->outs[pn->in[0]]) {
     a->t[i] = a->outs[pn->in[0]][pn->attrs.i[0]];
     return NB_OK;
   }
@@ -517,7 +515,9 @@ nb_status nbi_apply_node(nbi_apply *a, int i) {
   nb_status st = NB_OK;
   if (def->apply && (def->flags & NBI_OPF_MULTI)) {
     int n_out = ((const nbi_multi *)pn->payload)->n_out;
-    if (!(a->outs[i] = calloc((size_t)n_out + 1, sizeof **a->outs)))
+    if (!a->outs && !(a->outs = calloc((size_t)a->p->n_nodes + 1, sizeof *a->outs)))
+      st = nbi_error(NB_ERR_OOM, "%s: out of memory", a->fn);
+    else if (!(a->outs[i] = calloc((size_t)n_out + 1, sizeof **a->outs)))
       st = nbi_error(NB_ERR_OOM, "%s: out of memory", a->fn);
     if (!st) st = def->apply(pn, ins, a->outs[i]);
     a->t[i] = NULL; /* only its gets are used */
