@@ -94,10 +94,7 @@ nb_tensor *nbi_shard_constraint(const char *fn, nb_tensor *t, nb_mesh *m, const 
 static nb_tensor *constrain(const char *fn, nb_tensor *t, nb_mesh *m, const nbi_sharding *s) {
   if (!t) return NULL;
   if (t->flags & NBI_T_TRACED) return nbi_shard_constraint(fn, t, m, s);
-  if (!t->mesh) return nbi_identity(t);
-  if (t->mesh == m) return nbi_shard_to(fn, t, m, s);
-  nb_tensor *g = nbi_readable(fn, t); /* another mesh: through one tensor */
-  return g ? nbi_shard_to(fn, g, m, s) : NULL;
+  return t->mesh ? nbi_shard_to(fn, t, m, s) : nbi_identity(t);
 }
 
 static const cpayload *cpayload_of(const nb_tensor *y) { return (const cpayload *)y->payload; }

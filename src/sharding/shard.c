@@ -343,6 +343,7 @@ const char *nb_sharding_str(const nb_tensor *t) {
 }
 
 nb_tensor *nbi_shard_to(const char *fn, nb_tensor *t, nb_mesh *m, const nbi_sharding *s) {
+  if (t->mesh && t->mesh != m && !(t = hook_gather(fn, t))) return NULL; /* through one tensor */
   nb_tensor **out = malloc(sizeof *out * (size_t)m->n_dev);
   if (!out) {
     nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
@@ -367,10 +368,6 @@ nb_tensor *nb_shard(nb_tensor *t, nb_mesh *m, const char *spec) {
   nbi_sharding s;
   if (nbi_sharding_parse(FN, m, spec, t->shape.ndim, false, &s)) return NULL;
   if (t->flags & NBI_T_TRACED) return nbi_shard_constraint(FN, t, m, &s);
-  if (t->mesh && t->mesh != m) { /* another mesh: through one tensor */
-    nb_tensor *g = hook_gather(FN, t);
-    return g ? nbi_shard_to(FN, g, m, &s) : NULL;
-  }
   return nbi_shard_to(FN, t, m, &s);
 }
 

@@ -218,9 +218,9 @@ nb_status nbi_sharded_assign(nb_tensor *dst, nb_tensor *src);
  * registered in the current scope. NULL + error naming fn. */
 nb_tensor *nbi_sharded_make(const char *fn, nb_mesh *m, const nbi_sharding *s,
                             const nb_shape *shape, nb_dtype dt, nb_tensor *const *phys);
-/* t (plain, or on m) moved to sharding s on m by the cheapest collectives
- * (a plain t is cut into blocks, no communication); new in the current
- * scope. NULL + error naming fn. */
+/* t moved to sharding s on m: on m by the cheapest collectives; plain, cut
+ * into blocks (no communication); on another mesh, gathered into one tensor
+ * first. New in the current scope. NULL + error naming fn. */
 nb_tensor *nbi_shard_to(const char *fn, nb_tensor *t, nb_mesh *m, const nbi_sharding *s);
 /* The sharding of a tensor on a mesh. */
 const nbi_sharding *nbi_sharding_of(const nb_tensor *t);

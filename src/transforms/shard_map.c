@@ -177,14 +177,8 @@ static nb_status smap_run(const nbi_smap_payload *q, nb_tensor *const *ops, nb_t
   nb_tensor **xs = malloc(sizeof *xs * (size_t)(n + 1));
   if (!xs) return nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
   nb_status st = NB_OK;
-  for (int k = 0; k < n && !st; k++) {
-    nb_tensor *src = ops[k];
-    if (src->mesh && src->mesh != q->mesh && !(src = nbi_readable(FN, src))) {
-      st = nb_last_status();
-      break;
-    }
-    if (!(xs[k] = nbi_shard_to(FN, src, q->mesh, &q->in_s[k]))) st = nb_last_status();
-  }
+  for (int k = 0; k < n && !st; k++)
+    if (!(xs[k] = nbi_shard_to(FN, ops[k], q->mesh, &q->in_s[k]))) st = nb_last_status();
   if (!st) st = nbi_smap_exec(FN, q->mesh, q->prog, xs, q->out_s, outs);
   free(xs);
   return st;
@@ -238,7 +232,7 @@ static nb_status smap_body(void *user, nb_tensor *const *in, int n_in, nb_tensor
   int n_capt = 0;
   nb_status st = local && dts && in_s ? NB_OK : nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
   for (int k = 0; k < s->n_in && !st; k++) {
-    const nb_tensor *x = in[k]; /* on another mesh: gathered, then placed (smap_run) */
+    const nb_tensor *x = in[k]; /* on another mesh: gathered, then placed (nbi_shard_to) */
     if ((st = layout_of(s, true, k, x->shape.ndim, &in_s[k]))) break;
     local[k] = x->shape, dts[k] = x->dtype;
     for (int d = 0; d < x->shape.ndim && !st; d++) {
