@@ -152,6 +152,16 @@ static void mlp_params(nb_tensor **in, uint64_t *seed) {
   }
 }
 
+/* The MLP's inputs placed with the block's in specs. */
+static void shard_params(nb_tensor *const *in, nb_mesh *m, nb_tensor **sin) {
+  sin[0] = nb_shard(in[0], m, TP_IN[0]);
+  for (int b = 0; b < MB; b++)
+    for (int j = 0; j < 4; j++)
+      sin[1 + 4 * b + j] = nb_shard(in[1 + 4 * b + j], m, TP_IN[1 + j]);
+  for (int k = 0; k < 1 + 4 * MB; k++)
+    cr_assert(sin[k], "%s", nb_last_error());
+}
+
 Test(shard_map, megatron_mlp_one_all_reduce_per_block) {
   nb_mesh *m = nb_mesh_cpu("dp=2,tp=2");
   uint64_t seed = 2;
@@ -164,10 +174,7 @@ Test(shard_map, megatron_mlp_one_all_reduce_per_block) {
   nb_tensor *y, *ry;
   /* place the parameters first so the count is the forward pass alone */
   nb_tensor *sin[1 + 4 * MB];
-  sin[0] = nb_shard(in[0], m, TP_IN[0]);
-  for (int b = 0; b < MB; b++)
-    for (int j = 0; j < 4; j++)
-      sin[1 + 4 * b + j] = nb_shard(in[1 + 4 * b + j], m, TP_IN[1 + j]);
+  shard_params(in, m, sin);
   nb_reset_stats();
   cr_assert_eq(nb_call(f, sin, &y), NB_OK, "%s", nb_last_error());
   cr_assert_eq(nb_get_stats().n_all_reduce, MB, "one all-reduce per block: %llu",
@@ -198,10 +205,7 @@ Test(shard_map, grad_equals_unsharded_grad) {
     assert_same(g[k], ref[k], 1e-11, "grad (plain inputs)");
   /* sharded inputs: the gradient program runs sharded */
   nb_tensor *sin[1 + 4 * MB];
-  sin[0] = nb_shard(in[0], m, TP_IN[0]);
-  for (int b = 0; b < MB; b++)
-    for (int j = 0; j < 4; j++)
-      sin[1 + 4 * b + j] = nb_shard(in[1 + 4 * b + j], m, TP_IN[1 + j]);
+  shard_params(in, m, sin);
   cr_assert_eq(nb_call(gf, sin, g), NB_OK, "%s", nb_last_error());
   for (int k = 0; k < 1 + 4 * MB; k++) {
     cr_assert(nb_mesh_of(g[k]) == m, "gradient %d is on the mesh", k);
