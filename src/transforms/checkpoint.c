@@ -153,24 +153,16 @@ nb_fn *nbi_select_fn(const char *fn, nb_fn *g, const int *idx, int n) {
   return nbi_fn_make(fn, select_body, s, select_destroy, g->n_in, n);
 }
 
-/* select(wrap(the program fn of p's program, arg), idx[0..n-1]): a rule's
- * function, to record as a REMAT node (remat_record). */
-static nb_fn *rule_fn(const nb_tensor *p, nb_fn *(*wrap)(nb_fn *, const void *), const void *arg,
-                      const int *idx, int n) {
-  nb_fn *pf = nbi_program_fn(FN, prog_of(p)), *g = pf ? wrap(pf, arg) : NULL;
+nb_fn *nbi_program_xform(const char *fn, nbi_program *p, int kind, const int *in_axes,
+                         const int *idx, int n) {
+  nb_fn *pf = nbi_program_fn(fn, p), *g = NULL;
+  if (pf)
+    g = kind == NBI_XF_VJP   ? nb_vjp_fn(pf)
+        : kind == NBI_XF_JVP ? nb_jvp_fn(pf)
+                             : nb_vmap(pf, in_axes, NULL);
   nb_fn_release(pf);
-  return nbi_select_fn(FN, g, idx, n);
+  return idx ? nbi_select_fn(fn, g, idx, n) : g;
 }
-
-static nb_fn *wrap_vjp(nb_fn *f, const void *arg) {
-  (void)arg;
-  return nb_vjp_fn(f);
-}
-static nb_fn *wrap_jvp(nb_fn *f, const void *arg) {
-  (void)arg;
-  return nb_jvp_fn(f);
-}
-static nb_fn *wrap_vmap(nb_fn *f, const void *in_axes) { return nb_vmap(f, in_axes, NULL); }
 
 /* Zeros of output j's type (a cotangent the sweep left NULL). */
 static nb_tensor *zeros_of_output(const nb_tensor *p, int j) {
@@ -200,7 +192,8 @@ static nb_status remat_vjp(nb_tensor *p, nb_tensor *const *gys, const bool *need
   }
   for (int j = 0; j < n_out && !st && n; j++)
     if (!(a[n_in + j] = gys[j] ? gys[j] : zeros_of_output(p, j))) st = nb_last_status();
-  if (!st && n) st = remat_release(rule_fn(p, wrap_vjp, NULL, idx, n), a, res);
+  if (!st && n)
+    st = remat_release(nbi_program_xform(FN, prog_of(p), NBI_XF_VJP, NULL, idx, n), a, res);
   for (int k = 0, i = 0; k < n_in && !st; k++)
     if (need[k]) gin[k] = res[i++];
   free(a);
@@ -220,7 +213,8 @@ static nb_status remat_jvp(nb_tensor *p, nb_tensor *const *tin, nb_tensor **tout
   }
   for (int j = 0; j < n_out && !st; j++)
     if (nb_dtype_is_float(m->dtype[j])) idx[n++] = n_out + j;
-  if (!st && n) st = remat_release(rule_fn(p, wrap_jvp, NULL, idx, n), a, res);
+  if (!st && n)
+    st = remat_release(nbi_program_xform(FN, prog_of(p), NBI_XF_JVP, NULL, idx, n), a, res);
   for (int j = 0, i = 0; j < n_out && !st; j++)
     touts[j] = nb_dtype_is_float(m->dtype[j]) ? res[i++] : NULL;
   free(a);
@@ -231,14 +225,13 @@ static nb_status remat_jvp(nb_tensor *p, nb_tensor *const *tin, nb_tensor **tout
 static nb_status remat_vmap(nb_tensor *p, nb_tensor *const *bin, const bool *batched, int64_t B,
                             nb_tensor **outs) {
   (void)B;
-  int n_in = p->n_in, n_out = nbi_multi_of(p)->n_out;
-  int *axes = malloc(sizeof *axes * (size_t)(n_in + n_out + 1)), *idx = axes + n_in;
+  int n_in = p->n_in;
+  int *axes = malloc(sizeof *axes * (size_t)(n_in + 1));
   if (!axes) return nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
   for (int k = 0; k < n_in; k++)
     axes[k] = batched[k] ? 0 : NB_NOT_MAPPED;
-  for (int j = 0; j < n_out; j++)
-    idx[j] = j;
-  nb_status st = remat_release(rule_fn(p, wrap_vmap, axes, idx, n_out), bin, outs);
+  nb_status st =
+      remat_release(nbi_program_xform(FN, prog_of(p), NBI_XF_VMAP, axes, NULL, 0), bin, outs);
   free(axes);
   return st;
 }

@@ -468,9 +468,8 @@ static nb_status smap_vjp(nb_tensor *p, nb_tensor *const *gys, const bool *need,
     scale[n_in + j] = 1.0 / (double)rest;
   }
   if (!st && n) {
-    nb_fn *pf = nbi_program_fn(FN, q->prog), *v = pf ? nb_vjp_fn(pf) : NULL;
-    nb_fn_release(pf);
-    st = call_rule(q, nbi_select_fn(FN, v, idx, n), in_s, out_s, scale, a, res);
+    st = call_rule(q, nbi_program_xform(FN, q->prog, NBI_XF_VJP, NULL, idx, n), in_s, out_s, scale,
+                   a, res);
   }
   for (int k = 0, i = 0; k < n_in && !st; k++)
     if (need[k]) gin[k] = res[i++];
@@ -499,9 +498,8 @@ static nb_status smap_jvp(nb_tensor *p, nb_tensor *const *tin, nb_tensor **touts
   for (int j = 0; j < n_out && !st; j++)
     if (nb_dtype_is_float(q->m.dtype[j])) out_s[n] = q->out_s[j], idx[n++] = n_out + j;
   if (!st && n) {
-    nb_fn *pf = nbi_program_fn(FN, q->prog), *v = pf ? nb_jvp_fn(pf) : NULL;
-    nb_fn_release(pf);
-    st = call_rule(q, nbi_select_fn(FN, v, idx, n), in_s, out_s, NULL, a, res);
+    st = call_rule(q, nbi_program_xform(FN, q->prog, NBI_XF_JVP, NULL, idx, n), in_s, out_s, NULL,
+                   a, res);
   }
   for (int j = 0, i = 0; j < n_out && !st; j++)
     touts[j] = nb_dtype_is_float(q->m.dtype[j]) ? res[i++] : NULL;
@@ -529,9 +527,8 @@ static nb_status smap_vmap(nb_tensor *p, nb_tensor *const *bin, const bool *batc
   for (int j = 0; j < n_out && !st; j++)
     out_s[j] = nbi_sharding_batched(&q->out_s[j]);
   if (!st) {
-    nb_fn *pf = nbi_program_fn(FN, q->prog), *v = pf ? nb_vmap(pf, axes, NULL) : NULL;
-    nb_fn_release(pf);
-    st = call_rule(q, v, in_s, out_s, NULL, bin, outs);
+    st = call_rule(q, nbi_program_xform(FN, q->prog, NBI_XF_VMAP, axes, NULL, 0), in_s, out_s, NULL,
+                   bin, outs);
   }
   free(axes);
   free(in_s);
