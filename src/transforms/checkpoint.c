@@ -153,17 +153,6 @@ nb_fn *nbi_select_fn(const char *fn, nb_fn *g, const int *idx, int n) {
   return nbi_fn_make(fn, select_body, s, select_destroy, g->n_in, n);
 }
 
-nb_fn *nbi_program_xform(const char *fn, nbi_program *p, int kind, const int *in_axes,
-                         const int *idx, int n) {
-  nb_fn *pf = nbi_program_fn(fn, p), *g = NULL;
-  if (pf)
-    g = kind == NBI_XF_VJP   ? nb_vjp_fn(pf)
-        : kind == NBI_XF_JVP ? nb_jvp_fn(pf)
-                             : nb_vmap(pf, in_axes, NULL);
-  nb_fn_release(pf);
-  return idx ? nbi_select_fn(fn, g, idx, n) : g;
-}
-
 /* Zeros of output j's type (a cotangent the sweep left NULL). */
 static nb_tensor *zeros_of_output(const nb_tensor *p, int j) {
   const nbi_multi *m = nbi_multi_of(p);

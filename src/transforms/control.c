@@ -591,14 +591,9 @@ static nb_fn *adapt_fn(const char *fn, adapt *a, int n_in) {
   return nbi_fn_make(fn, adapt_body, a, adapt_destroy, n_in, a->n_out);
 }
 
-enum { PLAIN, VJP, JVP };
-/* Program P as a function, or its nb_vjp_fn / nb_jvp_fn. */
+/* Program P as a function (NBI_XF_PLAIN), or its nb_vjp_fn / nb_jvp_fn. */
 static nb_fn *prog_fn(const char *fn, nbi_program *P, int kind) {
-  nb_fn *f = nbi_program_fn(fn, P);
-  if (!f || kind == PLAIN) return f;
-  nb_fn *g = kind == VJP ? nb_vjp_fn(f) : nb_jvp_fn(f);
-  nb_fn_release(f);
-  return g;
+  return nbi_program_xform(fn, P, kind, NULL, NULL, 0);
 }
 
 /* nb_vmap(f) mapping axis 0 of the batched inputs (consumes f); f itself
@@ -669,7 +664,7 @@ static nb_status cond_vjp(nb_tensor *p, nb_tensor *const *gys, const bool *need,
   for (int b = 0; b < 2 && !st; b++) {
     /* vjp of branch b: (ops, captures, cotangents) -> (outputs, g ops, g captures) */
     int base = capt_base(p, b) - 1, nt = c->n_capt[b];
-    adapt *a = adapt_new(fn, prog_fn(fn, c->prog[b], VJP), n_res, no + p->n_in);
+    adapt *a = adapt_new(fn, prog_fn(fn, c->prog[b], NBI_XF_VJP), n_res, no + p->n_in);
     if (!a) {
       st = nb_last_status();
       break;
@@ -727,7 +722,7 @@ static nb_status cond_jvp(nb_tensor *p, nb_tensor *const *tin, nb_tensor **touts
   for (int b = 0; b < 2 && !st; b++) {
     /* jvp of branch b: (ops, captures, their tangents) -> (outputs, tangents) */
     int base = capt_base(p, b) - 1, nt = c->n_capt[b], ni = nops + nt;
-    adapt *a = adapt_new(fn, prog_fn(fn, c->prog[b], JVP), n_res, ni);
+    adapt *a = adapt_new(fn, prog_fn(fn, c->prog[b], NBI_XF_JVP), n_res, ni);
     if (!a) {
       st = nb_last_status();
       break;
@@ -770,7 +765,7 @@ static nb_status cond_vmap(nb_tensor *p, nb_tensor *const *bin, const bool *batc
   for (int b = 0; b < 2 && !st; b++) {
     /* branch b over every operand, vmapped over the batched ones */
     int base = capt_base(p, b) - 1, nt = c->n_capt[b];
-    adapt *a = adapt_new(fn, prog_fn(fn, c->prog[b], PLAIN), no, 0);
+    adapt *a = adapt_new(fn, prog_fn(fn, c->prog[b], NBI_XF_PLAIN), no, 0);
     if (!a) {
       st = nb_last_status();
       break;
@@ -825,7 +820,7 @@ static nb_status while_jvp(nb_tensor *p, nb_tensor *const *tin, nb_tensor **tout
     if (!(init[n + f] = tin[fc[f]] ? tin[fc[f]] : nbi_zeros_like(p->in[fc[f]])))
       st = nb_last_status();
   /* cond: (carries, tangents) -> cond(carries, captures) */
-  adapt *a = st ? NULL : adapt_new(fn, prog_fn(fn, c->prog[0], PLAIN), 1, ncc);
+  adapt *a = st ? NULL : adapt_new(fn, prog_fn(fn, c->prog[0], NBI_XF_PLAIN), 1, ncc);
   if (a) {
     for (int k = 0; k < n; k++)
       a_in(a, k, k);
@@ -836,7 +831,7 @@ static nb_status while_jvp(nb_tensor *p, nb_tensor *const *tin, nb_tensor **tout
   if (!st && !(cf = adapt_fn(fn, a, n + nf))) st = nb_last_status();
   /* body: jvp of body over (carries, captures; their tangents) */
   int ni = n + ncb;
-  a = st ? NULL : adapt_new(fn, prog_fn(fn, c->prog[1], JVP), n + nf, 2 * ni);
+  a = st ? NULL : adapt_new(fn, prog_fn(fn, c->prog[1], NBI_XF_JVP), n + nf, 2 * ni);
   if (a) {
     for (int k = 0; k < n; k++) {
       a_in(a, k, k);
@@ -954,10 +949,12 @@ static nb_status while_vmap(nb_tensor *p, nb_tensor *const *bin, const bool *bat
   }
   for (int i = 0; i < ncc && !st; i++)
     w->cc[i] = nb_retain(bin[n + i]), bat[n + i] = batched[n + i];
-  if (!st && !(w->vcond = vmapped(prog_fn(fn, c->prog[0], PLAIN), bat))) st = nb_last_status();
+  if (!st && !(w->vcond = vmapped(prog_fn(fn, c->prog[0], NBI_XF_PLAIN), bat)))
+    st = nb_last_status();
   for (int i = 0; i < ncb && !st; i++)
     w->cb[i] = nb_retain(bin[cb0 + i]), bat[n + i] = batched[cb0 + i];
-  if (!st && !(w->vbody = vmapped(prog_fn(fn, c->prog[1], PLAIN), bat))) st = nb_last_status();
+  if (!st && !(w->vbody = vmapped(prog_fn(fn, c->prog[1], NBI_XF_PLAIN), bat)))
+    st = nb_last_status();
   if (!st) { /* each function holds a reference to w; ours goes at the end */
     w->refs++;
     if (!(cf = nbi_fn_make(fn, wvm_cond_body, w, wvm_destroy, n, 1))) st = nb_last_status();
@@ -1008,7 +1005,7 @@ static nb_status scan_jvp(nb_tensor *p, nb_tensor *const *tin, nb_tensor **touts
   for (int i = 0; i < ntx; i++)
     xs[nx + i] = tin[nc + tx[i]];
   /* step: (c[nc], tc[nfc], x[nx], tx[ntx]) -> (c', tc'[float], y, ty[float]) */
-  adapt *a = st ? NULL : adapt_new(fn, prog_fn(fn, c->prog[0], JVP), 2 * no, 2 * ni);
+  adapt *a = st ? NULL : adapt_new(fn, prog_fn(fn, c->prog[0], NBI_XF_JVP), 2 * no, 2 * ni);
   if (a) {
     int xo = nc + nfc; /* outer index of x[0] */
     for (int k = 0; k < nc; k++) {
@@ -1094,7 +1091,7 @@ static nb_status scan_vjp(nb_tensor *p, nb_tensor *const *gys, const bool *need,
 
   /* 1. the carries entering each step: (c, x) -> (c', c) */
   if (nc > 0) {
-    adapt *a = adapt_new(fn, prog_fn(fn, c->prog[0], PLAIN), 2 * nc, ncap);
+    adapt *a = adapt_new(fn, prog_fn(fn, c->prog[0], NBI_XF_PLAIN), 2 * nc, ncap);
     if (a) {
       for (int k = 0; k < nc + nx; k++)
         a_in(a, k, k);
@@ -1113,7 +1110,7 @@ static nb_status scan_vjp(nb_tensor *p, nb_tensor *const *gys, const bool *need,
   /* 2. backward: carries (g c[nfc], acc[nac]), xs (C[nc], x[nx], g y[ngy]) ->
    *    (g c_in[nfc], acc + g capt[nac]), ys (g x[nxn]) */
   int go = nfc, xo = nfc + nac; /* outer index of acc[0], C[0] */
-  adapt *a = adapt_new(fn, prog_fn(fn, c->prog[0], VJP), nfc + nac + nxn, ni + no);
+  adapt *a = adapt_new(fn, prog_fn(fn, c->prog[0], NBI_XF_VJP), nfc + nac + nxn, ni + no);
   if (a) {
     for (int k = 0; k < nc; k++) {
       a_in(a, k, xo + k);
@@ -1198,7 +1195,8 @@ static nb_status scan_vmap(nb_tensor *p, nb_tensor *const *bin, const bool *batc
     if (k < cap0 && !(in[k] = batched[k] ? nbi_bat_moveaxis(bin[k], 0, 1) : bin[k]))
       st = nb_last_status();
   }
-  adapt *a = st ? NULL : adapt_new(fn, vmapped(prog_fn(fn, c->prog[0], PLAIN), bat), no, ncap);
+  adapt *a =
+      st ? NULL : adapt_new(fn, vmapped(prog_fn(fn, c->prog[0], NBI_XF_PLAIN), bat), no, ncap);
   if (a) {
     for (int k = 0; k < cap0; k++)
       a_in(a, k, k);

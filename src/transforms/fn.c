@@ -194,6 +194,19 @@ nb_fn *nbi_program_fn(const char *fn, nbi_program *p) {
   return nbi_fn_make(fn, program_body, nbi_program_retain(p), program_destroy, p->n_in, p->n_out);
 }
 
+nb_fn *nbi_program_xform(const char *fn, nbi_program *p, int kind, const int *in_axes,
+                         const int *idx, int n) {
+  nb_fn *pf = nbi_program_fn(fn, p), *g = NULL;
+  if (kind == NBI_XF_PLAIN)
+    g = pf;
+  else if (pf)
+    g = kind == NBI_XF_VJP   ? nb_vjp_fn(pf)
+        : kind == NBI_XF_JVP ? nb_jvp_fn(pf)
+                             : nb_vmap(pf, in_axes, NULL);
+  if (g != pf) nb_fn_release(pf);
+  return idx ? nbi_select_fn(fn, g, idx, n) : g;
+}
+
 void nbi_release_all(nb_tensor **ts, int n) {
   for (int i = 0; i < n; i++)
     nb_release(ts[i]);

@@ -110,11 +110,12 @@ nb_fn *nbi_program_fn(const char *fn, nbi_program *p);
 /* An nb_fn giving outputs idx[0..n-1] of g, taking over the reference to g
  * (released on failure; NULL g gives NULL). */
 nb_fn *nbi_select_fn(const char *fn, nb_fn *g, const int *idx, int n);
-/* A rule's function over a body program p (checkpoint, shard_map):
- * nb_vjp_fn (NBI_XF_VJP), nb_jvp_fn (NBI_XF_JVP) or nb_vmap(., in_axes, NULL)
- * (NBI_XF_VMAP) of p as a function, then, when idx is given, only its
- * outputs idx[0..n-1] (nbi_select_fn). NULL + error on failure. */
-enum { NBI_XF_VJP, NBI_XF_JVP, NBI_XF_VMAP };
+/* A rule's function over a body program p (checkpoint, control flow,
+ * shard_map): p as a function (NBI_XF_PLAIN), or its nb_vjp_fn (NBI_XF_VJP),
+ * nb_jvp_fn (NBI_XF_JVP) or nb_vmap(., in_axes, NULL) (NBI_XF_VMAP), then,
+ * when idx is given, only its outputs idx[0..n-1] (nbi_select_fn). NULL +
+ * error on failure. */
+enum { NBI_XF_PLAIN, NBI_XF_VJP, NBI_XF_JVP, NBI_XF_VMAP };
 nb_fn *nbi_program_xform(const char *fn, nbi_program *p, int kind, const int *in_axes,
                          const int *idx, int n);
 /* Releases n tensors and frees the array (captures). */
