@@ -94,16 +94,20 @@ $(BUILD)/bench/%: bench/%.c bench/bench_common.h $(LIB_A)
 # it), the PyTorch and JAX scripts, collecting their JSON lines in
 # $(BUILD)/bench/results.jsonl; then bench/report.py prints nabla vs the peers.
 PEERS_PY := bench/peers/.venv/bin/python
+# Debian's OpenBLAS 0.3.21 misdetects AVX-512 Xeon guests (it falls back to Haswell
+# kernels); it is told SkylakeX only where the CPU has avx512f, never forced: on an AVX2
+# machine (AMD EPYC Zen 3) those kernels die with "Illegal instruction".
+OPENBLAS_ENV := $(shell grep -q -m1 -w avx512f /proc/cpuinfo 2>/dev/null && echo OPENBLAS_CORETYPE=SkylakeX)
 bench: deps
 	@$(MAKE) --no-print-directory $(BENCHES)
 	@out=$(BUILD)/bench/results.jsonl; log=$(BUILD)/bench/last.txt; : > $$out; \
 	for b in $(BENCHES); do \
-	  OPENBLAS_CORETYPE=SkylakeX $$b > $$log || { cat $$log; exit 1; }; \
+	  $(OPENBLAS_ENV) $$b > $$log || { cat $$log; exit 1; }; \
 	  cat $$log; cat $$log >> $$out; \
 	done; \
 	if [ -x $(PEERS_PY) ]; then \
 	  for s in torch_bench jax_bench; do \
-	    OPENBLAS_CORETYPE=SkylakeX $(PEERS_PY) bench/peers/$$s.py > $$log || { cat $$log; exit 1; }; \
+	    $(OPENBLAS_ENV) $(PEERS_PY) bench/peers/$$s.py > $$log || { cat $$log; exit 1; }; \
 	    cat $$log; cat $$log >> $$out; \
 	  done; \
 	  $(PEERS_PY) bench/report.py $$out; \
@@ -111,7 +115,7 @@ bench: deps
 
 bench-smoke: deps
 	@$(MAKE) --no-print-directory $(BENCHES)
-	@for b in $(BENCHES); do OPENBLAS_CORETYPE=SkylakeX $$b --smoke || exit 1; done
+	@for b in $(BENCHES); do $(OPENBLAS_ENV) $$b --smoke || exit 1; done
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/include/nabla $(DESTDIR)$(PREFIX)/lib/pkgconfig

@@ -17,8 +17,19 @@ as nabla's benches do. One JSON line per case on stdout.
 import os
 import sys
 
-# Debian's torch uses OpenBLAS, which must pick its kernels before it is loaded.
-os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
+# Debian's torch uses OpenBLAS, which must pick its kernels before it is loaded; it
+# misdetects AVX-512 Xeon guests, so it is told SkylakeX only where the CPU has avx512f
+# (those kernels trap on AVX2-only CPUs such as AMD Zen 3). The Makefile does the same.
+def _has_avx512f():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any("avx512f" in line.split() for line in f if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+if _has_avx512f():
+    os.environ.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
