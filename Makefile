@@ -32,7 +32,18 @@ LIBS := -ldnnl -lopenblas -lm
 LDFLAGS_ALL := -fopenmp $(LDSAN) $(LDFLAGS)
 
 SRCS := $(sort $(wildcard src/core/*.c src/ops/*.c src/transforms/*.c src/sharding/*.c \
-                          src/backends/cpu/*.c))
+                          src/backends/cpu/*.c src/backends/emu/*.c))
+
+# make CUDA=1: the CUDA backend (src/backends/cuda/README.md) in the same library,
+# in its own build folder. Its libraries (driver API, NVRTC, cuBLASLt) are opened
+# with dlopen at run time; the toolkit's headers are needed to build.
+ifeq ($(CUDA),1)
+CUDA_HOME ?= /usr/local/cuda
+BUILD := $(BUILD)-cuda
+SRCS += $(sort $(wildcard src/backends/cuda/*.c))
+CFLAGS_ALL += -DNABLA_CUDA=1 -isystem $(CUDA_HOME)/include
+LIBS += -ldl -lpthread
+endif
 OBJS := $(SRCS:%.c=$(BUILD)/obj/%.o)
 HDRS := $(wildcard include/nabla/*.h src/*/*.h src/backends/*.h src/backends/*/*.h \
                    src/ops/*.def)

@@ -103,18 +103,44 @@ typedef struct nb_axes {
 #define NB_ALL ((nb_axes){.n = -1})
 #define NB_NO_AXES ((nb_axes){.n = 0})
 
-/* ---- devices ---------------------------------------------------------------- */
-typedef enum nb_device_kind { NB_DEVICE_CPU = 0, NB_DEVICE_CUDA = 1 } nb_device_kind;
+/* ---- devices ----------------------------------------------------------------
+ * Every tensor lives on one device. NB_CPU is always there; NB_CUDA(i) exists in a
+ * build with CUDA=1 on a machine with a GPU (the CUDA libraries are opened at
+ * run time); NB_EMU(i) (i < 4) is an emulated device for tests: memory the core
+ * cannot read directly, CPU kernels behind the backend interface, so every
+ * access that bypasses the device seam crashes instead of silently working.
+ * Leaves are made on the calling thread's default device; an op's result lives
+ * on its inputs' device, and inputs on different devices are an eager
+ * NB_ERR_DEVICE naming the op and both devices. */
+typedef enum nb_device_kind {
+  NB_DEVICE_CPU = 0,
+  NB_DEVICE_CUDA = 1,
+  NB_DEVICE_EMU = 2
+} nb_device_kind;
 typedef struct nb_device {
   nb_device_kind kind;
   int index;
 } nb_device;
 #define NB_CPU ((nb_device){NB_DEVICE_CPU, 0})
 #define NB_CUDA(i) ((nb_device){NB_DEVICE_CUDA, (i)})
-/* Only the CPU backend is built by default; asking for a device that is not
- * available fails with NB_ERR_DEVICE and leaves the default unchanged. */
+#define NB_EMU(i) ((nb_device){NB_DEVICE_EMU, (i)})
+/* Devices of a kind this process can use: 1 for the CPU, 0 for CUDA without a
+ * GPU or without a CUDA build, 4 for NB_EMU. */
+int nb_device_count(nb_device_kind k);
+/* The calling thread's default device for new leaves (nb_zeros, nb_from_data,
+ * nb_rand, ...). A device that is not available fails with NB_ERR_DEVICE and
+ * leaves the default unchanged. */
 nb_status nb_set_default_device(nb_device d);
 nb_device nb_default_device(void);
+/* "cpu:0", "cuda:1", "emu:0" (static storage). */
+const char *nb_device_str(nb_device d);
+
+/* Matrix products in f32: HIGHEST computes in f32 (the default); HIGH allows
+ * reduced-precision inputs where the device has them (TF32 on CUDA tensor cores:
+ * about 1e-3 relative). Process-wide. */
+typedef enum nb_precision { NB_PRECISION_HIGHEST = 0, NB_PRECISION_HIGH = 1 } nb_precision;
+void nb_set_matmul_precision(nb_precision p);
+nb_precision nb_get_matmul_precision(void);
 
 /* ---- tensors and scopes ------------------------------------------------------ */
 typedef struct nb_tensor nb_tensor;
@@ -153,6 +179,12 @@ int nb_ndim(const nb_tensor *t);          /* -1 if t is NULL */
 int64_t nb_numel(const nb_tensor *t);     /* -1 if t is NULL */
 nb_dtype nb_dtype_of(const nb_tensor *t); /* NB_DTYPE_COUNT if t is NULL */
 bool nb_is_realized(const nb_tensor *t);  /* data computed and held */
+/* The device t lives on (NB_CPU if t is NULL; a sharded tensor's first device). */
+nb_device nb_device_of(const nb_tensor *t);
+/* t on device d: a new tensor (t itself when it is already there), recorded like
+ * an op (lazy) and differentiable: its VJP moves the cotangent back to t's
+ * device, its JVP moves the tangent. NB_ERR_DEVICE when d is not available. */
+nb_tensor *nb_to_device(nb_tensor *t, nb_device d);
 /* Writes "[2,3]" into buf (always NUL-terminated); returns buf. */
 char *nb_shape_str(nb_shape s, char *buf, size_t cap);
 

@@ -117,7 +117,7 @@ static void block_free(block *k) {
   size_t bytes;
   size_class(k->b.nbytes, &bytes);
   UNPOISON(k->b.data, bytes);
-  nbi_cpu_backend.free(k->b.data);
+  nbi_cpu_backend.free(NULL, k->b.data, k->b.nbytes);
   free(k);
 }
 
@@ -146,7 +146,7 @@ nbi_buffer *nbi_buffer_alloc(size_t nbytes) {
     n_hits++;
   } else if (bytes) {
     k = malloc(sizeof *k);
-    void *data = k ? nbi_cpu_backend.alloc(bytes) : NULL;
+    void *data = k ? nbi_cpu_backend.alloc(NULL, bytes) : NULL;
     if (!data) {
       free(k);
       k = NULL;

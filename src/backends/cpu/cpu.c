@@ -8,24 +8,65 @@
 #include <omp.h>
 #endif
 
-static void *cpu_alloc(size_t nbytes) {
+static void *cpu_alloc(void *ctx, size_t nbytes) {
+  (void)ctx;
   size_t n = (nbytes + 63) & ~(size_t)63;
   return aligned_alloc(64, n ? n : 64);
 }
-static void cpu_free(void *p) { free(p); }
-static void cpu_memcpy(void *dst, const void *src, size_t nbytes) { memcpy(dst, src, nbytes); }
-
-static nb_status cpu_run_kernel(const nb_tensor *node, nbi_view *out, const nbi_view *in) {
-  return nbi_op_table[node->op]->cpu(node, out, in);
+static void cpu_free(void *ctx, void *p, size_t nbytes) {
+  (void)ctx, (void)nbytes;
+  free(p);
+}
+static nb_status cpu_upload(void *ctx, void *dst, const void *src, size_t nbytes) {
+  (void)ctx;
+  if (nbytes) memcpy(dst, src, nbytes);
+  return NB_OK;
+}
+static nb_status cpu_copy(void *ctx, nbi_view *dst, const nbi_view *src) {
+  (void)ctx;
+  nbi_copy_view(dst, src);
+  return NB_OK;
+}
+static nb_status cpu_fill(void *ctx, nbi_view *dst, double value) {
+  (void)ctx;
+  nbi_fill_view(dst, value);
+  return NB_OK;
+}
+static nb_status cpu_sync(void *ctx) { /* kernels run synchronously and report at once */
+  (void)ctx;
+  return NB_OK;
+}
+static bool cpu_supports(void *ctx, int op, nb_dtype dt) {
+  (void)ctx, (void)dt;
+  return op >= 0 && op < NBI_OP_COUNT && nbi_op_table[op]->cpu != NULL;
+}
+static nb_status cpu_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const nbi_view *in) {
+  (void)ctx;
+  return nbi_op_table[n->op]->cpu(n, out, in);
+}
+static bool cpu_group_ok(void *ctx, const nbi_group *g) { /* the planner's rules are the CPU's */
+  (void)ctx, (void)g;
+  return true;
+}
+static nb_status cpu_run_group(void *ctx, const nbi_group *g, nbi_view *out, const nbi_view *in) {
+  (void)ctx, (void)g, (void)out, (void)in;
+  return nbi_error(NB_ERR_INTERNAL, "nabla: the CPU runs fused groups from their nodes");
 }
 
 const nbi_backend nbi_cpu_backend = {
     .name = "cpu",
+    .kind = NB_DEVICE_CPU,
     .alloc = cpu_alloc,
     .free = cpu_free,
-    .memcpy_to_host = cpu_memcpy,
-    .gemm = nbi_cpu_gemm,
-    .run_kernel = cpu_run_kernel,
+    .upload = cpu_upload,
+    .download = cpu_upload,
+    .copy = cpu_copy,
+    .fill = cpu_fill,
+    .sync = cpu_sync,
+    .supports = cpu_supports,
+    .run_op = cpu_run_op,
+    .group_ok = cpu_group_ok,
+    .run_group = cpu_run_group,
 };
 
 /* Flush-to-zero and denormals-are-zero: denormals cost ~100x per operation on

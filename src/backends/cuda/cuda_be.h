@@ -1,0 +1,284 @@
+/* src/backends/cuda/cuda_be.h — the CUDA backend's internal contract, shared by its
+ * files (nothing outside src/backends/cuda includes it).
+ *
+ * Built only with `make CUDA=1`. The CUDA driver API (libcuda.so.1), NVRTC
+ * (libnvrtc.so) and cuBLASLt (libcublasLt.so) are opened with dlopen at the first
+ * device query, so one library binary runs with and without them: where any is
+ * missing, or no GPU answers, nb_device_count(NB_DEVICE_CUDA) is 0 and asking
+ * for NB_CUDA(i) is NB_ERR_DEVICE. The toolkit's headers give the types at
+ * compile time only. No nvcc: every kernel, generated or hand-written, is CUDA C
+ * compiled at run time by NVRTC (straight to SASS for the device's compute
+ * capability; PTX only when the GPU is newer than NVRTC knows), cached in memory
+ * and on disk (cuda_nvrtc.c).
+ *
+ * Files:
+ *   cuda_api.c      the loader: function tables of the three libraries
+ *   cuda_device.c   contexts, the compute stream, pinned staging, host I/O, sync
+ *                   and deferred kernel errors, the vtable, device probing
+ *   cuda_alloc.c    the caching device allocator
+ *   cuda_nvrtc.c    NVRTC compilation, the in-memory and on-disk kernel caches,
+ *                   module loading, launches
+ *   cuda_copy.c     strided copy with dtype conversion, fill
+ *   cuda_preamble.c the device-side preamble every kernel source starts with
+ *   cuda_render.c   CUDA C from the planner's nbi_group descriptions and the
+ *                   shared formula list (../ew_formulas.h)
+ *   cuda_gemm.c     cuBLASLt: MATMUL, GEMM epilogue groups
+ *   cuda_ops.c      the per-op kernel table (run_op, supports) and the
+ *                   hand-written kernels' sources (index, conv, pooling)
+ * Every kernel opens with a comment giving its shapes (llm.c's habit). */
+#ifndef NABLA_CUDA_BE_H
+#define NABLA_CUDA_BE_H
+
+#include "../backend.h"
+
+#include <pthread.h>
+
+#include <cublasLt.h>
+#include <cuda.h>
+#include <nvrtc.h>
+
+/* ---- the loader (cuda_api.c) ----------------------------------------------------------
+ * Function pointers of the driver API, NVRTC and cuBLASLt, filled by
+ * nbi_cu_load (once, thread-safe). Each pointer has the type of the
+ * toolkit's prototype. */
+#define NBI_CU_FUNCS(X)                                                                            \
+  X(cuInit)                                                                                        \
+  X(cuDriverGetVersion)                                                                            \
+  X(cuDeviceGetCount)                                                                              \
+  X(cuDeviceGet)                                                                                   \
+  X(cuDeviceGetName)                                                                               \
+  X(cuDeviceGetAttribute)                                                                          \
+  X(cuDeviceTotalMem)                                                                              \
+  X(cuDevicePrimaryCtxRetain)                                                                      \
+  X(cuDevicePrimaryCtxRelease)                                                                     \
+  X(cuCtxSetCurrent)                                                                               \
+  X(cuCtxGetCurrent)                                                                               \
+  X(cuCtxSynchronize)                                                                              \
+  X(cuStreamCreate)                                                                                \
+  X(cuStreamDestroy)                                                                               \
+  X(cuStreamSynchronize)                                                                           \
+  X(cuEventCreate)                                                                                 \
+  X(cuEventDestroy)                                                                                \
+  X(cuEventRecord)                                                                                 \
+  X(cuEventSynchronize)                                                                            \
+  X(cuEventElapsedTime)                                                                            \
+  X(cuMemAlloc)                                                                                    \
+  X(cuMemFree)                                                                                     \
+  X(cuMemAllocHost)                                                                                \
+  X(cuMemFreeHost)                                                                                 \
+  X(cuMemcpyHtoDAsync)                                                                             \
+  X(cuMemcpyDtoHAsync)                                                                             \
+  X(cuMemcpyDtoDAsync)                                                                             \
+  X(cuMemcpyPeerAsync)                                                                             \
+  X(cuMemsetD8Async)                                                                               \
+  X(cuMemsetD32Async)                                                                              \
+  X(cuMemGetInfo)                                                                                  \
+  X(cuModuleLoadData)                                                                              \
+  X(cuModuleUnload)                                                                                \
+  X(cuModuleGetFunction)                                                                           \
+  X(cuFuncSetAttribute)                                                                            \
+  X(cuLaunchKernel)                                                                                \
+  X(cuGetErrorName)                                                                                \
+  X(cuGetErrorString)
+
+#define NBI_NVRTC_FUNCS(X)                                                                         \
+  X(nvrtcVersion)                                                                                  \
+  X(nvrtcGetSupportedArchs)                                                                        \
+  X(nvrtcGetNumSupportedArchs)                                                                     \
+  X(nvrtcCreateProgram)                                                                            \
+  X(nvrtcDestroyProgram)                                                                           \
+  X(nvrtcCompileProgram)                                                                           \
+  X(nvrtcGetProgramLogSize)                                                                        \
+  X(nvrtcGetProgramLog)                                                                            \
+  X(nvrtcGetCUBINSize)                                                                             \
+  X(nvrtcGetCUBIN)                                                                                 \
+  X(nvrtcGetPTXSize)                                                                               \
+  X(nvrtcGetPTX)                                                                                   \
+  X(nvrtcGetErrorString)
+
+#define NBI_LT_FUNCS(X)                                                                            \
+  X(cublasLtCreate)                                                                                \
+  X(cublasLtDestroy)                                                                               \
+  X(cublasLtGetVersion)                                                                            \
+  X(cublasLtMatmul)                                                                                \
+  X(cublasLtMatmulDescCreate)                                                                      \
+  X(cublasLtMatmulDescDestroy)                                                                     \
+  X(cublasLtMatmulDescSetAttribute)                                                                \
+  X(cublasLtMatrixLayoutCreate)                                                                    \
+  X(cublasLtMatrixLayoutDestroy)                                                                   \
+  X(cublasLtMatrixLayoutSetAttribute)                                                              \
+  X(cublasLtMatmulPreferenceCreate)                                                                \
+  X(cublasLtMatmulPreferenceDestroy)                                                               \
+  X(cublasLtMatmulPreferenceSetAttribute)                                                          \
+  X(cublasLtMatmulAlgoGetHeuristic)
+
+typedef struct nbi_cu_api {
+#define NBI_CU_FIELD_(name) __typeof__(&name) name;
+  NBI_CU_FUNCS(NBI_CU_FIELD_)
+  NBI_NVRTC_FUNCS(NBI_CU_FIELD_)
+  NBI_LT_FUNCS(NBI_CU_FIELD_)
+#undef NBI_CU_FIELD_
+  bool driver, nvrtc, lt; /* which libraries loaded */
+  char why[256];          /* why not, for the skip message and NB_ERR_DEVICE */
+} nbi_cu_api;
+extern nbi_cu_api nbi_cu;
+
+/* Loads what is there, once (later calls return the first answer): true when
+ * the driver answered cuInit. NVRTC alone is enough for nbi_cuda_compile
+ * (host-side tests run it where no GPU is). */
+bool nbi_cu_load(void);
+bool nbi_nvrtc_load(void);
+/* Records NB_ERR_DEVICE "<what>: <driver error name>: <string>" and returns it;
+ * NB_OK for CUDA_SUCCESS. */
+nb_status nbi_cu_check(CUresult r, const char *what);
+
+/* ---- a device (cuda_device.c) ---------------------------------------------------------- */
+typedef struct nbi_cuda_alloc nbi_cuda_alloc; /* cuda_alloc.c */
+
+typedef struct nbi_cuda_ctx {
+  int ordinal; /* CUDA device ordinal */
+  int table;   /* index in core's device table */
+  CUdevice dev;
+  CUcontext ctx; /* the primary context */
+  CUstream stream;
+  int cc_major, cc_minor, sm_count;
+  size_t smem_optin; /* shared memory a block may opt in to */
+  char name[128];
+  /* Deferred kernel errors: kernels that find a bad index write a code here
+   * (atomicCAS from 0); sync reads and clears it. */
+  CUdeviceptr err_word;
+  /* Pinned staging for host I/O, grown on demand. */
+  void *pinned;
+  size_t pinned_bytes;
+  nbi_cuda_alloc *alloc;
+  /* cuBLASLt */
+  cublasLtHandle_t lt;
+  CUdeviceptr lt_workspace;
+  size_t lt_workspace_bytes;
+  pthread_mutex_t lock; /* serializes the context's mutable state */
+} nbi_cuda_ctx;
+
+/* Makes c's context current on the calling thread (cheap when it is). */
+nb_status nbi_cuda_enter(nbi_cuda_ctx *c);
+/* The deferred error codes a kernel may write to err_word (an int, first
+ * writer wins: atomicCAS(err, 0, code)): code = kind | (op << 8), op the
+ * NBI_OP_* of the kernel, so sync can name the function ("nb_take: index out of
+ * range", NB_ERR_INDEX). Every kernel that can fail takes `int *err` as a
+ * parameter (c->err_word). */
+enum {
+  NBI_CUDA_KERR_NONE = 0,
+  NBI_CUDA_KERR_INDEX = 1, /* an index out of range (take, scatter, one_hot) */
+};
+
+/* ---- the caching allocator (cuda_alloc.c) -------------------------------------------------
+ * Size classes for small blocks (<= 1 MiB, rounded to 512 B, carved from 2 MiB
+ * segments), best-fit with splitting and coalescing of neighbours for large
+ * ones (rounded to 2 MiB segments). Every block is used by the device's one
+ * stream, so a freed block can be handed out again at once (stream order).
+ * On cuMemAlloc failure every cached, unused segment is freed and the
+ * allocation retried; a final failure records NB_ERR_OOM with requested,
+ * allocated and reserved bytes. */
+nbi_cuda_alloc *nbi_cuda_alloc_create(nbi_cuda_ctx *c);
+void nbi_cuda_alloc_destroy(nbi_cuda_alloc *a);
+CUdeviceptr nbi_cuda_alloc_block(nbi_cuda_alloc *a, size_t nbytes); /* 0 on OOM (recorded) */
+void nbi_cuda_free_block(nbi_cuda_alloc *a, CUdeviceptr p);
+void nbi_cuda_alloc_trim(nbi_cuda_alloc *a); /* frees every unused segment */
+void nbi_cuda_alloc_stats(const nbi_cuda_alloc *a, size_t *allocated, size_t *reserved);
+
+/* ---- NVRTC and the kernel caches (cuda_nvrtc.c) --------------------------------------------
+ * A kernel is identified by its full source text, the options, the NVRTC
+ * version and the target arch: the cache key is a hash of those (never of the
+ * output). Compiled images are cached in memory (per process) and on disk,
+ * one file per kernel under $NABLA_CACHE_DIR, else $XDG_CACHE_HOME/nabla/kernels,
+ * else ~/.cache/nabla/kernels, written to a temporary file and renamed into
+ * place; an unwritable folder disables the disk cache with one warning on
+ * stderr. */
+typedef struct nbi_cuda_image {
+  void *data; /* CUBIN (SASS) or PTX text */
+  size_t size;
+  bool ptx;
+} nbi_cuda_image;
+/* Compiles src for arch (e.g. 90: compute capability 9.0) with NVRTC: SASS
+ * when NVRTC knows the arch, else PTX for the newest arch it knows. Compile
+ * errors: NB_ERR_DEVICE with NVRTC's log in the message, never a crash.
+ * Needs only NVRTC (no GPU). img->data is malloc'd. */
+nb_status nbi_cuda_compile(const char *src, int arch, nbi_cuda_image *img);
+/* The cache key of (src, arch) with the options nbi_cuda_compile uses, as 32
+ * hex digits + NUL. */
+void nbi_cuda_cache_key(const char *src, int arch, char key[33]);
+/* The disk cache folder in use ("" when disabled). */
+const char *nbi_cuda_cache_dir(void);
+/* Function `name` of the module compiled from src on device c: memory cache,
+ * then disk cache, then NVRTC. */
+nb_status nbi_cuda_function(nbi_cuda_ctx *c, const char *src, const char *name, CUfunction *fn);
+/* Launches f on c's stream; args as cuLaunchKernel's kernelParams. */
+nb_status nbi_cuda_launch(nbi_cuda_ctx *c, CUfunction f, unsigned grid_x, unsigned grid_y,
+                          unsigned block_x, unsigned smem, void **args);
+/* Counters for tests and benches. */
+typedef struct nbi_cuda_cache_stats {
+  uint64_t compiles, memory_hits, disk_hits, disk_writes;
+} nbi_cuda_cache_stats;
+nbi_cuda_cache_stats nbi_cuda_cache_get_stats(void);
+
+/* The common device-side preamble of every generated and hand-written kernel
+ * (cuda_preamble.c). Kernel sources are "extern \"C\" __global__" functions
+ * compiled as CUDA C++ by NVRTC without any system header, so the preamble
+ * defines everything they use:
+ *   int8_t .. uint64_t;  NB_INF, NB_NAN;
+ *   float nb_f16_to_f32(unsigned short), unsigned short nb_f32_to_f16(float),
+ *   float nb_bf16_to_f32(unsigned short), unsigned short nb_f32_to_bf16(float)
+ *     (round to nearest even, as src/core/dtype.c; NaN stays NaN);
+ *   int32_t nb_sat_i32(double), int64_t nb_sat_i64(double) (truncation toward
+ *     zero, saturating, NaN -> 0, as the CPU's casts);
+ *   the formula list's names (../ew_formulas.h): wrap_add / wrap_sub /
+ *     wrap_mul, int_pow, int_mod, floor_mod / floor_modf, vm_<f>f (float) and
+ *     dm_<f> (double) for exp expm1 log log1p tanh sigmoid silu gelu softplus
+ *     erf; FN / VM / T are defined by each rendered kernel per domain;
+ *   warp and block reductions (shuffles, then shared memory) for sum, max, min
+ *     over float, double and int64.
+ * It works both under NVRTC and, through test/cuda_host_shim.h, compiled by
+ * the host's C++ compiler for the host-side tests. */
+extern const char nbi_cuda_preamble[];
+
+/* ---- the generator (cuda_render.c) ---------------------------------------------------------
+ * Renders group g (an elementwise group, a row group, or a single op treated
+ * as a one-member group) as CUDA C: returns malloc'd source (NULL + error on
+ * failure) and writes the kernel's name; launch writes how to launch it for
+ * g's sizes. The source depends only on g's structure and operand layout
+ * classes, never on addresses. */
+typedef struct nbi_cuda_launch_cfg {
+  unsigned grid, block, smem;
+} nbi_cuda_launch_cfg;
+char *nbi_cuda_render_group(const nbi_group *g, const nbi_view *out, const nbi_view *in,
+                            char name[64], nbi_cuda_launch_cfg *launch);
+bool nbi_cuda_group_ok(const nbi_cuda_ctx *c, const nbi_group *g);
+nb_status nbi_cuda_run_group(nbi_cuda_ctx *c, const nbi_group *g, nbi_view *out,
+                             const nbi_view *in);
+
+/* ---- cuBLASLt (cuda_gemm.c) --------------------------------------------------------------- */
+/* The MATMUL op (batched, broadcasting batch dims, any operand strides that
+ * cuBLASLt can express, else operands are first copied contiguous). */
+nb_status nbi_cuda_matmul(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out, const nbi_view *in);
+/* A GEMM epilogue group (kind NBI_GROUP_GEMM) as one cuBLASLt call with the
+ * BIAS / RELU_BIAS / GELU_BIAS epilogue; gemm_ok says which it can take. */
+bool nbi_cuda_gemm_ok(const nbi_cuda_ctx *c, const nbi_group *g);
+nb_status nbi_cuda_gemm_group(nbi_cuda_ctx *c, const nbi_group *g, nbi_view *out,
+                              const nbi_view *in);
+/* C[b] = A[b] @ B[b] (row-major, strided batches; batch stride 0 broadcasts), for
+ * kernels that need a product (conv2d through im2col): dt f32 / f64 / f16 / bf16
+ * (f32 accumulate). */
+nb_status nbi_cuda_gemm(nbi_cuda_ctx *c, nb_dtype dt, bool trans_a, bool trans_b, int64_t m,
+                        int64_t n, int64_t k, const void *a, int64_t lda, int64_t stride_a,
+                        const void *b, int64_t ldb, int64_t stride_b, void *cc, int64_t ldc,
+                        int64_t stride_c, int64_t batch);
+
+/* ---- copies (cuda_copy.c) ---------------------------------------------------------------- */
+/* Strided copy with dtype conversion (as nbi_copy_view) and fill (views on c). */
+nb_status nbi_cuda_copy(nbi_cuda_ctx *c, nbi_view *dst, const nbi_view *src);
+nb_status nbi_cuda_fill(nbi_cuda_ctx *c, nbi_view *dst, double value);
+
+/* ---- the op table (cuda_ops.c) -------------------------------------------------------------- */
+bool nbi_cuda_supports(void *ctx, int op, nb_dtype dt);
+nb_status nbi_cuda_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const nbi_view *in);
+
+#endif
