@@ -118,6 +118,15 @@ typedef struct nbi_backend {
    * cache and retrying). free takes the size alloc was asked for. */
   void *(*alloc)(void *ctx, size_t nbytes);
   void (*free)(void *ctx, void *p, size_t nbytes);
+  /* The backend caches blocks itself (CUDA: splitting, coalescing, stream
+   * order): core's buffer cache passes its requests straight through. */
+  bool own_cache;
+  /* Optional: bytes handed out and bytes reserved from the device, for OOM
+   * messages and tests. */
+  void (*mem_info)(void *ctx, size_t *allocated, size_t *reserved);
+  /* Optional: the native queue kernels of custom ops are given (CUDA: the
+   * device's CUstream); NULL for the CPU. */
+  void *(*native_stream)(void *ctx);
 
   /* Host I/O of contiguous bytes (dst/src on the host are plain memory). A
    * download waits for the kernels queued before it. */
