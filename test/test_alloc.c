@@ -19,7 +19,7 @@ Test(alloc, released_block_serves_the_next_request_of_its_class) {
   nbi_buffer_cache_trim();
   nb_reset_stats();
   uint64_t live0 = nb_get_stats().live_bytes;
-  nbi_buffer *a = nbi_buffer_alloc(1000);
+  nbi_buffer *a = nbi_buffer_alloc(0, 1000);
   cr_assert_not_null(a);
   nb_stats s = nb_get_stats();
   cr_expect_eq(s.live_bytes, live0 + 1000);
@@ -31,13 +31,13 @@ Test(alloc, released_block_serves_the_next_request_of_its_class) {
   cr_expect_eq(s.live_bytes, live0, "a cached block is not live");
   cr_expect_eq(s.cached_bytes, nbi_buffer_class_bytes(1000));
 
-  nbi_buffer *b = nbi_buffer_alloc(1000); /* same size */
+  nbi_buffer *b = nbi_buffer_alloc(0, 1000); /* same size */
   cr_assert_not_null(b);
   cr_expect_eq(b->data, data);
   cr_expect_eq(b->nbytes, 1000);
   cr_expect_eq(b->refcount, 1);
   nbi_buffer_release(b);
-  nbi_buffer *c = nbi_buffer_alloc(900); /* smaller, same class (897..1024) */
+  nbi_buffer *c = nbi_buffer_alloc(0, 900); /* smaller, same class (897..1024) */
   cr_assert_not_null(c);
   cr_expect_eq(c->data, data);
   memset(c->data, 7, 900);
@@ -58,7 +58,7 @@ Test(alloc, released_block_serves_the_next_request_of_its_class) {
 Test(alloc, retained_buffer_returns_to_the_cache_at_its_last_release) {
   nbi_buffer_cache_set_cap((size_t)1 << 20);
   nbi_buffer_cache_trim();
-  nbi_buffer *a = nbi_buffer_alloc(4096);
+  nbi_buffer *a = nbi_buffer_alloc(0, 4096);
   cr_assert_not_null(a);
   nbi_buffer_retain(a);
   nbi_buffer_release(a);
@@ -94,7 +94,7 @@ Test(alloc, size_classes_never_under_allocate) {
   cr_expect_eq(nbi_buffer_class_bytes(big), ((size_t)1 << 50) + 64);
   cr_expect_eq(nbi_buffer_class_bytes(SIZE_MAX), 0);
   nb_clear_error();
-  cr_expect_null(nbi_buffer_alloc(SIZE_MAX));
+  cr_expect_null(nbi_buffer_alloc(0, SIZE_MAX));
   cr_expect_eq(nb_last_status(), NB_ERR_OOM);
   nb_clear_error();
 
@@ -103,7 +103,7 @@ Test(alloc, size_classes_never_under_allocate) {
   const size_t sizes[] = {1, 63, 64, 65, 255, 257, 1000, 4097, 100000, 1 << 20};
   for (int round = 0; round < 2; round++)
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
-      nbi_buffer *b = nbi_buffer_alloc(sizes[i]);
+      nbi_buffer *b = nbi_buffer_alloc(0, sizes[i]);
       cr_assert_not_null(b);
       cr_expect_eq((uintptr_t)b->data % 64, 0);
       unsigned char *d = b->data;
@@ -123,17 +123,17 @@ Test(alloc, cap_bounds_the_cached_bytes) {
   nb_reset_stats();
   nbi_buffer *b[5];
   for (int i = 0; i < 5; i++)
-    cr_assert_not_null(b[i] = nbi_buffer_alloc(4096));
+    cr_assert_not_null(b[i] = nbi_buffer_alloc(0, 4096));
   release_all(b, 5);
   cr_expect_eq(nb_get_stats().cached_bytes, 3 * 4096, "two blocks past the cap were freed");
   for (int i = 0; i < 5; i++)
-    cr_assert_not_null(b[i] = nbi_buffer_alloc(4096));
+    cr_assert_not_null(b[i] = nbi_buffer_alloc(0, 4096));
   cr_expect_eq(nb_get_stats().buffer_cache_hits, 3);
   release_all(b, 5);
 
   cr_expect_eq(nbi_buffer_cache_set_cap(5000), 3 * 4096, "set_cap returns the old cap");
   cr_expect_leq(nb_get_stats().cached_bytes, 5000, "lowering the cap evicts");
-  nbi_buffer *big = nbi_buffer_alloc(8192);
+  nbi_buffer *big = nbi_buffer_alloc(0, 8192);
   cr_assert_not_null(big);
   nbi_buffer_release(big);
   cr_expect_leq(nb_get_stats().cached_bytes, 5000, "a block over the cap is freed");
@@ -142,7 +142,7 @@ Test(alloc, cap_bounds_the_cached_bytes) {
   cr_expect_eq(nb_get_stats().cached_bytes, 0);
   nb_reset_stats();
   for (int i = 0; i < 3; i++) {
-    nbi_buffer *x = nbi_buffer_alloc(4096);
+    nbi_buffer *x = nbi_buffer_alloc(0, 4096);
     cr_assert_not_null(x);
     nbi_buffer_release(x);
   }
@@ -156,13 +156,13 @@ Test(alloc, trim_empties_the_cache) {
   nbi_buffer_cache_set_cap((size_t)1 << 24);
   nbi_buffer *b[6];
   for (int i = 0; i < 6; i++)
-    cr_assert_not_null(b[i] = nbi_buffer_alloc((size_t)1000 << i));
+    cr_assert_not_null(b[i] = nbi_buffer_alloc(0, (size_t)1000 << i));
   release_all(b, 6);
   cr_expect_gt(nb_get_stats().cached_bytes, 0);
   nbi_buffer_cache_trim();
   cr_expect_eq(nb_get_stats().cached_bytes, 0);
   nb_reset_stats();
-  nbi_buffer *x = nbi_buffer_alloc(1000);
+  nbi_buffer *x = nbi_buffer_alloc(0, 1000);
   cr_assert_not_null(x);
   cr_expect_eq(nb_get_stats().buffer_cache_hits, 0);
   nbi_buffer_release(x);
@@ -195,7 +195,7 @@ Test(alloc, env_zero_disables_the_cache, .init = env_off, .fini = tc_teardown) {
 Test(alloc, env_sets_the_cap, .init = env_8k, .fini = tc_teardown) {
   nbi_buffer *b[3];
   for (int i = 0; i < 3; i++)
-    cr_assert_not_null(b[i] = nbi_buffer_alloc(4096));
+    cr_assert_not_null(b[i] = nbi_buffer_alloc(0, 4096));
   release_all(b, 3);
   cr_expect_eq(nb_get_stats().cached_bytes, 8192);
   cr_expect_eq(nbi_buffer_cache_set_cap(0), 8192);

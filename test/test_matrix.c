@@ -190,6 +190,14 @@ MX_BODY(b_max_pool2d_pad, nb_max_pool2d(in[0], 3, 3, 2, 2, 1, 1))
 MX_BODY(b_attention, nb_attention(in[0], in[1], in[2], in[3]))
 MX_BODY(b_attention_nomask, nb_attention(in[0], in[1], in[2], NULL))
 MX_BODY(b_detach, nb_mul(in[0], nb_detach(nb_sin(in[0]))))
+/* to another device (an emulated one) and back: values and derivatives move along */
+static nb_tensor *round_trip(nb_tensor *x) {
+  nb_device home = nb_device_of(x), away = home.kind == NB_DEVICE_EMU && home.index == 3
+                                                ? NB_EMU(2)
+                                                : NB_EMU(3);
+  return nb_to_device(nb_sin(nb_to_device(x, away)), home);
+}
+MX_BODY(b_to_device, round_trip(in[0]))
 MX_BODY(b_identity, in[0])
 
 /* split [2,4] into [2,1] and [2,3]; one output: their broadcast product */
@@ -534,6 +542,7 @@ MX_BODY(b_shard_like, nbi_shard_like(nb_mul(in[0], in[1]), in[1]))
   MX_UN(X, reciprocal, SM, R(0.5, 2, 2, 3))                                                        \
   MX_UN(X, logical_not, ND, BL(2, 3))                                                              \
   X(cast_f32, b_cast_f32, MX_NOFD, IN(1, X23))                                                     \
+  X(to_device, b_to_device, SM, IN(1, X23))                                                        \
   X(cast_i64, b_cast_i64, ND, IN(1, W(-3, 3, 2, 3)))                                               \
   X(cast_from_i64, b_cast_from_i64, ND, IN(1, IX(-3, 3, 2, 3)))                                    \
   /* elementwise binary: [2,3] with [3] (broadcast), plus other broadcasts */                      \

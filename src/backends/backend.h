@@ -108,6 +108,15 @@ typedef struct nbi_group {
   nb_tensor *const *nodes;
 } nbi_group;
 
+/* The description of group nodes[0..m-1] as nbi_fuse_plan formed it (store[k]:
+ * member k needs a buffer); ext[k] receives operand k's tensor. false when the
+ * group has none (GEMM epilogues: CPU only; a row group's reshape of an outside
+ * value). src/core/fuse.c. */
+bool nbi_fuse_describe(nb_tensor *const *nodes, int m, const bool *store, nbi_group *g,
+                       const nb_tensor **ext);
+/* Operand k's view (of F's dims, as above) for its tensor x. */
+nbi_view nbi_fuse_operand_view(const nbi_group *g, int k, const nb_tensor *x);
+
 /* ---- the backend vtable --------------------------------------------------------------- */
 typedef struct nbi_backend {
   const char *name; /* "cpu", "emu", "cuda" */
@@ -115,7 +124,9 @@ typedef struct nbi_backend {
 
   /* Raw blocks of device memory, at least 64-byte aligned; NULL when out of
    * memory (no error recorded: core's allocator reports, after trimming its
-   * cache and retrying). free takes the size alloc was asked for. */
+   * cache and retrying). free takes the size alloc was asked for, and may come
+   * while queued kernels still use the block: the backend keeps that safe (a
+   * block is reused only after them, e.g. in stream order). */
   void *(*alloc)(void *ctx, size_t nbytes);
   void (*free)(void *ctx, void *p, size_t nbytes);
   /* The backend caches blocks itself (CUDA: splitting, coalescing, stream
@@ -129,7 +140,8 @@ typedef struct nbi_backend {
   void *(*native_stream)(void *ctx);
 
   /* Host I/O of contiguous bytes (dst/src on the host are plain memory). A
-   * download waits for the kernels queued before it. */
+   * download waits for the kernels queued before it and, like sync, returns
+   * the first error they found (so reading a value reports a failed kernel). */
   nb_status (*upload)(void *ctx, void *dev_dst, const void *host_src, size_t nbytes);
   nb_status (*download)(void *ctx, void *host_dst, const void *dev_src, size_t nbytes);
 
@@ -190,21 +202,6 @@ void nbi_emu_probe(void); /* src/backends/emu: NB_EMU(0..3) */
 void nbi_cuda_probe(void);
 const char *nbi_cuda_why(void);
 #endif
-
-/* ---- host I/O through the seam (src/core/device.c) -------------------------------------
- * Every place outside the backends that reads or writes tensor data from the
- * host goes through these: nb_to_host, nb_item, nb_from_data, creation, the
- * RNG, printing, constant folding, control-flow predicates, checkpoint and
- * shard_map copies, autodiff bases, custom ops. */
-/* dst (host, contiguous, v's dims and dst_dt) = view v on device dev. */
-nb_status nbi_host_read(int dev, const nbi_view *v, void *dst, nb_dtype dst_dt);
-/* view v on device dev = src (host, contiguous, v's dims, src_dt). */
-nb_status nbi_host_write(int dev, nbi_view *v, const void *src, nb_dtype src_dt);
-/* Element 0 of v as double (one small download). */
-nb_status nbi_host_scalar(int dev, const nbi_view *v, double *out);
-/* dst = src on one device (copy with conversion), and fill. */
-nb_status nbi_dev_copy(int dev, nbi_view *dst, const nbi_view *src);
-nb_status nbi_dev_fill(int dev, nbi_view *dst, double value);
 
 /* nb_set_matmul_precision's setting (src/core/device.c), read by GEMM kernels. */
 nb_precision nbi_matmul_precision(void);

@@ -1,5 +1,9 @@
-/* src/core/alloc.c — tensor buffers: a caching allocator over the CPU backend's
- * 64-byte aligned alloc/free.
+/* src/core/alloc.c — tensor buffers: a caching allocator over each device's raw
+ * blocks (the backend's alloc/free, src/backends/backend.h), one set of free
+ * lists per device. A backend that caches its own blocks (own_cache: CUDA's
+ * allocator splits and coalesces in stream order) is passed straight through.
+ * When a backend is out of memory, the cached blocks of that device are freed
+ * and the request tried once more.
  *
  * A request is rounded up to a size class: multiples of 64 bytes up to 256,
  * then four classes per power of two (2^k * 5/4, 6/4, 7/4, 8/4), so a block is
@@ -57,7 +61,7 @@ typedef struct block {
 #define DEFAULT_CAP ((size_t)1 << 30)
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static block *free_list[N_CLASSES];
+static block *free_list[NBI_MAX_DEVICES][N_CLASSES];
 static size_t cached_bytes, cap_bytes;
 static bool configured, closed;
 static uint64_t n_requests, n_hits;
@@ -113,40 +117,61 @@ static void configure(void) {
   cap_bytes = parse_cap(getenv("NABLA_CACHE_BYTES"));
 }
 
-static void block_free(block *k) {
+/* Only CPU memory is host memory the sanitizer (and memset) may touch. */
+static bool host_memory(int dev) { return dev == 0; }
+
+/* The block size a buffer of nbytes takes on dev: its class's size, or exactly
+ * what was asked on a device that caches itself. */
+static size_t block_bytes(const nbi_device *d, size_t nbytes) {
   size_t bytes;
-  size_class(k->b.nbytes, &bytes);
-  UNPOISON(k->b.data, bytes);
-  nbi_cpu_backend.free(NULL, k->b.data, k->b.nbytes);
+  size_class(nbytes, &bytes);
+  return d->be->own_cache ? nbytes : bytes;
+}
+
+static void block_free(block *k) {
+  const nbi_device *d = nbi_device_at(k->b.device);
+  size_t bytes = block_bytes(d, k->b.nbytes);
+  if (host_memory(k->b.device)) UNPOISON(k->b.data, bytes);
+  d->be->free(d->ctx, k->b.data, bytes ? bytes : 1);
   free(k);
 }
 
-/* Frees cached blocks, largest classes first, until at most limit bytes stay. */
-static void evict_to(size_t limit) {
-  for (int c = N_CLASSES - 1; c >= 0 && cached_bytes > limit; c--)
-    while (free_list[c] && cached_bytes > limit) {
-      block *k = free_list[c];
-      free_list[c] = k->next;
-      cached_bytes -= nbi_buffer_class_bytes(k->b.nbytes);
-      block_free(k);
-    }
+/* Frees cached blocks of device dev (every device when dev < 0), largest
+ * classes first, until at most limit bytes stay cached. */
+static void evict_to(int dev, size_t limit) {
+  for (int v = 0; v < NBI_MAX_DEVICES; v++) {
+    if (dev >= 0 && v != dev) continue;
+    for (int c = N_CLASSES - 1; c >= 0 && cached_bytes > limit; c--)
+      while (free_list[v][c] && cached_bytes > limit) {
+        block *k = free_list[v][c];
+        free_list[v][c] = k->next;
+        cached_bytes -= nbi_buffer_class_bytes(k->b.nbytes);
+        block_free(k);
+      }
+  }
 }
 
-nbi_buffer *nbi_buffer_alloc(size_t nbytes) {
+nbi_buffer *nbi_buffer_alloc(int dev, size_t nbytes) {
+  const nbi_device *d = nbi_device_at(dev);
   size_t bytes;
-  int c = size_class(nbytes, &bytes);
+  int c = d->be->own_cache ? -1 : size_class(nbytes, &bytes);
+  if (d->be->own_cache) bytes = nbytes ? nbytes : 1;
   block *k = NULL;
   pthread_mutex_lock(&lock);
   configure();
   n_requests++;
-  if (c >= 0 && free_list[c]) {
-    k = free_list[c];
-    free_list[c] = k->next;
+  if (c >= 0 && free_list[dev][c]) {
+    k = free_list[dev][c];
+    free_list[dev][c] = k->next;
     cached_bytes -= bytes;
     n_hits++;
   } else if (bytes) {
     k = malloc(sizeof *k);
-    void *data = k ? nbi_cpu_backend.alloc(NULL, bytes) : NULL;
+    void *data = k ? d->be->alloc(d->ctx, bytes) : NULL;
+    if (k && !data && cached_bytes) { /* out of memory: free what this device caches, retry */
+      evict_to(dev, 0);
+      data = d->be->alloc(d->ctx, bytes);
+    }
     if (!data) {
       free(k);
       k = NULL;
@@ -157,18 +182,20 @@ nbi_buffer *nbi_buffer_alloc(size_t nbytes) {
   if (k) nbi_stats_alloc(nbytes);
   pthread_mutex_unlock(&lock);
   if (!k) {
-    nbi_error(NB_ERR_OOM, "nabla: out of memory allocating %zu bytes", nbytes);
+    nbi_error(NB_ERR_OOM, "nabla: out of memory allocating %zu bytes on %s", nbytes, d->name);
     return NULL;
   }
   k->b.refcount = 1;
-  k->b.device = 0;
+  k->b.device = dev;
   k->b.nbytes = nbytes;
   k->next = NULL;
-  UNPOISON(k->b.data, nbytes);
-  POISON((char *)k->b.data + nbytes, bytes - nbytes);
+  if (host_memory(dev)) {
+    UNPOISON(k->b.data, nbytes);
+    POISON((char *)k->b.data + nbytes, bytes - nbytes);
 #ifdef NBI_ASAN
-  memset(k->b.data, 0xff, nbytes);
+    memset(k->b.data, 0xff, nbytes);
 #endif
+  }
   return &k->b;
 }
 
@@ -180,14 +207,14 @@ void nbi_buffer_release(nbi_buffer *b) {
   if (!b || --b->refcount > 0) return;
   block *k = (block *)b;
   size_t bytes;
-  int c = size_class(b->nbytes, &bytes);
+  int c = nbi_device_at(b->device)->be->own_cache ? -1 : size_class(b->nbytes, &bytes);
   pthread_mutex_lock(&lock);
   nbi_stats_free(b->nbytes);
   bool keep = !closed && c >= 0 && bytes <= cap_bytes - cached_bytes;
   if (keep) {
-    POISON(b->data, bytes);
-    k->next = free_list[c];
-    free_list[c] = k;
+    if (host_memory(b->device)) POISON(b->data, bytes);
+    k->next = free_list[b->device][c];
+    free_list[b->device][c] = k;
     cached_bytes += bytes;
   } else {
     block_free(k);
@@ -197,7 +224,7 @@ void nbi_buffer_release(nbi_buffer *b) {
 
 void nbi_buffer_cache_trim(void) {
   pthread_mutex_lock(&lock);
-  evict_to(0);
+  evict_to(-1, 0);
   pthread_mutex_unlock(&lock);
 }
 
@@ -206,7 +233,7 @@ size_t nbi_buffer_cache_set_cap(size_t cap) {
   configure();
   size_t old = cap_bytes;
   cap_bytes = cap;
-  evict_to(cap);
+  evict_to(-1, cap);
   pthread_mutex_unlock(&lock);
   return old;
 }
@@ -229,7 +256,7 @@ void nbi_buffer_cache_reset_stats(void) {
  * whatever is released later (other destructors) directly. */
 __attribute__((destructor)) static void buffer_cache_cleanup(void) {
   pthread_mutex_lock(&lock);
-  evict_to(0);
+  evict_to(-1, 0);
   closed = true;
   pthread_mutex_unlock(&lock);
 }

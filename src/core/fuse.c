@@ -10,8 +10,9 @@
  * or read by a later step), so it gets a buffer; the others live in the
  * executor's tiles only.
  */
-#include "nbi.h"
+#include "../backends/backend.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 
 #include "../backends/cpu/k_gemm_epi.h"
@@ -137,7 +138,7 @@ static bool global_member(const fgroup *g, nb_tensor *const *nodes, int i, bool 
  * member. */
 static bool joins(const fgroup *g, nb_tensor *const *nodes, int i, bool ew, int ra, bool global) {
   const nb_tensor *t = nodes[i], *f = nodes[g->first];
-  if (t->dtype != f->dtype || i - g->first >= NBI_FUSE_MAX) return false;
+  if (t->dtype != f->dtype || t->device != f->device || i - g->first >= NBI_FUSE_MAX) return false;
   if (global || g->global) return global; /* after the first global member, only those */
   if (ra >= 0) /* works along F's trailing axes, as the group's others do */
     return nbi_shape_eq(&t->in[0]->shape, &g->full) && (g->ra < 0 || g->ra == ra);
@@ -183,7 +184,9 @@ void nbi_fuse_plan(nb_tensor *const *nodes, int n_nodes, const bool *held, int *
       if (nodes[i]->in[k]->mark >= 0) last[nodes[i]->in[k]->mark] = i;
   for (int i = 0; i < n_nodes; i++) {
     /* GEMM epilogues: [matmul, add bias, activation] as one group (k_gemm_epi.c). */
-    int epi = nbi_fusion_enabled() ? nbi_cpu_gemm_epi_match(nodes, n_nodes, i, held) : 0;
+    int epi = nbi_fusion_enabled() && nodes[i]->device == 0
+                  ? nbi_cpu_gemm_epi_match(nodes, n_nodes, i, held)
+                  : 0;
     if (epi > 1) {
       for (int k = 0; k < epi; k++)
         group[i + k] = i;
@@ -243,12 +246,136 @@ bool nbi_fuse_view(const nb_tensor *t) {
          t->op == NBI_OP_STOP_GRADIENT;
 }
 
+/* ---- the neutral description (backend.h, "fused groups") ------------------------------- */
+/* dst = src with zero padding, so a description hashes the same every time. */
+static void copy_shape(nb_shape *dst, const nb_shape *src) {
+  memset(dst, 0, sizeof *dst);
+  dst->ndim = src->ndim;
+  memcpy(dst->dims, src->dims, sizeof dst->dims);
+}
+
+/* The operand slot for outside value x read at level lv, added when new. */
+static int operand_slot(nbi_group *g, const nb_tensor **ext, const nb_tensor *x, uint8_t lv) {
+  for (int k = 0; k < g->n_operands; k++)
+    if (ext[k] == x && g->operand[k].level == lv) return k;
+  ext[g->n_operands] = x;
+  g->operand[g->n_operands].dtype = x->dtype;
+  g->operand[g->n_operands].level = lv;
+  return g->n_operands++;
+}
+
+/* The level at which a member of role r reads its operands. */
+static uint8_t read_level(uint8_t r) {
+  switch (r) {
+  case NBI_ROLE_PER_ROW:
+  case NBI_ROLE_GLOBAL_REDUCE: return NBI_ROLE_PER_ROW;
+  case NBI_ROLE_GLOBAL: return NBI_ROLE_GLOBAL;
+  default: return NBI_ROLE_FULL;
+  }
+}
+
+bool nbi_fuse_describe(nb_tensor *const *nodes, int m, const bool *store, nbi_group *g,
+                       const nb_tensor **ext) {
+  memset(g, 0, sizeof *g);
+  if (m < 1 || m > NBI_FUSE_MAX || nodes[0]->op == NBI_OP_MATMUL) return false;
+  int ra = -1, first_row = -1;
+  for (int k = 0; k < m && ra < 0; k++)
+    if ((ra = row_op(nodes[k])) >= 0) first_row = k;
+  g->kind = ra >= 0 ? NBI_GROUP_ROWS : NBI_GROUP_ELEMENTWISE;
+  g->dtype = nodes[0]->dtype;
+  copy_shape(&g->full, ra >= 0 ? &nodes[first_row]->in[0]->shape : &nodes[0]->shape);
+  g->ra = ra >= 0 ? ra : g->full.ndim;
+  g->rows = 1;
+  for (int d = 0; d < g->ra && ra >= 0; d++)
+    g->rows *= g->full.dims[d];
+  g->cols = nbi_numel(&g->full) / (g->rows ? g->rows : 1);
+  if (ra >= 0 && g->rows == 0) g->cols = 0;
+  g->n_members = m;
+  for (int k = 0; k < m; k++) {
+    const nb_tensor *t = nodes[k];
+    nbi_group_member *e = &g->m[k];
+    e->op = (int16_t)t->op;
+    e->dtype = t->dtype;
+    copy_shape(&e->shape, &t->shape);
+    e->n_in = (uint8_t)t->n_in;
+    e->out = store[k] ? (int16_t)g->n_outputs++ : -1;
+    for (int a = 0; a < NBI_GROUP_ATTRS; a++)
+      e->ai[a] = t->attrs.i[a];
+    e->af[0] = t->attrs.f[0], e->af[1] = t->attrs.f[1];
+    bool reduce = nbi_cpu_reduce_row_fusible(t);
+    if (ra < 0)
+      e->role = NBI_ROLE_FULL;
+    else if (g->rows >= 2 && nbi_numel(&t->shape) == 1)
+      e->role = reduce ? NBI_ROLE_GLOBAL_REDUCE : NBI_ROLE_GLOBAL;
+    else if (nbi_cpu_axis_row_fusible(t))
+      e->role = NBI_ROLE_AXIS;
+    else if (reduce)
+      e->role = NBI_ROLE_ROW_REDUCE;
+    else
+      e->role = nbi_shape_eq(&t->shape, &g->full) ? NBI_ROLE_FULL : NBI_ROLE_PER_ROW;
+    if (t->n_in > 3) return false;
+    for (int q = 0; q < t->n_in; q++) {
+      const nb_tensor *x = t->in[q];
+      int j = k - 1;
+      while (j >= 0 && nodes[j] != x)
+        j--;
+      if (j >= 0) {
+        e->src[q] = (int16_t)j;
+        continue;
+      }
+      /* a reshape between per-row shapes reads its operand by its own linear
+       * row index, which a view over F's row axes cannot express */
+      if (ra >= 0 && t->op == NBI_OP_RESHAPE && !nbi_shape_eq(&x->shape, &t->shape)) return false;
+      if (g->n_operands == NBI_FUSE_MAX) return false;
+      e->src[q] = (int16_t)(-1 - operand_slot(g, ext, x, read_level(e->role)));
+    }
+  }
+  uint64_t a = 0x9e3779b97f4a7c15ull, b = 0xcbf29ce484222325ull;
+  const uint64_t *w = (const uint64_t *)(const void *)g;
+  for (size_t i = 0; i < offsetof(nbi_group, key) / 8; i++)
+    nbi_hash_mix(&a, &b, w[i]);
+  g->key[0] = a, g->key[1] = b;
+  return true;
+}
+
+nbi_view nbi_fuse_operand_view(const nbi_group *g, int k, const nb_tensor *x) {
+  nbi_view v = nbi_tensor_view(x), r = v;
+  const nb_shape *F = &g->full;
+  switch (g->operand[k].level) {
+  case NBI_ROLE_FULL: return nbi_view_broadcast(&v, F);
+  case NBI_ROLE_GLOBAL:
+    r.ndim = F->ndim;
+    for (int d = 0; d < F->ndim; d++)
+      r.dims[d] = F->dims[d], r.strides[d] = 0;
+    return r;
+  default: break;
+  }
+  /* per row: keepdims form (ones on the row axes' complement) in place, else
+   * right-aligned to the row axes F[0..ra); stride 0 along the row */
+  bool keep = x->shape.ndim == F->ndim;
+  for (int d = g->ra; d < F->ndim && keep; d++)
+    keep = x->shape.dims[d] == 1;
+  nb_shape rs = {.ndim = keep ? F->ndim : g->ra};
+  for (int d = 0; d < rs.ndim; d++)
+    rs.dims[d] = d < g->ra ? F->dims[d] : 1;
+  nbi_view b = nbi_view_broadcast(&v, &rs);
+  r.ndim = F->ndim;
+  for (int d = 0; d < F->ndim; d++) {
+    r.dims[d] = F->dims[d];
+    r.strides[d] = d < g->ra ? b.strides[d] : 0;
+  }
+  r.data = b.data;
+  return r;
+}
+
 /* Runs steps first..end as one fused kernel: buffers only for the members whose
  * value is needed outside the group (a member the planner gave an input's
- * buffer to write in place keeps it). */
+ * buffer to write in place keeps it). On the CPU the executors walk the nodes;
+ * other devices get the neutral description and operand views. */
 nb_status nbi_fuse_run(nb_tensor *const *nodes, int m, const bool *store) {
   nbi_view out[NBI_FUSE_MAX];
   nb_status st = NB_OK;
+  int dev = nodes[0]->device;
   for (int k = 0; k < m && !st; k++) {
     if (!store[k]) continue;
     nb_tensor *t = nodes[k];
@@ -256,7 +383,7 @@ nb_status nbi_fuse_run(nb_tensor *const *nodes, int m, const bool *store) {
       out[k] = nbi_tensor_view(t);
       continue;
     }
-    nbi_buffer *b = nbi_buffer_alloc((size_t)nbi_numel(&t->shape) * nb_dtype_size(t->dtype));
+    nbi_buffer *b = nbi_buffer_alloc(dev, (size_t)nbi_numel(&t->shape) * nb_dtype_size(t->dtype));
     if (!b) {
       st = NB_ERR_OOM;
       break;
@@ -269,12 +396,28 @@ nb_status nbi_fuse_run(nb_tensor *const *nodes, int m, const bool *store) {
   int ra = -1; /* a row group: its row ops' first trailing axis */
   for (int k = 0; k < m && ra < 0; k++)
     ra = row_op(nodes[k]);
-  if (!st && nodes[0]->op == NBI_OP_MATMUL)
+  if (!st && dev != 0) {
+    nbi_group g;
+    const nb_tensor *ext[NBI_FUSE_MAX];
+    nbi_view in[NBI_FUSE_MAX], slot[NBI_FUSE_MAX];
+    if (!nbi_fuse_describe(nodes, m, store, &g, ext)) {
+      st = nbi_error(NB_ERR_INTERNAL, "nb_eval: a fused group the planner kept has no description");
+    } else {
+      g.nodes = nodes;
+      for (int k = 0; k < g.n_operands; k++)
+        in[k] = nbi_fuse_operand_view(&g, k, ext[k]);
+      for (int k = 0; k < m; k++)
+        if (g.m[k].out >= 0) slot[g.m[k].out] = out[k];
+      const nbi_device *d = nbi_device_at(dev);
+      st = d->be->run_group(d->ctx, &g, slot, in);
+    }
+  } else if (!st && nodes[0]->op == NBI_OP_MATMUL) {
     st = nbi_cpu_gemm_epi_run(nodes, m, store, out);
-  else if (!st && ra >= 0)
+  } else if (!st && ra >= 0) {
     st = nbi_cpu_rows_fused(nodes, m, store, out, ra);
-  else if (!st)
+  } else if (!st) {
     st = nbi_cpu_elementwise_fused(nodes, m, store, out);
+  }
   if (st)
     for (int k = 0; k < m; k++) {
       nbi_buffer_release(nodes[k]->shard0.buf);
@@ -283,4 +426,14 @@ nb_status nbi_fuse_run(nb_tensor *const *nodes, int m, const bool *store) {
   else
     nbi_stats_kernel();
   return st;
+}
+
+bool nbi_fuse_supported(nb_tensor *const *nodes, int m, const bool *store) {
+  int dev = nodes[0]->device;
+  if (dev == 0) return true;
+  nbi_group g;
+  const nb_tensor *ext[NBI_FUSE_MAX];
+  if (!nbi_fuse_describe(nodes, m, store, &g, ext)) return false;
+  const nbi_device *d = nbi_device_at(dev);
+  return d->be->group_ok(d->ctx, &g);
 }

@@ -50,7 +50,7 @@
  * buffer is unshared (refcount 1), contiguous and starts at offset 0, and
  * allocates otherwise.
  */
-#include "nbi.h"
+#include "../backends/backend.h"
 
 #include <omp.h>
 #include <stdio.h>
@@ -313,8 +313,8 @@ static void graph_hash(const graph *g, const int *uses, const uint8_t *flags, in
   hash_i64(h, g->n);
   for (int i = 0; i < g->n; i++) {
     const nb_tensor *t = g->nodes[i];
-    int64_t head[5] = {t->op, t->dtype, t->n_in, flags[i], t->shape.ndim};
-    hash_words(h, head, 5);
+    int64_t head[6] = {t->op, t->dtype, t->n_in, flags[i], t->shape.ndim, t->device};
+    hash_words(h, head, 6);
     hash_words(h, t->shape.dims, (size_t)t->shape.ndim);
     hash_words(h, &t->attrs, sizeof t->attrs / sizeof(uint64_t));
     for (int k = 0; k < t->n_in; k++)
@@ -323,8 +323,8 @@ static void graph_hash(const graph *g, const int *uses, const uint8_t *flags, in
   }
   for (int i = 0; i < g->n_leaves; i++) {
     const nb_tensor *l = g->leaves[i];
-    int64_t head[3] = {l->dtype, l->shape.ndim, i == dying};
-    hash_words(h, head, 3);
+    int64_t head[4] = {l->dtype, l->shape.ndim, i == dying, l->device};
+    hash_words(h, head, 4);
     hash_words(h, l->shape.dims, (size_t)l->shape.ndim);
     hash_words(h, l->shard0.strides, (size_t)l->shape.ndim);
   }
@@ -443,6 +443,13 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
    * of steps and of leaves, on the simplified graph. */
   simplified_view(p, g, cn, true);
   nbi_fuse_plan(cn, n_run, root_run, p->group, p->store);
+  for (int f = 0; f < n_run;) { /* groups a device cannot run become single steps */
+    int e = nbi_fuse_group_end(p->group, n_run, f);
+    if (e > f && !nbi_fuse_supported(cn + f, e - f + 1, p->store + f))
+      for (int k = f; k <= e; k++)
+        p->group[k] = k, p->store[k] = true;
+    f = e + 1;
+  }
   for (int c = 0; c < n_run; c++)
     last[c] = -1;
   for (int l = 0; l < g->n_leaves; l++)
@@ -620,16 +627,17 @@ static nb_status run_node(nb_tensor *t, nbi_buffer *reuse, bool count) {
     memcpy(t->shard0.strides, out.strides, sizeof out.strides);
     return NB_OK;
   }
-  if (!def->cpu) {
+  const nbi_device *d = nbi_device_at(t->device);
+  if (!def->exec && !d->be->supports(d->ctx, t->op, t->dtype)) {
     nbi_buffer_release(reuse);
-    return nbi_error(NB_ERR_INTERNAL, "nb_eval: op %s has no CPU kernel", def->name);
+    return nbi_error(NB_ERR_DEVICE, "nb_eval: op %s has no kernel on %s", def->name, d->name);
   }
   size_t nbytes = (size_t)nbi_numel(&t->shape) * nb_dtype_size(t->dtype);
-  nbi_buffer *b = reuse ? reuse : nbi_buffer_alloc(nbytes);
+  nbi_buffer *b = reuse ? reuse : nbi_buffer_alloc(t->device, nbytes);
   if (!b) return NB_ERR_OOM;
   out.data = b->data;
   nbi_contig_strides(&t->shape, out.strides);
-  nb_status st = def->cpu(t, &out, in);
+  nb_status st = def->exec ? def->exec(t, &out, in) : d->be->run_op(d->ctx, t, &out, in);
   if (st) {
     nbi_buffer_release(b);
     return st;
@@ -769,8 +777,8 @@ static bool par_step(const plan *p, nb_tensor *const *cn, int c) {
   if (p->group[c] != c || (c + 1 < p->n_run && p->group[c + 1] == c)) return false;
   const nb_tensor *t = cn[c];
   const nbi_op_def *def = nbi_op_table[t->op];
-  return def->cpu && !def->view && !(def->flags & NBI_OPF_MULTI) && par_leaf_op(t->op) &&
-         par_small(t);
+  return t->device == 0 && def->cpu && !def->view && !(def->flags & NBI_OPF_MULTI) &&
+         par_leaf_op(t->op) && par_small(t);
 }
 
 /* The window starting at c: its last position e (> c) with level[0..e-c]

@@ -86,7 +86,8 @@ typedef struct nbi_storage {
 
 /* Buffers come from a caching allocator (src/core/alloc.c): size classes, one
  * free list per class, a byte cap (env NABLA_CACHE_BYTES, default 1 GiB). */
-nbi_buffer *nbi_buffer_alloc(size_t nbytes); /* NULL + NB_ERR_OOM on failure */
+/* A buffer on device dev (an index of the device table, src/backends/backend.h). */
+nbi_buffer *nbi_buffer_alloc(int dev, size_t nbytes); /* NULL + NB_ERR_OOM on failure */
 void nbi_buffer_retain(nbi_buffer *b);
 void nbi_buffer_release(nbi_buffer *b);       /* at refcount 0: back to the cache or freed */
 size_t nbi_buffer_class_bytes(size_t nbytes); /* block size serving a request; 0: too big */
@@ -104,6 +105,25 @@ void nbi_fill_view(nbi_view *dst, double value);
 /* Returns v with its dims broadcast to s (stride 0 on broadcast dims; leading
  * dims added). s must be a valid broadcast target of v. */
 nbi_view nbi_view_broadcast(const nbi_view *v, const nb_shape *s);
+
+/* ---- host I/O through the seam (src/core/device.c) ----------------
+ * Every place outside the backends that reads or writes tensor data from the
+ * host goes through these: nb_to_host, nb_item, nb_from_data, creation, the
+ * RNG, printing, constant folding, control-flow predicates, checkpoint and
+ * shard_map copies, autodiff bases, custom ops. */
+/* dst (host, contiguous, v's dims and dst_dt) = view v on device dev. */
+nb_status nbi_host_read(int dev, const nbi_view *v, void *dst, nb_dtype dst_dt);
+/* view v on device dev = src (host, contiguous, v's dims, src_dt). */
+nb_status nbi_host_write(int dev, nbi_view *v, const void *src, nb_dtype src_dt);
+/* Element 0 of v as double (one small download). */
+nb_status nbi_host_scalar(int dev, const nbi_view *v, double *out);
+/* dst = src on one device (copy with conversion), and fill. */
+nb_status nbi_dev_copy(int dev, nbi_view *dst, const nbi_view *src);
+/* dst (on dst_dev) = src (on src_dev), same dims: one device's copy, or through
+ * the host between two devices. */
+nb_status nbi_copy_between(int dst_dev, nbi_view *dst, int src_dev, const nbi_view *src);
+nb_status nbi_dev_fill(int dev, nbi_view *dst, double value);
+nb_status nbi_dev_sync(int dev);
 
 /* ---- op attributes ---------------------------------------------------------- */
 #define NBI_MAX_IATTR 32
@@ -153,6 +173,7 @@ struct nb_tensor {
   nb_shape shape;
   nb_dtype dtype;
   int op;       /* NBI_OP_* that produces it (NBI_OP_CONST for data leaves) */
+  int device;   /* device table index (src/backends/backend.h): where its data lives */
   uint64_t seq; /* creation order (process-wide, increasing): a node can only
                    depend on nodes with a smaller seq */
   int32_t mark; /* scratch for graph passes (realization); -1 when idle */
@@ -216,6 +237,25 @@ nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *con
 /* Makes a realized leaf holding a fresh contiguous buffer (contents
  * uninitialized), registered in the current scope. */
 nb_tensor *nbi_leaf_alloc(const char *fn, const nb_shape *shape, nb_dtype dt);
+/* The same on device dev (a device table index). */
+nb_tensor *nbi_leaf_alloc_on(const char *fn, const nb_shape *shape, nb_dtype dt, int dev);
+/* The calling thread's default device (table index; nb_set_default_device),
+ * the index of a public device (-1 + NB_ERR_DEVICE naming fn when there is
+ * none), and a device's name for messages ("cuda:0"). src/core/device.c. */
+int nbi_default_device(void);
+/* Makes dev the device new leaves go to on this thread (nbi_default_device)
+ * until nbi_device_pop(the returned token): the sweeps run each node's rules
+ * so, so the constants a rule makes (nb_scalar, zeros) sit beside its node. */
+int nbi_device_push(int dev);
+void nbi_device_pop(int token);
+/* A realized leaf of shape s filled with value, on device dev. */
+nb_tensor *nbi_full_on(int dev, const nb_shape *s, double value, nb_dtype dt);
+int nbi_device_lookup(const char *fn, nb_device d);
+const char *nbi_device_name(int i);
+/* Device i's public identity, and the native queue its backend gives custom
+ * kernels (CUDA: the CUstream; NULL elsewhere). */
+nb_device nbi_device_public(int i);
+void *nbi_device_native_stream(int i);
 /* Registers t (refcount already 1) in the current scope. */
 void nbi_scope_register(nb_tensor *t);
 /* Releases a tensor's graph inputs (after realization, when nothing needs them). */
@@ -344,6 +384,11 @@ typedef struct nbi_op_def {
   int arity; /* -1: variadic (concat) */
   nbi_cpu_kernel cpu;
   nbi_view_fn view;
+  /* Ops core runs itself on any device (control flow, checkpoint, custom
+   * calls, shard_map, device moves): same contract as cpu, views on the
+   * node's device, data reached only through the host I/O helpers and
+   * nested realizations. Set instead of cpu. */
+  nbi_cpu_kernel exec;
   nbi_vjp_rule vjp;
   nbi_jvp_rule jvp;
   uint32_t flags; /* NBI_OPF_* */
@@ -547,6 +592,10 @@ void nbi_fuse_plan(nb_tensor *const *nodes, int n, const bool *held, int *group,
 /* Runs the group nodes[0..m-1] (m >= 2): allocates buffers of the stored
  * members, runs the fused kernel; on failure no member keeps a buffer. */
 nb_status nbi_fuse_run(nb_tensor *const *nodes, int m, const bool *store);
+/* Whether the device of group nodes[0..m-1] can run it as one kernel (the CPU
+ * always; other devices: the group has a neutral description, backend.h, and
+ * the backend's group_ok takes it). The planner splits groups it refuses. */
+bool nbi_fuse_supported(nb_tensor *const *nodes, int m, const bool *store);
 bool nbi_cpu_elementwise_fusible(const nb_tensor *n);
 /* A view op (reshape, broadcast_to, identity, stop_gradient) that may join a
  * group as a copy of its input (src/core/fuse.c). */

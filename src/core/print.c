@@ -2,6 +2,8 @@
  * "..." (first and last 3 entries per dimension) past 1000 elements. */
 #include "nbi.h"
 
+#include <stdlib.h>
+
 #define PRINT_EDGE 3
 
 static void print_elem(FILE *f, const nbi_view *v, int64_t off) {
@@ -59,10 +61,21 @@ void nb_fprint(FILE *f, nb_tensor *t) {
   if (!r || nbi_realize(&r, 1)) {
     fprintf(f, "<error: %s>\n", nb_last_error());
   } else {
+    /* the values come to the host first (nbi_host_read): the tensor may live
+     * on a device */
     nbi_view v = nbi_tensor_view(r);
-    char b[160];
-    print_rec(f, &v, 0, 0, nbi_numel(&t->shape) > 1000);
-    fprintf(f, " (%s %s)\n", nb_dtype_name(t->dtype), nb_shape_str(t->shape, b, sizeof b));
+    size_t nbytes = (size_t)nbi_numel(&r->shape) * nb_dtype_size(r->dtype);
+    void *host = malloc(nbytes ? nbytes : 1);
+    if (!host || nbi_host_read(r->device, &v, host, r->dtype)) {
+      fprintf(f, "<error: %s>\n", host ? nb_last_error() : "out of memory");
+    } else {
+      v.data = host;
+      nbi_contig_strides(&r->shape, v.strides);
+      char b[160];
+      print_rec(f, &v, 0, 0, nbi_numel(&t->shape) > 1000);
+      fprintf(f, " (%s %s)\n", nb_dtype_name(t->dtype), nb_shape_str(t->shape, b, sizeof b));
+    }
+    free(host);
   }
   nb_scope_end();
 }

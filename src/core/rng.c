@@ -2,6 +2,8 @@
  * splitmix64). One stream per thread; nb_seed makes every draw reproducible. */
 #include "nbi.h"
 
+#include <stdlib.h>
+
 #include <math.h>
 
 static _Thread_local uint64_t rng_state[4] = {0x9e3779b97f4a7c15ull, 0xbf58476d1ce4e5b9ull,
@@ -44,8 +46,7 @@ static nb_tensor *random_leaf(const char *fn, nb_shape s, nb_dtype dt) {
 
 /* Uniform in [lo, hi); values that round up to hi in a narrow dtype are
  * redrawn so the interval stays half-open. */
-static void fill_uniform(nb_tensor *t, double lo, double hi) {
-  void *p = t->shard0.buf->data;
+static void fill_uniform(void *p, nb_tensor *t, double lo, double hi) {
   int64_t n = nbi_numel(&t->shape);
   if (!(hi > lo)) { /* empty interval (a zero-size fan): all lo */
     for (int64_t i = 0; i < n; i++)
@@ -61,16 +62,34 @@ static void fill_uniform(nb_tensor *t, double lo, double hi) {
   }
 }
 
+/* The values are drawn into host memory p of t's dtype, then written to t's
+ * device (nbi_host_write). */
+static void *host_values(const char *fn, const nb_tensor *t) {
+  size_t nbytes = (size_t)nbi_numel(&t->shape) * nb_dtype_size(t->dtype);
+  void *p = malloc(nbytes ? nbytes : 1);
+  if (!p) nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  return p;
+}
+
+static nb_tensor *write_values(nb_tensor *t, void *p) {
+  nbi_view v = nbi_tensor_view(t);
+  nb_status st = nbi_host_write(t->device, &v, p, t->dtype);
+  free(p);
+  return st ? NULL : t;
+}
+
 nb_tensor *nb_rand(nb_shape s, nb_dtype dt) {
   nb_tensor *t = random_leaf("nb_rand", s, dt);
-  if (t) fill_uniform(t, 0.0, 1.0);
-  return t;
+  void *p = t ? host_values("nb_rand", t) : NULL;
+  if (!p) return NULL;
+  fill_uniform(p, t, 0.0, 1.0);
+  return write_values(t, p);
 }
 
 nb_tensor *nb_randn(nb_shape s, nb_dtype dt) {
   nb_tensor *t = random_leaf("nb_randn", s, dt);
-  if (!t) return NULL;
-  void *p = t->shard0.buf->data;
+  void *p = t ? host_values("nb_randn", t) : NULL;
+  if (!p) return NULL;
   int64_t n = nbi_numel(&t->shape);
   for (int64_t i = 0; i < n; i += 2) { /* Box-Muller, two normals per pair */
     double u1 = 1.0 - next_uniform(), u2 = next_uniform();
@@ -78,7 +97,7 @@ nb_tensor *nb_randn(nb_shape s, nb_dtype dt) {
     nbi_store_f64(p, dt, i, r * cos(a));
     if (i + 1 < n) nbi_store_f64(p, dt, i + 1, r * sin(a));
   }
-  return t;
+  return write_values(t, p);
 }
 
 nb_tensor *nb_glorot_uniform(nb_shape s, nb_dtype dt) {
@@ -95,6 +114,8 @@ nb_tensor *nb_glorot_uniform(nb_shape s, nb_dtype dt) {
     fan_out = (double)s.dims[s.ndim - 1] * receptive;
   }
   double a = fan_in + fan_out > 0 ? sqrt(6.0 / (fan_in + fan_out)) : 0.0;
-  fill_uniform(t, -a, a);
-  return t;
+  void *p = host_values("nb_glorot_uniform", t);
+  if (!p) return NULL;
+  fill_uniform(p, t, -a, a);
+  return write_values(t, p);
 }

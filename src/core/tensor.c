@@ -1,6 +1,6 @@
 /* src/core/tensor.c — tensor handles: lifetime (refcounts, scopes), creation of
  * data leaves, queries, and reading data back. */
-#include "nbi.h"
+#include "../backends/backend.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -378,6 +378,32 @@ nb_status nbi_held_pending(nb_tensor ***out, int *n, int *cap) {
   return st;
 }
 
+/* The device a node of op on in[0..n_in-1] lives on: its inputs' (all on one,
+ * else NB_ERR_DEVICE naming the op and both devices), the target of a device
+ * move (attrs.i[0]), or the thread's default for an op without inputs; its
+ * backend must support the op (an eager NB_ERR_DEVICE otherwise). -1 on error. */
+static int record_device(int op, nb_dtype dt, nb_tensor *const *in, int n_in,
+                         const nbi_attrs *attrs) {
+  int dev = n_in > 0 ? in[0]->device : nbi_default_device();
+  if (op == NBI_OP_TO_DEVICE) return (int)attrs->i[0];
+  for (int k = 1; k < n_in; k++)
+    if (in[k]->device != dev) {
+      nbi_error(NB_ERR_DEVICE, "nb_%s: inputs are on different devices: %s (input 0) and %s (input %d)",
+                nbi_op_table[op]->name, nbi_device_name(dev), nbi_device_name(in[k]->device), k);
+      return -1;
+    }
+  const nbi_op_def *def = nbi_op_table[op];
+  if (dev != 0 && def->cpu) { /* an op with a kernel (others are views or run by core) */
+    const nbi_device *d = nbi_device_at(dev);
+    if (!d->be->supports(d->ctx, op, dt)) {
+      nbi_error(NB_ERR_DEVICE, "nb_%s: not supported on %s for %s results", def->name, d->name,
+                nb_dtype_name(dt));
+      return -1;
+    }
+  }
+  return dev;
+}
+
 nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,
                       const nbi_attrs *attrs) {
   if (nbi_shard_hook.record)
@@ -402,6 +428,8 @@ nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *con
       if (whole != local) free(whole);
       return r;
     }
+  int dev = record_device(op, dt, in, n_in, attrs);
+  if (dev < 0) return NULL;
   nb_tensor *t = tensor_new(shape, dt, op);
   if (!t) {
     nbi_error(NB_ERR_OOM, "nb_%s: out of memory", nbi_op_table[op]->name);
@@ -422,6 +450,7 @@ nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *con
     inherit |= in[i]->flags;
   }
   t->n_in = n_in;
+  t->device = dev;
   /* Symbolic inputs make a symbolic result; inputs that need gradients make a
    * result that keeps its provenance, unless the op has no derivative. */
   t->flags |= inherit & NBI_T_TRACED;
@@ -435,13 +464,17 @@ nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *con
 }
 
 nb_tensor *nbi_leaf_alloc(const char *fn, const nb_shape *shape, nb_dtype dt) {
+  return nbi_leaf_alloc_on(fn, shape, dt, nbi_default_device());
+}
+
+nb_tensor *nbi_leaf_alloc_on(const char *fn, const nb_shape *shape, nb_dtype dt, int dev) {
   if (!nbi_dtype_valid(dt)) {
     nbi_error(NB_ERR_DTYPE, "%s: invalid dtype %d", fn, (int)dt);
     return NULL;
   }
   if (nbi_check_shape(fn, shape)) return NULL;
   size_t nbytes = (size_t)nbi_numel(shape) * nb_dtype_size(dt);
-  nbi_buffer *b = nbi_buffer_alloc(nbytes);
+  nbi_buffer *b = nbi_buffer_alloc(dev, nbytes);
   if (!b) return NULL;
   nb_tensor *t = tensor_new(shape, dt, NBI_OP_CONST);
   if (!t) {
@@ -450,6 +483,7 @@ nb_tensor *nbi_leaf_alloc(const char *fn, const nb_shape *shape, nb_dtype dt) {
     return NULL;
   }
   t->shard0.buf = b;
+  t->device = dev;
   nbi_contig_strides(shape, t->shard0.strides);
   t->flags |= NBI_T_REALIZED;
   nbi_scope_register(t);
@@ -463,6 +497,7 @@ nb_tensor *nbi_leaf_share(nb_tensor *t) {
     return NULL;
   }
   l->shard0 = t->shard0;
+  l->device = t->device;
   if (l->shard0.buf) nbi_buffer_retain(l->shard0.buf);
   l->flags |= NBI_T_REALIZED;
   nbi_scope_register(l);
@@ -484,6 +519,7 @@ nb_tensor *nbi_sharded_new(const nb_shape *shape, nb_dtype dt, struct nb_mesh *m
   t->sharding = sh;
   t->phys = p;
   t->n_phys = n_phys;
+  t->device = n_phys ? phys[0]->device : 0; /* where scalars combined with it go */
   nbi_scope_register(t);
   return t;
 }
@@ -539,12 +575,21 @@ nbi_view nbi_tensor_view(const nb_tensor *t) {
 }
 
 /* ---- creation --------------------------------------------------------------------- */
-nb_tensor *nb_full(nb_shape s, double value, nb_dtype dt) {
-  nb_tensor *t = nbi_leaf_alloc("nb_full", &s, dt);
+/* nb_full on device dev, errors naming fn. */
+static nb_tensor *full_on(const char *fn, int dev, const nb_shape *s, double value, nb_dtype dt) {
+  nb_tensor *t = nbi_leaf_alloc_on(fn, s, dt, dev);
   if (!t) return NULL;
   nbi_view v = nbi_tensor_view(t);
-  nbi_fill_view(&v, value);
+  if (nbi_numel(s) && nbi_dev_fill(t->device, &v, value)) return NULL; /* t stays in the scope */
   return t;
+}
+
+nb_tensor *nbi_full_on(int dev, const nb_shape *s, double value, nb_dtype dt) {
+  return full_on("nb_full", dev, s, value, dt);
+}
+
+nb_tensor *nb_full(nb_shape s, double value, nb_dtype dt) {
+  return full_on("nb_full", nbi_default_device(), &s, value, dt);
 }
 
 nb_tensor *nb_zeros(nb_shape s, nb_dtype dt) { return nb_full(s, 0.0, dt); }
@@ -566,10 +611,17 @@ nb_tensor *nb_arange(double start, double stop, double step, nb_dtype dt) {
   nb_shape s = {.ndim = 1, .dims = {count > 0 ? (int64_t)count : 0}};
   nb_tensor *t = nbi_leaf_alloc("nb_arange", &s, dt);
   if (!t) return NULL;
-  void *p = t->shard0.buf->data;
+  double *v = malloc(sizeof *v * (size_t)(s.dims[0] ? s.dims[0] : 1));
+  if (!v) {
+    nbi_error(NB_ERR_OOM, "nb_arange: out of memory");
+    return NULL;
+  }
   for (int64_t i = 0; i < s.dims[0]; i++)
-    nbi_store_f64(p, dt, i, start + (double)i * step);
-  return t;
+    v[i] = start + (double)i * step;
+  nbi_view view = nbi_tensor_view(t);
+  nb_status st = nbi_host_write(t->device, &view, v, NB_F64);
+  free(v);
+  return st ? NULL : t;
 }
 
 nb_tensor *nb_from_data(const void *src, nb_shape s, nb_dtype dt) {
@@ -579,8 +631,8 @@ nb_tensor *nb_from_data(const void *src, nb_shape s, nb_dtype dt) {
   }
   nb_tensor *t = nbi_leaf_alloc("nb_from_data", &s, dt);
   if (!t) return NULL;
-  memcpy(t->shard0.buf->data, src, t->shard0.buf->nbytes);
-  return t;
+  nbi_view v = nbi_tensor_view(t);
+  return nbi_host_write(t->device, &v, src, dt) ? NULL : t;
 }
 
 /* ---- queries ------------------------------------------------------------------------ */
@@ -628,10 +680,8 @@ nb_status nb_to_host(nb_tensor *t, void *dst, size_t nbytes) {
   nb_tensor *r = nbi_readable("nb_to_host", t);
   st = r ? nbi_realize(&r, 1) : nb_last_status();
   if (!st) {
-    nbi_view src = nbi_tensor_view(r), out = src;
-    out.data = dst;
-    nbi_contig_strides(&r->shape, out.strides);
-    if (need) nbi_copy_view(&out, &src);
+    nbi_view src = nbi_tensor_view(r);
+    st = nbi_host_read(r->device, &src, dst, r->dtype);
   }
   nb_scope_end();
   return st;
@@ -650,7 +700,7 @@ double nb_item(nb_tensor *t) {
   double x = NAN;
   if (r && !nbi_realize(&r, 1)) {
     nbi_view v = nbi_tensor_view(r);
-    x = nbi_load_f64(v.data, r->dtype, 0);
+    if (nbi_host_scalar(r->device, &v, &x)) x = NAN;
   }
   nb_scope_end();
   return x;
@@ -665,17 +715,3 @@ nb_status nb_eval(nb_tensor *const *ts, int n) {
   }
   return nbi_realize(ts, n);
 }
-
-/* ---- devices ------------------------------------------------------------------------- */
-static _Thread_local nb_device default_device = {NB_DEVICE_CPU, 0};
-
-nb_status nb_set_default_device(nb_device d) {
-  if (d.kind != NB_DEVICE_CPU || d.index != 0)
-    return nbi_error(NB_ERR_DEVICE,
-                     "nb_set_default_device: device %s:%d is not available in this build "
-                     "(only cpu:0)",
-                     d.kind == NB_DEVICE_CUDA ? "cuda" : "?", d.index);
-  default_device = d;
-  return NB_OK;
-}
-nb_device nb_default_device(void) { return default_device; }

@@ -554,7 +554,7 @@ nb_status nbi_coll_run(const char *fn, const nb_mesh *m, int op, const nbi_attrs
 }
 
 /* ---- kernel: collectives never run as one node --------------------------------------- */
-static nb_status coll_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
+static nb_status coll_exec(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
   (void)out, (void)in;
   return nbi_error(NB_ERR_SHARDING,
                    "%s: a collective ran outside the per-device execution of an nb_shard_map body "
@@ -565,36 +565,36 @@ static nb_status coll_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in)
 
 const nbi_op_def nbi_opdef_ALL_REDUCE = {.name = "all_reduce",
                                          .arity = 1,
-                                         .cpu = coll_cpu,
+                                         .exec = coll_exec,
                                          .vjp = all_reduce_vjp,
                                          .jvp = all_reduce_jvp,
                                          .vmap = all_reduce_vmap};
 const nbi_op_def nbi_opdef_ALL_GATHER = {.name = "all_gather",
                                          .arity = 1,
-                                         .cpu = coll_cpu,
+                                         .exec = coll_exec,
                                          .vjp = all_gather_vjp,
                                          .jvp = all_gather_jvp,
                                          .vmap = all_gather_vmap};
 const nbi_op_def nbi_opdef_REDUCE_SCATTER = {.name = "reduce_scatter",
                                              .arity = 1,
-                                             .cpu = coll_cpu,
+                                             .exec = coll_exec,
                                              .vjp = reduce_scatter_vjp,
                                              .jvp = reduce_scatter_jvp,
                                              .vmap = reduce_scatter_vmap};
 const nbi_op_def nbi_opdef_ALL_TO_ALL = {.name = "all_to_all",
                                          .arity = 1,
-                                         .cpu = coll_cpu,
+                                         .exec = coll_exec,
                                          .vjp = all_to_all_vjp,
                                          .jvp = all_to_all_jvp,
                                          .vmap = all_to_all_vmap};
 const nbi_op_def nbi_opdef_PPERMUTE = {.name = "ppermute",
                                        .arity = 1,
-                                       .cpu = coll_cpu,
+                                       .exec = coll_exec,
                                        .vjp = ppermute_vjp,
                                        .jvp = ppermute_jvp,
                                        .vmap = ppermute_vmap};
 const nbi_op_def nbi_opdef_AXIS_INDEX = {.name = "axis_index",
                                          .arity = 0,
-                                         .cpu = coll_cpu,
+                                         .exec = coll_exec,
                                          .flags = NBI_OPF_NONDIFF,
                                          .vmap = axis_index_vmap};

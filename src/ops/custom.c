@@ -261,6 +261,11 @@ nb_status nb_custom_call(const nb_custom_op *op, nb_tensor *const *in, int n_in,
                      FN, op->name, op->def.n_in, op->def.n_out, n_in, n_out);
   if (n_in > 0 && !in) return nbi_error(NB_ERR_NULL, "%s: op \"%s\": in is NULL", FN, op->name);
   for (int k = 0; k < n_in; k++)
+    if (in[k] && !in[k]->mesh && nbi_device_public(in[k]->device).kind == NB_DEVICE_CUDA &&
+        !op->def.cuda)
+      return nbi_error(NB_ERR_DEVICE, "%s: op \"%s\" has no CUDA kernel (input %d is on %s)", FN,
+                       op->name, k, nbi_device_name(in[k]->device));
+  for (int k = 0; k < n_in; k++)
     if (!in[k]) return nbi_error(NB_ERR_NULL, "%s: op \"%s\": input %d is NULL", FN, op->name, k);
   nb_shape *shp = calloc((size_t)(n_in + n_out) + 1, sizeof *shp);
   nb_dtype *dt = calloc((size_t)(n_in + n_out) + 1, sizeof *dt);
@@ -307,39 +312,69 @@ done:
   return st;
 }
 
-/* ---- the kernel -------------------------------------------------------------------------- */
-static nb_status custom_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
+/* ---- the kernel ----------------------------------------------------------------------------
+ * On the CPU the op's CPU kernel reads and writes the tensors' memory; on CUDA
+ * its CUDA kernel does, queued on the device's stream (an op without one is
+ * refused when called, nb_custom_call). Other devices (NB_EMU) stage through
+ * the host: inputs downloaded, the CPU kernel run, outputs uploaded. Inputs
+ * that are not contiguous are first copied contiguous on their device. */
+static nb_status custom_exec(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
   const nb_custom_op *op = op_of(n);
   const nbi_multi *m = nbi_multi_of(n);
-  int n_in = n->n_in, n_out = m->n_out;
+  int n_in = n->n_in, n_out = m->n_out, dev = n->device;
+  nb_device_kind kind = nbi_device_public(dev).kind;
+  bool staged = kind != NB_DEVICE_CPU && kind != NB_DEVICE_CUDA;
   nb_custom_buffer *ib = calloc((size_t)(n_in + n_out) + 1, sizeof *ib), *ob = ib + n_in;
-  nbi_buffer **tmp = calloc((size_t)n_in + 1, sizeof *tmp);
-  nb_status st = ib && tmp ? NB_OK : nbi_error(NB_ERR_OOM, "nb_eval: out of memory");
+  void **tmp = calloc((size_t)(n_in + n_out) + 1, sizeof *tmp); /* host or device blocks */
+  nbi_buffer **dtmp = calloc((size_t)n_in + 1, sizeof *dtmp);
+  nb_status st = ib && tmp && dtmp ? NB_OK : nbi_error(NB_ERR_OOM, "nb_eval: out of memory");
   for (int k = 0; k < n_in && !st; k++) {
     ib[k] =
         (nb_custom_buffer){.data = in[k].data, .shape = n->in[k]->shape, .dtype = n->in[k]->dtype};
-    if (nbi_view_is_contiguous(&in[k])) continue;
     size_t nbytes = (size_t)nbi_numel(&ib[k].shape) * nb_dtype_size(ib[k].dtype);
-    if (!(tmp[k] = nbi_buffer_alloc(nbytes))) {
+    if (staged) {
+      if (!(tmp[k] = malloc(nbytes ? nbytes : 1)))
+        st = nbi_error(NB_ERR_OOM, "nb_eval: out of memory");
+      else
+        st = nbi_host_read(dev, &in[k], tmp[k], ib[k].dtype);
+      ib[k].data = tmp[k];
+      continue;
+    }
+    if (nbi_view_is_contiguous(&in[k])) continue;
+    if (!(dtmp[k] = nbi_buffer_alloc(dev, nbytes))) {
       st = nb_last_status() ? nb_last_status() : NB_ERR_OOM;
       break;
     }
     nbi_view dst = in[k];
-    dst.data = tmp[k]->data;
+    dst.data = dtmp[k]->data;
     nbi_contig_strides(&ib[k].shape, dst.strides);
-    nbi_copy_view(&dst, &in[k]);
+    st = nbi_dev_copy(dev, &dst, &in[k]);
     ib[k].data = dst.data;
   }
   for (int j = 0; j < n_out && !st; j++) {
     nbi_view v = nbi_multi_out_view(n, out, j);
     ob[j] = (nb_custom_buffer){.data = v.data, .shape = m->shape[j], .dtype = m->dtype[j]};
+    size_t nbytes = (size_t)nbi_numel(&m->shape[j]) * nb_dtype_size(m->dtype[j]);
+    if (staged && !(ob[j].data = tmp[n_in + j] = malloc(nbytes ? nbytes : 1)))
+      st = nbi_error(NB_ERR_OOM, "nb_eval: out of memory");
   }
-  if (!st && (st = op->def.cpu(op->def.user, ib, n_in, ob, n_out)))
+  if (!st && kind == NB_DEVICE_CUDA) {
+    if ((st = op->def.cuda(op->def.user, nbi_device_native_stream(dev), ib, n_in, ob, n_out)))
+      st = callback_failed(st, op, "CUDA kernel");
+  } else if (!st && (st = op->def.cpu(op->def.user, ib, n_in, ob, n_out))) {
     st = callback_failed(st, op, "CPU kernel");
-  for (int k = 0; k < n_in && tmp; k++)
-    if (tmp[k]) nbi_buffer_release(tmp[k]);
+  }
+  for (int j = 0; j < n_out && staged && !st; j++) {
+    nbi_view v = nbi_multi_out_view(n, out, j);
+    st = nbi_host_write(dev, &v, ob[j].data, m->dtype[j]);
+  }
+  for (int k = 0; k < n_in + n_out && tmp; k++)
+    free(tmp[k]);
+  for (int k = 0; k < n_in && dtmp; k++)
+    nbi_buffer_release(dtmp[k]);
   free(ib);
   free(tmp);
+  free(dtmp);
   return st;
 }
 
@@ -479,7 +514,7 @@ static nb_status custom_vmap(nb_tensor *p, nb_tensor *const *bin, const bool *ba
 
 const nbi_op_def nbi_opdef_CUSTOM = {.name = "custom_call",
                                      .arity = -1,
-                                     .cpu = custom_cpu,
+                                     .exec = custom_exec,
                                      .flags = NBI_OPF_MULTI,
                                      .vjp_multi = custom_vjp,
                                      .jvp_multi = custom_jvp,

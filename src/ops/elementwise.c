@@ -192,7 +192,7 @@ static nb_tensor *weak_scalar(const char *fn, const nb_tensor *t, double s) {
       }
     }
   }
-  return nb_scalar(s, dt);
+  return nbi_full_on(t->device, &(nb_shape){0}, s, dt);
 }
 
 /* op(t, s), or op(s, t) when reversed. */

@@ -24,10 +24,13 @@ nb_tensor *nbi_zeros_of(const nb_shape *s, nb_dtype dt) {
   return s->ndim ? nb_broadcast_to(z, *s) : z;
 }
 
-nb_tensor *nbi_zeros_like(const nb_tensor *x) { return nbi_zeros_of(&x->shape, x->dtype); }
+nb_tensor *nbi_zeros_like(const nb_tensor *x) {
+  nb_tensor *z = nbi_full_on(x->device, &(nb_shape){0}, 0, x->dtype);
+  return x->shape.ndim ? nb_broadcast_to(z, x->shape) : z;
+}
 
 nb_tensor *nbi_ones_like(const nb_tensor *x) {
-  nb_tensor *o = nb_scalar(1, x->dtype);
+  nb_tensor *o = nbi_full_on(x->device, &(nb_shape){0}, 1, x->dtype);
   return x->shape.ndim ? nb_broadcast_to(o, x->shape) : o;
 }
 

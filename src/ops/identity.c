@@ -58,3 +58,52 @@ const nbi_op_def nbi_opdef_IDENTITY = {
     .vmap = identity_vmap};
 const nbi_op_def nbi_opdef_STOP_GRADIENT = {
     "stop_gradient", 1, NULL, alias_view, .flags = NBI_OPF_NONDIFF, .vmap = identity_vmap};
+
+/* ---- device moves ------------------------------------------------------------------
+ * TO_DEVICE: the value of its input on another device (attrs.i[0] = the
+ * target's device-table index). Core runs it on any pair of devices: to or
+ * from the CPU by one upload or download, between two other devices through
+ * host memory. Its derivative moves cotangents and tangents along. */
+static nb_status to_device_exec(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
+  return nbi_copy_between(n->device, out, n->in[0]->device, &in[0]);
+}
+
+static nb_tensor *to_device_index(nb_tensor *t, int dev) {
+  if (t->device == dev) { /* already there: the same tensor, registered like a new one */
+    nbi_scope_register(nb_retain(t));
+    return t;
+  }
+  nbi_attrs at = {0};
+  at.i[0] = dev;
+  return nbi_record(NBI_OP_TO_DEVICE, t->dtype, &t->shape, &t, 1, &at);
+}
+
+nb_tensor *nb_to_device(nb_tensor *t, nb_device d) {
+  if (nbi_any_null("nb_to_device", &t, 1)) return NULL;
+  int dev = nbi_device_lookup("nb_to_device", d);
+  if (dev < 0) return NULL;
+  nb_tensor *x = nbi_readable("nb_to_device", t);
+  return x ? to_device_index(x, dev) : NULL;
+}
+
+static nb_status to_device_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
+  if (need[0]) gin[0] = to_device_index(gy, y->in[0]->device);
+  return need[0] && !gin[0] ? nb_last_status() : NB_OK;
+}
+
+static nb_tensor *to_device_jvp(nb_tensor *y, nb_tensor *const *tin) {
+  return to_device_index(tin[0], y->device);
+}
+
+static nb_tensor *to_device_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
+                                 int64_t B) {
+  (void)batched, (void)B;
+  return to_device_index(bin[0], y->device);
+}
+
+const nbi_op_def nbi_opdef_TO_DEVICE = {.name = "to_device",
+                                        .arity = 1,
+                                        .exec = to_device_exec,
+                                        .vjp = to_device_vjp,
+                                        .jvp = to_device_jvp,
+                                        .vmap = to_device_vmap};

@@ -38,7 +38,7 @@ static void xform_destroy(void *p) {
 /* ---- helpers -------------------------------------------------------------------- */
 /* The standard basis of a dt tensor of shape s, stacked: shape (n, *s) with
  * row i the one-hot vector of flat index i (a realized constant). */
-static nb_tensor *basis(const char *fn, const nb_shape *s, nb_dtype dt, int64_t n) {
+static nb_tensor *basis(const char *fn, const nb_shape *s, nb_dtype dt, int64_t n, int dev) {
   nb_shape bs = {.ndim = s->ndim + 1, .dims = {n}};
   if (bs.ndim > NB_MAX_DIMS) {
     nbi_error(NB_ERR_SHAPE, "%s: a Jacobian of a rank-%d value exceeds the maximum rank %d", fn,
@@ -46,10 +46,16 @@ static nb_tensor *basis(const char *fn, const nb_shape *s, nb_dtype dt, int64_t 
     return NULL;
   }
   memcpy(bs.dims + 1, s->dims, sizeof(int64_t) * (size_t)s->ndim);
-  nb_tensor *e = nb_zeros(bs, dt);
-  if (e)
-    for (int64_t i = 0; i < n; i++)
-      nbi_store_f64(e->shard0.buf->data, dt, i * n + i, 1.0);
+  /* built on the host (n x n values), then written to the device of the value
+   * it is a basis for */
+  double *h = calloc((size_t)(n ? n * n : 1), sizeof *h);
+  nb_tensor *e = h ? nbi_leaf_alloc_on(fn, &bs, dt, dev) : NULL;
+  if (!h) nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  for (int64_t i = 0; i < n && e; i++)
+    h[i * n + i] = 1.0;
+  nbi_view v = e ? nbi_tensor_view(e) : (nbi_view){0};
+  if (e && nbi_host_write(dev, &v, h, NB_F64)) e = NULL;
+  free(h);
   return e;
 }
 
@@ -196,7 +202,7 @@ static nb_status body_jac(const xform *x, nbi_trace *tr, nb_tensor **out) {
       nb_tensor *y = tr->y[o];
       int64_t m = nbi_numel(&y->shape);
       nb_tensor *p = nbi_placeholder(&y->shape, y->dtype);
-      nb_tensor *e = p ? basis(x->name, &y->shape, y->dtype, m) : NULL;
+      nb_tensor *e = p ? basis(x->name, &y->shape, y->dtype, m, y->device) : NULL;
       if (!e) {
         st = nb_last_status();
         break;
@@ -220,7 +226,7 @@ static nb_status body_jac(const xform *x, nbi_trace *tr, nb_tensor **out) {
     for (int a = 0; a < na && !st; a++) {
       int64_t n = nbi_numel(&xs[a]->shape);
       nb_tensor *p = nbi_placeholder(&xs[a]->shape, xs[a]->dtype);
-      nb_tensor *e = p ? basis(x->name, &xs[a]->shape, xs[a]->dtype, n) : NULL;
+      nb_tensor *e = p ? basis(x->name, &xs[a]->shape, xs[a]->dtype, n, xs[a]->device) : NULL;
       if (!e) {
         st = nb_last_status();
         break;

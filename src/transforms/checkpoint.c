@@ -37,17 +37,18 @@ static void remat_destroy(nbi_payload *p) {
 
 static nbi_program *prog_of(const nb_tensor *p) { return ((const remat *)p->payload)->prog; }
 
-static nb_status remat_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
+static nb_status remat_exec(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
   (void)in; /* the nested realization shares the inputs' storage itself */
   const nbi_program *p = prog_of(n);
   nb_tensor *local[8], **res = p->n_out <= 8 ? local : calloc((size_t)p->n_out, sizeof *res);
   if (!res) return nbi_error(NB_ERR_OOM, "nb_eval: out of memory");
   nb_status st = nbi_program_run("nb_eval", p, n->in, res);
+  bool run_failed = st != NB_OK; /* then res holds nothing */
   for (int j = 0; j < p->n_out && !st; j++) {
     nbi_view dst = nbi_multi_out_view(n, out, j), src = nbi_tensor_view(res[j]);
-    nbi_copy_view(&dst, &src);
+    st = nbi_copy_between(n->device, &dst, res[j]->device, &src);
   }
-  for (int j = 0; j < p->n_out && !st; j++)
+  for (int j = 0; j < p->n_out && !run_failed; j++)
     nb_release(res[j]);
   if (res != local) free(res);
   return st;
@@ -232,7 +233,7 @@ static int remat_programs(const nbi_payload *p, const nbi_program **out) {
 
 const nbi_op_def nbi_opdef_REMAT = {.name = "remat",
                                     .arity = -1,
-                                    .cpu = remat_cpu,
+                                    .exec = remat_exec,
                                     .flags = NBI_OPF_MULTI,
                                     .vjp_multi = remat_vjp,
                                     .jvp_multi = remat_jvp,

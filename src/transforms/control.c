@@ -125,10 +125,11 @@ static void *xcalloc(const char *fn, size_t n, size_t size, nb_status *st) {
 }
 
 /* ---- kernels -------------------------------------------------------------------------- */
-static void copy_into(nbi_view dst, nb_tensor *r) {
-  if (nbi_numel(&r->shape) == 0) return;
+/* dst (on device dev) = the value of r (realized, on any device). */
+static nb_status copy_into(int dev, nbi_view dst, nb_tensor *r) {
+  if (nbi_numel(&r->shape) == 0) return NB_OK;
   nbi_view src = nbi_tensor_view(r);
-  nbi_copy_view(&dst, &src);
+  return nbi_copy_between(dev, &dst, r->device, &src);
 }
 
 /* Row t of a view (dim 0 dropped). */
@@ -152,16 +153,22 @@ static nb_tensor *leaf_row(nb_tensor *x, int64_t t) {
   return l;
 }
 
-static bool read_bool(nb_tensor *t) {
+/* The value of a one-element predicate (one read from its device). */
+static nb_status read_bool(nb_tensor *t, bool *out) {
   nbi_view v = nbi_tensor_view(t);
-  return nbi_load_i64(v.data, t->dtype, 0) != 0;
+  double x = 0;
+  nb_status st = nbi_host_scalar(t->device, &v, &x);
+  *out = x != 0;
+  return st;
 }
 
-static nb_status cond_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
+static nb_status cond_exec(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
   const ctl *c = ctl_of(n);
-  int b = nbi_load_i64(in[0].data, in[0].dtype, 0) ? 0 : 1;
+  double pred = 0;
+  nb_status st = nbi_host_scalar(n->in[0]->device, &in[0], &pred);
+  if (st) return st;
+  int b = pred != 0 ? 0 : 1;
   const nbi_program *P = c->prog[b];
-  nb_status st = NB_OK;
   nb_tensor **args = xcalloc("nb_cond", (size_t)(P->n_in + P->n_out), sizeof *args, &st);
   if (st) return st;
   nb_tensor **res = args + P->n_in;
@@ -171,14 +178,14 @@ static nb_status cond_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in)
     args[c->n_ops + i] = n->in[capt_base(n, b) + i];
   st = nbi_program_run("nb_cond", P, args, res);
   for (int j = 0; j < P->n_out; j++) {
-    if (!st) copy_into(nbi_multi_out_view(n, out, j), res[j]);
+    if (!st) st = copy_into(n->device, nbi_multi_out_view(n, out, j), res[j]);
     nb_release(res[j]);
   }
   free(args);
   return st;
 }
 
-static nb_status while_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
+static nb_status while_exec(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
   (void)in;
   const char *fn = "nb_while_loop";
   const ctl *c = ctl_of(n);
@@ -200,9 +207,10 @@ static nb_status while_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in
     nb_tensor *pred = NULL;
     put(ca, cur, nc);
     if ((st = nbi_program_run(fn, Pc, ca, &pred))) break;
-    bool go = read_bool(pred);
+    bool go = false;
+    st = read_bool(pred, &go);
     nb_release(pred);
-    if (!go) break;
+    if (st || !go) break;
     put(ba, cur, nc);
     if ((st = nbi_program_run(fn, Pb, ba, nxt))) break;
     for (int k = 0; k < nc && owned; k++)
@@ -211,7 +219,7 @@ static nb_status while_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in
     owned = true;
   }
   for (int k = 0; k < nc && !st; k++)
-    copy_into(nbi_multi_out_view(n, out, k), cur[k]);
+    st = copy_into(n->device, nbi_multi_out_view(n, out, k), cur[k]);
   for (int k = 0; k < nc && owned; k++)
     nb_release(cur[k]);
   free(cur);
@@ -221,7 +229,7 @@ static nb_status while_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in
   return st;
 }
 
-static nb_status scan_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
+static nb_status scan_exec(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
   (void)in;
   const char *fn = "nb_scan";
   const ctl *c = ctl_of(n);
@@ -246,7 +254,7 @@ static nb_status scan_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in)
     nb_scope_end();
     if (st) break;
     for (int j = 0; j < ny; j++) {
-      copy_into(view_row(nbi_multi_out_view(n, out, nc + j), t), res[nc + j]);
+      if (!st) st = copy_into(n->device, view_row(nbi_multi_out_view(n, out, nc + j), t), res[nc + j]);
       nb_release(res[nc + j]);
     }
     for (int k = 0; k < nc && owned; k++)
@@ -255,7 +263,7 @@ static nb_status scan_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in)
     owned = true;
   }
   for (int k = 0; k < nc && !st; k++)
-    copy_into(nbi_multi_out_view(n, out, k), cur[k]);
+    st = copy_into(n->device, nbi_multi_out_view(n, out, k), cur[k]);
   for (int k = 0; k < nc && owned; k++)
     nb_release(cur[k]);
   free(args);
@@ -1230,7 +1238,7 @@ static int ctl_programs1(const nbi_payload *p, const nbi_program **out) {
 
 const nbi_op_def nbi_opdef_COND = {.name = "cond",
                                    .arity = -1,
-                                   .cpu = cond_cpu,
+                                   .exec = cond_exec,
                                    .flags = NBI_OPF_MULTI,
                                    .vjp_multi = cond_vjp,
                                    .jvp_multi = cond_jvp,
@@ -1238,7 +1246,7 @@ const nbi_op_def nbi_opdef_COND = {.name = "cond",
                                    .programs = ctl_programs2};
 const nbi_op_def nbi_opdef_WHILE = {.name = "while_loop",
                                     .arity = -1,
-                                    .cpu = while_cpu,
+                                    .exec = while_exec,
                                     .flags = NBI_OPF_MULTI,
                                     .vjp_multi = while_vjp,
                                     .jvp_multi = while_jvp,
@@ -1246,7 +1254,7 @@ const nbi_op_def nbi_opdef_WHILE = {.name = "while_loop",
                                     .programs = ctl_programs2};
 const nbi_op_def nbi_opdef_SCAN = {.name = "scan",
                                    .arity = -1,
-                                   .cpu = scan_cpu,
+                                   .exec = scan_exec,
                                    .flags = NBI_OPF_MULTI,
                                    .vjp_multi = scan_vjp,
                                    .jvp_multi = scan_jvp,

@@ -347,7 +347,7 @@ static const nbi_smap_payload *payload_of(const nb_tensor *p) {
   return (const nbi_smap_payload *)p->payload;
 }
 
-static nb_status smap_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
+static nb_status smap_exec(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
   (void)in; /* the nested realization shares the inputs' storage itself */
   const nbi_smap_payload *q = payload_of(n);
   int n_in = q->prog->n_in, n_out = q->m.n_out;
@@ -364,7 +364,7 @@ static nb_status smap_cpu(const nb_tensor *n, nbi_view *out, const nbi_view *in)
   if (!st) st = nbi_realize(g, n_out);
   for (int j = 0; j < n_out && !st; j++) {
     nbi_view dst = nbi_multi_out_view(n, out, j), src = nbi_tensor_view(g[j]);
-    nbi_copy_view(&dst, &src);
+    st = nbi_copy_between(n->device, &dst, g[j]->device, &src);
   }
   nb_scope_end();
   free(t);
@@ -543,7 +543,7 @@ static int smap_programs(const nbi_payload *p, const nbi_program **out) {
 
 const nbi_op_def nbi_opdef_SHARD_MAP = {.name = "shard_map",
                                         .arity = -1,
-                                        .cpu = smap_cpu,
+                                        .exec = smap_exec,
                                         .flags = NBI_OPF_MULTI,
                                         .vjp_multi = smap_vjp,
                                         .jvp_multi = smap_jvp,

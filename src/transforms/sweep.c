@@ -220,8 +220,11 @@ static nb_status multi_vjp(const nbi_sweep *s, nb_tensor *t, nb_tensor *const *g
   if (!st && any) {
     if (!def->vjp_multi)
       st = nbi_error(NB_ERR_INTERNAL, "%s: op %s has no VJP rule", s->fn, def->name);
-    else
+    else {
+      int tok = nbi_device_push(t->device);
       st = def->vjp_multi(t, gys, need, gin);
+      nbi_device_pop(tok);
+    }
   }
   for (int k = 0; k < t->n_in && !st && any; k++) {
     if (!need[k] || !gin[k]) continue;
@@ -249,8 +252,11 @@ static nb_status multi_jvp(const nbi_sweep *s, nbi_multi_vals *mv, int i, nb_ten
   if (any) {
     if (!def->jvp_multi)
       st = nbi_error(NB_ERR_INTERNAL, "%s: op %s has no JVP rule", s->fn, def->name);
-    else if (!(st = nbi_multi_vals_slot(s, mv, i, nbi_multi_of(t)->n_out)))
+    else if (!(st = nbi_multi_vals_slot(s, mv, i, nbi_multi_of(t)->n_out))) {
+      int tok = nbi_device_push(t->device);
       st = def->jvp_multi(t, tin, mv->v[i]);
+      nbi_device_pop(tok);
+    }
     if (!st) st = nbi_multi_check(s->fn, "JVP", t, mv->v[i], -1);
   }
   free(tin);
@@ -302,7 +308,10 @@ nb_status nbi_sweep_reverse(nbi_sweep *s, nb_tensor *const *ys, nb_tensor *const
       st = nbi_error(NB_ERR_INTERNAL, "%s: op %s has no VJP rule", s->fn, def->name);
       goto next;
     }
-    if ((st = def->vjp(t, ct[i], need, gin))) goto next;
+    int tok = nbi_device_push(t->device);
+    st = def->vjp(t, ct[i], need, gin);
+    nbi_device_pop(tok);
+    if (st) goto next;
     for (int k = 0; k < t->n_in && !st; k++) {
       if (!need[k] || !gin[k]) continue;
       if ((st = check_like(s, "VJP", gin[k], t->in[k], t->op))) break;
@@ -363,7 +372,9 @@ nb_status nbi_sweep_forward(nbi_sweep *s, nb_tensor *const *txs, nb_tensor *cons
         st = nbi_error(NB_ERR_INTERNAL, "%s: op %s has no JVP rule", s->fn, def->name);
       } else {
         nb_status before = nb_last_status();
+        int tok = nbi_device_push(t->device);
         tan[i] = def->jvp(t, tin);
+        nbi_device_pop(tok);
         if (!tan[i] && !before && nb_last_status()) st = nb_last_status();
         if (tan[i]) st = check_like(s, "JVP", tan[i], t, t->op);
       }
@@ -380,6 +391,15 @@ nb_status nbi_sweep_forward(nbi_sweep *s, nb_tensor *const *txs, nb_tensor *cons
 }
 
 /* ---- batching (vmap) -------------------------------------------------------------------- */
+/* t's batching rule, run with t's device as the device of the constants it makes. */
+static nb_tensor *vmap_on_device(const nbi_op_def *def, nb_tensor *t, nb_tensor *const *bin,
+                                 const bool *bat, int64_t B) {
+  int tok = nbi_device_push(t->device);
+  nb_tensor *r = def->vmap(t, bin, bat, B);
+  nbi_device_pop(tok);
+  return r;
+}
+
 static nb_status check_batched(const char *fn, const nb_tensor *b, const nb_tensor *y, int64_t B) {
   nb_shape want = {.ndim = y->shape.ndim + 1, .dims = {B}};
   memcpy(want.dims + 1, y->shape.dims, sizeof(int64_t) * (size_t)y->shape.ndim);
@@ -430,8 +450,11 @@ nb_status nbi_vmap_graph(const char *fn, nb_tensor *const *ys, int n_y, nb_tenso
       if (def->flags & NBI_OPF_MULTI) {
         if (!def->vmap_multi)
           st = nbi_error(NB_ERR_INTERNAL, "%s: op %s has no batching rule", fn, def->name);
-        else if (!(st = nbi_multi_vals_slot(&s, &mv, i, nbi_multi_of(t)->n_out)))
+        else if (!(st = nbi_multi_vals_slot(&s, &mv, i, nbi_multi_of(t)->n_out))) {
+          int tok = nbi_device_push(t->device);
           st = def->vmap_multi(t, bin, bat, B, mv.v[i]);
+          nbi_device_pop(tok);
+        }
         for (int j = 0; j < nbi_multi_of(t)->n_out && !st; j++)
           if (!mv.v[i][j])
             st = nbi_error(NB_ERR_INTERNAL, "%s: the batching rule of %s left output %d", fn,
@@ -439,7 +462,7 @@ nb_status nbi_vmap_graph(const char *fn, nb_tensor *const *ys, int n_y, nb_tenso
         if (!st) st = nbi_multi_check(fn, "batching", t, mv.v[i], B);
       } else if (!def->vmap) {
         st = nbi_error(NB_ERR_INTERNAL, "%s: op %s has no batching rule", fn, def->name);
-      } else if (!(val[i] = def->vmap(t, bin, bat, B))) {
+      } else if (!(val[i] = vmap_on_device(def, t, bin, bat, B))) {
         st = nb_last_status();
         if (!st)
           st = nbi_error(NB_ERR_INTERNAL, "%s: the batching rule of %s failed", fn, def->name);

@@ -35,7 +35,7 @@ enum { SCRATCH_HEADER = 64 };
 
 void *nbi_cpu_scratch(const char *fn, size_t nbytes) {
   nbi_buffer *b =
-      nbytes <= SIZE_MAX - SCRATCH_HEADER ? nbi_buffer_alloc(nbytes + SCRATCH_HEADER) : NULL;
+      nbytes <= SIZE_MAX - SCRATCH_HEADER ? nbi_buffer_alloc(0, nbytes + SCRATCH_HEADER) : NULL;
   if (!b) {
     nbi_error(NB_ERR_OOM, "%s: out of memory allocating %zu bytes of scratch", fn, nbytes);
     return NULL;

@@ -1,0 +1,119 @@
+/* test/test_device.c — the device seam: the device table, default devices, moves
+ * between devices, errors naming devices, and the emulated device NB_EMU whose
+ * memory faults when read around the backend.
+ *
+ * NABLA_TEST_DEVICE=emu:0 (or cuda:0) makes that device every thread's default
+ * for the whole test binary (set before any test runs): `make test` runs the
+ * suite once more that way, so every host access that bypasses the seam
+ * crashes a test. */
+#include "common.h"
+
+#include <signal.h>
+#include <stdlib.h>
+
+static nb_device parse_device(const char *s) {
+  nb_device d = NB_CPU;
+  if (!strncmp(s, "emu:", 4)) d = NB_EMU(atoi(s + 4));
+  if (!strncmp(s, "cuda:", 5)) d = NB_CUDA(atoi(s + 5));
+  return d;
+}
+
+__attribute__((constructor)) static void test_device_default(void) {
+  const char *s = getenv("NABLA_TEST_DEVICE");
+  if (!s || !*s) return;
+  if (nb_set_default_device(parse_device(s))) {
+    fprintf(stderr, "NABLA_TEST_DEVICE=%s: %s\n", s, nb_last_error());
+    exit(2);
+  }
+}
+
+TestSuite(device, .init = tc_setup, .fini = tc_teardown);
+
+Test(device, table_counts) {
+  cr_expect_eq(nb_device_count(NB_DEVICE_CPU), 1);
+  cr_expect_eq(nb_device_count(NB_DEVICE_EMU), 4);
+  cr_expect_geq(nb_device_count(NB_DEVICE_CUDA), 0);
+  cr_expect_str_eq(nb_device_str(NB_EMU(2)), "emu:2");
+  cr_expect_str_eq(nb_device_str(NB_CPU), "cpu:0");
+}
+
+Test(device, missing_device_is_an_error) {
+  nb_device before = nb_default_device();
+  cr_expect_eq(nb_set_default_device(NB_EMU(9)), NB_ERR_DEVICE);
+  cr_expect(strstr(nb_last_error(), "emu:9") != NULL, "%s", nb_last_error());
+  nb_clear_error();
+  cr_expect_eq(nb_default_device().kind, before.kind);
+  cr_expect_eq(nb_default_device().index, before.index);
+  if (nb_device_count(NB_DEVICE_CUDA) == 0) {
+    cr_expect_eq(nb_set_default_device(NB_CUDA(0)), NB_ERR_DEVICE);
+    cr_expect(strstr(nb_last_error(), "cuda:0") != NULL, "%s", nb_last_error());
+    nb_clear_error();
+    cr_expect_null(nb_to_device(nb_zeros(NB_SHAPE(2), NB_F32), NB_CUDA(0)));
+    cr_expect_eq(nb_last_status(), NB_ERR_DEVICE);
+  }
+}
+
+Test(device, leaves_follow_the_default_device) {
+  nb_device before = nb_default_device();
+  cr_assert_eq(nb_set_default_device(NB_EMU(1)), NB_OK);
+  nb_tensor *x = nb_arange(0, 6, 1, NB_F32);
+  nb_device d = nb_device_of(x);
+  cr_expect(d.kind == NB_DEVICE_EMU && d.index == 1);
+  nb_tensor *y = nb_mul_scalar(nb_reshape(x, NB_SHAPE(2, 3)), 2.0);
+  cr_expect_eq(nb_device_of(y).kind, NB_DEVICE_EMU);
+  float v[6];
+  cr_assert_eq(nb_to_host(y, v, sizeof v), NB_OK);
+  for (int i = 0; i < 6; i++)
+    cr_expect_eq(v[i], 2.0f * (float)i);
+  nb_set_default_device(before);
+}
+
+Test(device, mixed_devices_are_an_eager_error_naming_both) {
+  nb_tensor *a = nb_ones(NB_SHAPE(3), NB_F32);
+  nb_tensor *b = nb_to_device(nb_ones(NB_SHAPE(3), NB_F32), NB_EMU(0));
+  if (nb_device_of(a).kind == NB_DEVICE_EMU) a = nb_to_device(a, NB_EMU(3));
+  cr_assert_null(nb_add(a, b));
+  cr_expect_eq(nb_last_status(), NB_ERR_DEVICE);
+  cr_expect(strstr(nb_last_error(), "nb_add") && strstr(nb_last_error(), "emu:0"), "%s",
+            nb_last_error());
+}
+
+Test(device, to_device_moves_values_and_gradients) {
+  double h[4] = {1, -2, 3, 0.5};
+  nb_tensor *x = nb_to_device(nb_from_data(h, NB_SHAPE(4), NB_F64), NB_CPU);
+  nb_tensor *e = nb_to_device(x, NB_EMU(2));
+  nb_tensor *back = nb_to_device(nb_square(e), NB_CPU);
+  double v[4];
+  cr_assert_eq(nb_to_host(back, v, sizeof v), NB_OK);
+  for (int i = 0; i < 4; i++)
+    cr_expect_eq(v[i], h[i] * h[i]);
+  /* its VJP moves the cotangent back */
+  nb_set_requires_grad(x, true);
+  nb_tensor *loss = nb_sum(nb_to_device(nb_square(nb_to_device(x, NB_EMU(2))), NB_CPU), NB_ALL,
+                           false);
+  cr_assert_eq(nb_backward(loss), NB_OK);
+  cr_assert_eq(nb_to_host(nb_grad_of(x), v, sizeof v), NB_OK);
+  for (int i = 0; i < 4; i++)
+    cr_expect_eq(v[i], 2 * h[i]);
+}
+
+Test(device, emu_kernel_errors_are_reported_at_the_next_read) {
+  nb_tensor *x = nb_to_device(nb_arange(0, 4, 1, NB_F32), NB_EMU(0));
+  int64_t bad[2] = {1, 7};
+  nb_tensor *i = nb_to_device(nb_from_data(bad, NB_SHAPE(2), NB_I64), NB_EMU(0));
+  nb_tensor *y = nb_take(x, i, 0);
+  cr_assert_not_null(y);
+  float v[2];
+  nb_status st = nb_to_host(y, v, sizeof v);
+  cr_expect_eq(st, NB_ERR_INDEX, "%s", nb_status_str(st));
+  cr_expect(strstr(nb_last_error(), "nb_take") != NULL, "%s", nb_last_error());
+}
+
+/* An emu buffer's address is not host memory: reading it around the backend faults. */
+Test(device, emu_memory_faults_when_read_directly, .signal = SIGSEGV) {
+  nb_tensor *x = nb_to_device(nb_ones(NB_SHAPE(4), NB_F32), NB_EMU(0));
+  nb_eval(&x, 1);
+  nbi_view v = nbi_tensor_view(x);
+  volatile float f = *(volatile float *)v.data;
+  (void)f;
+}
