@@ -404,7 +404,7 @@ static nb_status lt_available(void) {
                    nbi_cu.why[0] ? nbi_cu.why : "libcublasLt.so was not loaded");
 }
 
-/* The view [batch, m, n] (strides sc, ldc, 1) of C, for fills. */
+/* The view [batch, m, n] (strides sc, ldc, 1) of C, for fills and copies. */
 static nbi_view c_view(void *cc, nb_dtype dt, int64_t m, int64_t n, int64_t ldc, int64_t sc,
                        int64_t batch) {
   return (nbi_view){.data = cc,
