@@ -23,6 +23,7 @@
  *   cuda_render.c   CUDA C from the planner's nbi_group descriptions and the
  *                   shared formula list (../ew_formulas.h)
  *   cuda_gemm.c     cuBLASLt: MATMUL, GEMM epilogue groups
+ *   cuda_gemm_kernels.c  cuda_gemm.c's own kernels: integer products, epilogue pass
  *   cuda_ops.c      the per-op kernel table (run_op, supports) and the
  *                   hand-written kernels' sources (index, conv, pooling)
  * Every kernel opens with a comment giving its shapes (llm.c's habit). */
@@ -271,6 +272,30 @@ nb_status nbi_cuda_gemm(nbi_cuda_ctx *c, nb_dtype dt, bool trans_a, bool trans_b
                         int64_t n, int64_t k, const void *a, int64_t lda, int64_t stride_a,
                         const void *b, int64_t ldb, int64_t stride_b, void *cc, int64_t ldc,
                         int64_t stride_c, int64_t batch);
+/* Counters of cuda_gemm.c's heuristic cache (all devices), for tests and benches:
+ * cublasLtMatmulAlgoGetHeuristic queries made, and products served from the cache. */
+typedef struct nbi_cuda_gemm_stats {
+  uint64_t queries, hits;
+} nbi_cuda_gemm_stats;
+nbi_cuda_gemm_stats nbi_cuda_gemm_get_stats(void);
+/* cuda_gemm_kernels.c, cuda_gemm.c's own kernels (errors recorded):
+ * C[bi] (m x n, rows contiguous, c[bi*sc + i*n + j]) = A[bi] @ B[bi] for bi < batch,
+ * element (i, p) of A[bi] at a[bi*sa + i*sar + p*sac] and (p, j) of B[bi] at
+ * b[bi*sb + p*sbr + j*sbc] (elements): int64 operands and result (wrapping sums),
+ * or with is_bool uint8 ones (or of ands). */
+nb_status nbi_cuda_int_gemm(nbi_cuda_ctx *c, bool is_bool, int64_t m, int64_t n, int64_t k,
+                            int64_t batch, const void *a, int64_t sa, int64_t sar, int64_t sac,
+                            const void *b, int64_t sb, int64_t sbr, int64_t sbc, void *cc,
+                            int64_t sc);
+/* Whether op is an activation of GEMM epilogue groups (relu, gelu, tanh, sigmoid,
+ * silu). */
+bool nbi_cuda_gemm_epi_act(int op);
+/* The pass after a GEMM epilogue group's product, over n contiguous elements of
+ * dtype dt (f32, f64, f16, bf16) in rows of cols: s = src[i] (+ bias[i % cols]
+ * when bias is given), sum[i] = s when sum is given, act[i] = act_op(s) when act is
+ * given (act_op as ../ew_formulas.h computes it). sum or act may be src. */
+nb_status nbi_cuda_gemm_epi_pass(nbi_cuda_ctx *c, nb_dtype dt, int act_op, const void *src,
+                                 const void *bias, void *sum, void *act, int64_t n, int64_t cols);
 
 /* ---- copies (cuda_copy.c) ---------------------------------------------------------------- */
 /* Strided copy with dtype conversion (as nbi_copy_view) and fill (views on c). */
