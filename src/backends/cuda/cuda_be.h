@@ -302,8 +302,70 @@ nb_status nbi_cuda_gemm_epi_pass(nbi_cuda_ctx *c, nb_dtype dt, int act_op, const
 nb_status nbi_cuda_copy(nbi_cuda_ctx *c, nbi_view *dst, const nbi_view *src);
 nb_status nbi_cuda_fill(nbi_cuda_ctx *c, nbi_view *dst, double value);
 
-/* ---- the op table (cuda_ops.c) -------------------------------------------------------------- */
+/* ---- the op table (cuda_ops.c, cuda_ops_index.c, cuda_ops_nn.c) ------------------------------
+ * supports: whether op has a CUDA path for a result of dtype dt (every op and
+ * dtype the CPU kernels cover; none for the ops core runs itself: constants,
+ * placeholders, tuple gets, control flow, calls, sharding and collectives).
+ * run_op: node n from the table, with backend.h's run_op contract (in[k] any
+ * strides on this device, out a fresh contiguous buffer of n's shape and dtype);
+ * kernels are queued on c's stream, index errors surface at the next sync. */
 bool nbi_cuda_supports(void *ctx, int op, nb_dtype dt);
 nb_status nbi_cuda_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const nbi_view *in);
+
+/* The hand-written kernels' plumbing, shared by the cuda_ops*.c files. A module
+ * is one CUDA C source (compiled after nbi_cuda_preamble) holding several
+ * kernels; each kernel's CUfunction is looked up once per device and kept. */
+#define NBI_CUDA_MODULE_KERNELS 32
+typedef struct nbi_cuda_module {
+  const char *body;         /* the source after the preamble */
+  const char *const *names; /* kernel names, n_names of them */
+  int n_names;
+  char *source; /* preamble + body, built on first use */
+  /* CUfunctions by device ordinal and kernel, filled on first use */
+  CUfunction fn[NBI_MAX_DEVICES][NBI_CUDA_MODULE_KERNELS];
+} nbi_cuda_module;
+/* Kernel k of m on device c (compiled on first use); NB_ERR_DEVICE (NVRTC's
+ * log) or NB_ERR_OOM recorded on failure. */
+nb_status nbi_cuda_module_fn(nbi_cuda_ctx *c, nbi_cuda_module *m, int k, CUfunction *fn);
+/* Launches f over n work items with 256-thread blocks (nothing when n <= 0: no
+ * empty grid): kernels loop grid-stride over int64 indices, so any n fits the
+ * capped grid. */
+nb_status nbi_cuda_launch_n(nbi_cuda_ctx *c, CUfunction f, int64_t n, void **args);
+/* Device scratch of nbytes (>= 1) from c's allocator: 0 with NB_ERR_OOM
+ * recorded on failure. Freed with nbi_cuda_free_block (stream-ordered, so at
+ * once after the kernels that use it are queued). */
+CUdeviceptr nbi_cuda_scratch(nbi_cuda_ctx *c, size_t nbytes);
+/* v's elements as a contiguous array of dtype dt: v's own memory when it
+ * already is one, else a scratch copy (converted by nbi_cuda_copy) written to
+ * *owned for the caller to free (0 when none). NULL on failure (recorded). */
+char *nbi_cuda_contig(nbi_cuda_ctx *c, const nbi_view *v, nb_dtype dt, CUdeviceptr *owned);
+/* Number of elements of a view. */
+int64_t nbi_cuda_view_numel(const nbi_view *v);
+
+/* Index family (cuda_ops_index.c): take, take_along_axis, scatter_add,
+ * scatter_add_along_axis, one_hot, with the CPU kernels' semantics
+ * (k_index.c); indices out of range write NBI_CUDA_KERR_INDEX to err_word. */
+nb_status nbi_cuda_take(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out, const nbi_view *in);
+nb_status nbi_cuda_take_along_axis(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
+                                   const nbi_view *in);
+nb_status nbi_cuda_scatter_add(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
+                               const nbi_view *in);
+nb_status nbi_cuda_scatter_add_along_axis(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
+                                          const nbi_view *in);
+nb_status nbi_cuda_one_hot(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out, const nbi_view *in);
+
+/* NN family (cuda_ops_nn.c), NCHW, with k_nn.c's semantics: convolution by
+ * im2col / col2im + nbi_cuda_gemm, max pooling and its derivative ops. */
+nb_status nbi_cuda_conv2d(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out, const nbi_view *in);
+nb_status nbi_cuda_conv2d_bwd_data(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
+                                   const nbi_view *in);
+nb_status nbi_cuda_conv2d_bwd_filter(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
+                                     const nbi_view *in);
+nb_status nbi_cuda_max_pool2d(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
+                              const nbi_view *in);
+nb_status nbi_cuda_max_pool2d_bwd(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
+                                  const nbi_view *in);
+nb_status nbi_cuda_max_pool2d_select(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
+                                     const nbi_view *in);
 
 #endif
