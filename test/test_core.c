@@ -174,9 +174,11 @@ Test(core, reading_data_checks_arguments) {
   nb_clear_error();
   cr_assert_eq(nb_eval(&t, -1), NB_ERR_ARG);
   nb_clear_error();
-  cr_assert_eq(nb_set_default_device(NB_CUDA(0)), NB_ERR_DEVICE);
-  tc_assert_error(NB_ERR_DEVICE, "cuda:0");
-  cr_assert_eq(nb_default_device().kind, NB_DEVICE_CPU);
+  nb_device before = nb_default_device();
+  cr_assert_eq(nb_set_default_device(NB_CUDA(99)), NB_ERR_DEVICE);
+  tc_assert_error(NB_ERR_DEVICE, "cuda:99");
+  cr_assert_eq(nb_default_device().kind, before.kind);
+  cr_assert_eq(nb_default_device().index, before.index);
 }
 
 Test(core, print_shows_values_dtype_and_shape) {

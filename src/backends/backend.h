@@ -57,10 +57,13 @@
  * rows values; GLOBAL*: one value). Unstored members live in registers or
  * scratch only.
  *
- * GEMM epilogues (kind NBI_GROUP_GEMM): member 0 is the MATMUL (2-D), member 1
- * the ADD of a row bias ([N] or [1, N]) to it, member 2 (optional) one
- * activation (RELU, GELU, TANH, SIGMOID, SILU) of the sum. Operands: 0 = A,
- * 1 = B, 2 = bias (its own shape, not broadcast). */
+ * GEMM epilogues (kind NBI_GROUP_GEMM): member 0 is the MATMUL (2-D), then up
+ * to four aliases (IDENTITY / STOP_GRADIENT of outside values: a traced
+ * parameter's wrapper), the ADD of a row bias ([N] or [1, N]) to the product,
+ * and optionally one activation (RELU, GELU, TANH, SIGMOID, SILU) of the sum;
+ * all roles FULL, F the product's shape. Operands are views at their own
+ * shapes (not broadcast): A and B (the product's inputs), then the bias or
+ * the value an alias reads. */
 enum {
   NBI_GROUP_ELEMENTWISE,
   NBI_GROUP_ROWS,

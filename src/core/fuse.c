@@ -170,6 +170,61 @@ static int stored_members(const int *last, const bool *held, int first, int i) {
   return n;
 }
 
+/* ---- GEMM epilogues on other devices --------------------------------------------------
+ * The same pattern as the CPU's (k_gemm_epi.c): a 2-D MATMUL of 2-D float
+ * operands, the ADD of a row bias ([N] or [1, N], same dtype) to it after at
+ * most EPI_MAX_ALIASES aliases (identity / stop_gradient of outside values:
+ * transforms wrap parameters in them), optionally one activation of the sum;
+ * the product's value needed by the add only. The device's gemm_ok decides
+ * (nbi_fuse_supported). */
+enum { EPI_MAX_ALIASES = 4 };
+
+static bool epi_alias(const nb_tensor *t) {
+  return t->op == NBI_OP_IDENTITY || t->op == NBI_OP_STOP_GRADIENT;
+}
+
+static bool epi_act(int op) {
+  return op == NBI_OP_RELU || op == NBI_OP_GELU || op == NBI_OP_TANH || op == NBI_OP_SIGMOID ||
+         op == NBI_OP_SILU;
+}
+
+/* Whether step i's value is read by a step other than `user` or held. */
+static bool epi_used_elsewhere(nb_tensor *const *nodes, int n, int i, int user, const bool *held) {
+  if (held[i]) return true;
+  for (int j = i + 1; j < n; j++)
+    for (int k = 0; j != user && k < nodes[j]->n_in; k++)
+      if (nodes[j]->in[k]->mark == i) return true;
+  return false;
+}
+
+static int gemm_epi_match(nb_tensor *const *nodes, int n, int i, const bool *held) {
+  const nb_tensor *mm = nodes[i];
+  if (mm->op != NBI_OP_MATMUL || !nb_dtype_is_float(mm->dtype) || mm->shape.ndim != 2 ||
+      mm->in[0]->shape.ndim != 2 || mm->in[1]->shape.ndim != 2 ||
+      mm->in[0]->dtype != mm->dtype || mm->in[1]->dtype != mm->dtype)
+    return 0;
+  int j = i + 1;
+  while (j < n && j - i < EPI_MAX_ALIASES && epi_alias(nodes[j]) && nodes[j]->in[0]->mark < i &&
+         nodes[j]->device == mm->device)
+    j++;
+  if (j >= n) return 0;
+  const nb_tensor *add = nodes[j];
+  if (add->op != NBI_OP_ADD || add->n_in != 2 || add->dtype != mm->dtype ||
+      add->device != mm->device || !nbi_shape_eq(&add->shape, &mm->shape))
+    return 0;
+  const nb_tensor *b = add->in[0] == mm ? add->in[1] : add->in[1] == mm ? add->in[0] : NULL;
+  int64_t N = mm->shape.dims[1];
+  if (!b || b == mm || b->dtype != mm->dtype ||
+      !((b->shape.ndim == 1 && b->shape.dims[0] == N) ||
+        (b->shape.ndim == 2 && b->shape.dims[0] == 1 && b->shape.dims[1] == N)))
+    return 0;
+  if (epi_used_elsewhere(nodes, n, i, j, held)) return 0;
+  if (j + 1 < n && nodes[j + 1]->n_in == 1 && nodes[j + 1]->in[0] == add &&
+      nodes[j + 1]->dtype == mm->dtype && epi_act(nodes[j + 1]->op))
+    return j + 2 - i;
+  return j + 1 - i;
+}
+
 void nbi_fuse_plan(nb_tensor *const *nodes, int n_nodes, const bool *held, int *group,
                    bool *store) {
   fgroup g = {.first = -1};
@@ -184,9 +239,9 @@ void nbi_fuse_plan(nb_tensor *const *nodes, int n_nodes, const bool *held, int *
       if (nodes[i]->in[k]->mark >= 0) last[nodes[i]->in[k]->mark] = i;
   for (int i = 0; i < n_nodes; i++) {
     /* GEMM epilogues: [matmul, add bias, activation] as one group (k_gemm_epi.c). */
-    int epi = nbi_fusion_enabled() && nodes[i]->device == 0
-                  ? nbi_cpu_gemm_epi_match(nodes, n_nodes, i, held)
-                  : 0;
+    int epi = !nbi_fusion_enabled()    ? 0
+              : nodes[i]->device == 0 ? nbi_cpu_gemm_epi_match(nodes, n_nodes, i, held)
+                                      : gemm_epi_match(nodes, n_nodes, i, held);
     if (epi > 1) {
       for (int k = 0; k < epi; k++)
         group[i + k] = i;
@@ -277,11 +332,12 @@ static uint8_t read_level(uint8_t r) {
 bool nbi_fuse_describe(nb_tensor *const *nodes, int m, const bool *store, nbi_group *g,
                        const nb_tensor **ext) {
   memset(g, 0, sizeof *g);
-  if (m < 1 || m > NBI_FUSE_MAX || nodes[0]->op == NBI_OP_MATMUL) return false;
+  if (m < 1 || m > NBI_FUSE_MAX) return false;
+  bool gemm = nodes[0]->op == NBI_OP_MATMUL;
   int ra = -1, first_row = -1;
-  for (int k = 0; k < m && ra < 0; k++)
+  for (int k = 0; k < m && ra < 0 && !gemm; k++)
     if ((ra = row_op(nodes[k])) >= 0) first_row = k;
-  g->kind = ra >= 0 ? NBI_GROUP_ROWS : NBI_GROUP_ELEMENTWISE;
+  g->kind = gemm ? NBI_GROUP_GEMM : ra >= 0 ? NBI_GROUP_ROWS : NBI_GROUP_ELEMENTWISE;
   g->dtype = nodes[0]->dtype;
   copy_shape(&g->full, ra >= 0 ? &nodes[first_row]->in[0]->shape : &nodes[0]->shape);
   g->ra = ra >= 0 ? ra : g->full.ndim;
@@ -341,6 +397,7 @@ bool nbi_fuse_describe(nb_tensor *const *nodes, int m, const bool *store, nbi_gr
 nbi_view nbi_fuse_operand_view(const nbi_group *g, int k, const nb_tensor *x) {
   nbi_view v = nbi_tensor_view(x), r = v;
   const nb_shape *F = &g->full;
+  if (g->kind == NBI_GROUP_GEMM) return v; /* operands at their own shapes */
   switch (g->operand[k].level) {
   case NBI_ROLE_FULL: return nbi_view_broadcast(&v, F);
   case NBI_ROLE_GLOBAL:

@@ -130,6 +130,9 @@ typedef struct plan {
    * step's input q (as the run reads it: aliased inputs swapped), else -1. */
   uint8_t *fate;
   int *inplace;
+  /* Devices (bits of device-table indices) whose asynchronous kernels ran a
+   * step that checks its data (NBI_OPF_CHECKED): synced after the run. */
+  uint32_t check_devices;
 } plan;
 
 enum {
@@ -554,6 +557,11 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
   for (int c = 0; c < n_run; c++)
     if (has[p->run[c]] && p->fate[p->run[c]] == FATE_TEMP && last[c] >= 0)
       p->free_idx[count[last[c]]++] = p->run[c];
+  for (int c = 0; c < n_run; c++) {
+    const nb_tensor *t = g->nodes[p->run[c]];
+    if (t->device != 0 && (nbi_op_table[t->op]->flags & NBI_OPF_CHECKED))
+      p->check_devices |= 1u << t->device;
+  }
   p->n_steps = n;
 done:
   free(held);
@@ -922,6 +930,15 @@ static nb_status plan_exec(const plan *p, graph *g, nb_tensor **cn_buf) {
   return st;
 }
 
+/* After a run: the errors the checking steps found on asynchronous devices
+ * (NBI_OPF_CHECKED). */
+static nb_status plan_check(const plan *p) {
+  nb_status st = NB_OK;
+  for (int d = 1; d < NBI_MAX_DEVICES && !st; d++)
+    if (p->check_devices >> d & 1u) st = nbi_dev_sync(d);
+  return st;
+}
+
 /* Depth of realizations running on this thread: a kernel may realize a nested
  * graph (control flow, checkpoint); only the outermost adds to the timers. */
 static _Thread_local int depth;
@@ -976,6 +993,7 @@ static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) 
   if (!depth) stats.plan_ns += t1 - t0;
   depth++;
   st = plan_exec(p, &g, NULL);
+  if (!st) st = plan_check(p);
   /* room in the lazy set for this realization's lazy nodes, reserved after
    * the steps ran: nested realizations (control flow) may have added theirs */
   int n_lazy = 0;
@@ -1143,6 +1161,7 @@ nb_status nbi_exec_run(nbi_exec *x, nb_tensor *const *in, nb_tensor **out) {
   depth++;
   stats.realizations++;
   nb_status st = plan_exec(&x->p, &x->g, x->cn);
+  if (!st) st = plan_check(&x->p);
   depth--;
   x->busy = false;
   graph_mark(&x->g, false);

@@ -365,6 +365,12 @@ enum {
   NBI_OPF_NONDIFF = 1u << 0,
   /* A pack node of a multi-output op: rules are the *_multi ones. */
   NBI_OPF_MULTI = 1u << 1,
+  /* The kernel checks its data and can fail (an index out of range). On a
+   * device whose kernels run asynchronously the failure surfaces at the next
+   * sync, so a realization that ran such a step there syncs before it
+   * returns: the error comes from nb_eval, as on the CPU, and no node is
+   * marked realized with a value its kernel never wrote. */
+  NBI_OPF_CHECKED = 1u << 2,
 };
 
 /* ---- program apply rules ----------------------------------------------------------------

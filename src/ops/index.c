@@ -319,6 +319,7 @@ static nb_tensor *one_hot_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *
 }
 
 const nbi_op_def nbi_opdef_TAKE = {.name = "take",
+ .flags = NBI_OPF_CHECKED,
                                    .arity = 2,
                                    .cpu = nbi_cpu_take,
                                    .view = NULL,
@@ -326,6 +327,7 @@ const nbi_op_def nbi_opdef_TAKE = {.name = "take",
                                    .jvp = take_jvp,
                                    .vmap = take_vmap};
 const nbi_op_def nbi_opdef_TAKE_ALONG_AXIS = {.name = "take_along_axis",
+ .flags = NBI_OPF_CHECKED,
                                               .arity = 2,
                                               .cpu = nbi_cpu_take_along_axis,
                                               .view = NULL,
@@ -333,6 +335,7 @@ const nbi_op_def nbi_opdef_TAKE_ALONG_AXIS = {.name = "take_along_axis",
                                               .jvp = take_along_jvp,
                                               .vmap = take_along_vmap};
 const nbi_op_def nbi_opdef_SCATTER_ADD = {.name = "scatter_add",
+ .flags = NBI_OPF_CHECKED,
                                           .arity = 3,
                                           .cpu = nbi_cpu_scatter_add,
                                           .view = NULL,
@@ -340,6 +343,7 @@ const nbi_op_def nbi_opdef_SCATTER_ADD = {.name = "scatter_add",
                                           .jvp = scatter_jvp,
                                           .vmap = scatter_vmap};
 const nbi_op_def nbi_opdef_SCATTER_ADD_ALONG_AXIS = {.name = "scatter_add_along_axis",
+ .flags = NBI_OPF_CHECKED,
                                                      .arity = 3,
                                                      .cpu = nbi_cpu_scatter_add_along_axis,
                                                      .view = NULL,
