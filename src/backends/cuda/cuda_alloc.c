@@ -74,6 +74,7 @@ static size_t pool_lower(const pool *p, size_t size, CUdeviceptr addr) {
   return lo;
 }
 
+/* Adds free block b to p in order; room was reserved (pool_reserve_one). */
 static void pool_insert(pool *p, blk *b) {
   size_t i = pool_lower(p, b->size, b->addr);
   memmove(p->free + i + 1, p->free + i, (p->n - i) * sizeof *p->free);
@@ -81,6 +82,7 @@ static void pool_insert(pool *p, blk *b) {
   p->n++;
 }
 
+/* Takes free block b (pooled with its current size) out of p. */
 static void pool_remove(pool *p, blk *b) {
   size_t i = pool_lower(p, b->size, b->addr);
   if (i >= p->n || p->free[i] != b) return; /* not pooled: cannot happen */
@@ -125,6 +127,7 @@ static void table_grow(nbi_cuda_alloc *a) {
   free(old);
 }
 
+/* Records b as handed out. */
 static void table_add(nbi_cuda_alloc *a, blk *b) {
   table_grow(a);
   size_t s = slot_of(a, b->addr);
@@ -220,6 +223,8 @@ nbi_cuda_alloc *nbi_cuda_alloc_create_with(const nbi_cuda_alloc_source *src, con
   return a;
 }
 
+/* Gives every segment back (blocks still handed out included) and frees a;
+ * NULL is ignored. */
 void nbi_cuda_alloc_destroy(nbi_cuda_alloc *a) {
   if (!a) return;
   for (seg *s = a->segs, *nx; s; s = nx) {
@@ -267,6 +272,9 @@ static void split(pool *p, blk *b, size_t size) {
   pool_insert(p, r);
 }
 
+/* A block of at least nbytes (0 counts as 1): the best-fitting free block of
+ * its pool, else a new segment (after giving unused ones back if the device
+ * is out of memory). 0 with the error recorded on failure. */
 CUdeviceptr nbi_cuda_alloc_block(nbi_cuda_alloc *a, size_t nbytes) {
   size_t want = nbytes ? nbytes : 1;
   if (want > SIZE_MAX - NBI_CUDA_SEGMENT) {
@@ -306,6 +314,8 @@ CUdeviceptr nbi_cuda_alloc_block(nbi_cuda_alloc *a, size_t nbytes) {
   return addr;
 }
 
+/* Returns the block at addr to its pool, merged with free neighbours; 0 is
+ * ignored, an address not handed out records NB_ERR_INTERNAL. */
 void nbi_cuda_free_block(nbi_cuda_alloc *a, CUdeviceptr addr) {
   if (!addr) return;
   pthread_mutex_lock(&a->lock);
@@ -341,12 +351,14 @@ void nbi_cuda_free_block(nbi_cuda_alloc *a, CUdeviceptr addr) {
   pthread_mutex_unlock(&a->lock);
 }
 
+/* Gives every unused segment back to the source. */
 void nbi_cuda_alloc_trim(nbi_cuda_alloc *a) {
   pthread_mutex_lock(&a->lock);
   release_unused(a);
   pthread_mutex_unlock(&a->lock);
 }
 
+/* Bytes handed out and bytes reserved (either pointer may be NULL). */
 void nbi_cuda_alloc_stats(const nbi_cuda_alloc *a, size_t *allocated, size_t *reserved) {
   nbi_cuda_alloc *m = (nbi_cuda_alloc *)a; /* the lock is the only mutable part */
   pthread_mutex_lock(&m->lock);
@@ -374,6 +386,7 @@ static void device_release(void *user, CUdeviceptr addr, size_t nbytes) {
   nbi_cu_check(nbi_cu.cuMemFree(addr), "nabla: cuMemFree");
 }
 
+/* The allocator of device c, named "cuda:<index>" in its messages. */
 nbi_cuda_alloc *nbi_cuda_alloc_create(nbi_cuda_ctx *c) {
   char name[32];
   snprintf(name, sizeof name, "cuda:%d", c->index);

@@ -156,16 +156,21 @@ static void load_driver(void) {
   nbi_cu.driver = nbi_cu.nvrtc && nbi_cu.lt;
 }
 
+/* NVRTC alone (host-side compilation needs no driver); true when it loaded. */
 bool nbi_nvrtc_load(void) {
   pthread_once(&nvrtc_once, load_nvrtc);
   return nbi_cu.nvrtc;
 }
 
+/* Everything, once; true when the driver answered cuInit and NVRTC and
+ * cuBLASLt are there. */
 bool nbi_cu_load(void) {
   pthread_once(&driver_once, load_driver);
   return nbi_cu.driver;
 }
 
+/* "<what>: <name>: <description>" of r into buf; names come from the driver
+ * when it loaded, else the number is given. */
 void nbi_cu_describe(CUresult r, const char *what, char *buf, size_t n) {
   const char *name = NULL, *str = NULL;
   /* the table may be partly filled when the driver failed to load */
@@ -177,6 +182,7 @@ void nbi_cu_describe(CUresult r, const char *what, char *buf, size_t n) {
     snprintf(buf, n, "%s: CUDA error %d", what, (int)r);
 }
 
+/* NB_OK for success; else records NB_ERR_DEVICE described as above. */
 nb_status nbi_cu_check(CUresult r, const char *what) {
   if (r == CUDA_SUCCESS) return NB_OK;
   char msg[512];

@@ -222,6 +222,7 @@ typedef struct sbuf {
   size_t n, cap;
 } sbuf;
 
+/* Appends text (NUL kept at the end); false when out of memory. */
 static bool sb_add(sbuf *b, const char *text) {
   size_t k = strlen(text);
   if (b->n + k + 1 > b->cap) {
@@ -270,6 +271,7 @@ static char *module_source(bool fill, nb_dtype s, nb_dtype d, size_t es) {
   return NULL;
 }
 
+/* See cuda_be.h; NULL for an invalid dtype or out of memory. */
 char *nbi_cuda_copy_source(bool fill, nb_dtype src, nb_dtype dst) {
   if (!nbi_dtype_valid(src) || !nbi_dtype_valid(dst)) return NULL;
   return module_source(fill, src, dst, nb_dtype_size(dst));
@@ -291,6 +293,7 @@ static pthread_mutex_t source_lock = PTHREAD_MUTEX_INITIALIZER;
 static char *sources[N_SLOTS];
 static _Atomic(CUfunction) functions[NBI_MAX_DEVICES][N_SLOTS][N_KERNELS];
 
+/* Slot offset of an element size (1, 2, 4, 8 bytes). */
 static int size_index(size_t es) { return es == 1 ? 0 : es == 2 ? 1 : es == 4 ? 2 : 3; }
 
 /* Kernel k of module slot on c (fill: a fill module). */
@@ -381,6 +384,9 @@ static nb_status check_view(const char *what, const nbi_view *v) {
 
 /* ---- copy and fill
  * ---------------------------------------------------------------------------------- */
+/* dst = src converted (views on c, same dims): DtoD when both are contiguous
+ * in one dtype, else the vector kernel when contiguous and aligned, else the
+ * 32-bit or 64-bit strided kernel. */
 nb_status nbi_cuda_copy(nbi_cuda_ctx *c, nbi_view *dst, const nbi_view *src) {
   nb_status st = check_view("copy", dst);
   if (st == NB_OK) st = check_view("copy", src);
@@ -412,6 +418,8 @@ nb_status nbi_cuda_copy(nbi_cuda_ctx *c, nbi_view *dst, const nbi_view *src) {
   return st != NB_OK ? st : launch(c, fn, &g, g.n);
 }
 
+/* Every element of dst (on c) = value stored as nbi_store_f64 does: memset
+ * for contiguous views, else a kernel storing the element's bytes. */
 nb_status nbi_cuda_fill(nbi_cuda_ctx *c, nbi_view *dst, double value) {
   nb_status st = check_view("fill", dst);
   if (st != NB_OK) return st;

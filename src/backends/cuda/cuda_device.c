@@ -33,6 +33,7 @@ static cuda_dev *devices[NBI_MAX_DEVICES];
 static int n_devices;
 static char probe_why[256];
 
+/* Makes c's context current on this thread unless it is. */
 nb_status nbi_cuda_enter(nbi_cuda_ctx *c) {
   CUcontext cur = NULL;
   if (nbi_cu.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == c->ctx) return NB_OK;
@@ -155,6 +156,9 @@ static void close_all(void) {
   n_devices = 0;
 }
 
+/* Opens every GPU the driver reports as NB_CUDA(0..) in order and registers
+ * it; a GPU that fails to open is skipped (nbi_cuda_why says why). Core
+ * calls it once, under the device table's lock. */
 void nbi_cuda_probe(void) {
   if (n_devices || !nbi_cu_load()) return;
   int count = 0;
@@ -182,6 +186,7 @@ void nbi_cuda_probe(void) {
   if (n_devices) atexit(close_all);
 }
 
+/* Why there is no CUDA device ("" when there is one). */
 const char *nbi_cuda_why(void) {
   if (!nbi_cu_load()) return nbi_cu.why;
   if (probe_why[0]) return probe_why;
@@ -266,6 +271,7 @@ static void *cuda_alloc(void *ctx, size_t nbytes) {
   return (void *)(uintptr_t)nbi_cuda_alloc_block(c->alloc, nbytes);
 }
 
+/* Gives block p back (stream order makes reuse safe). */
 static void cuda_free(void *ctx, void *p, size_t nbytes) {
   (void)nbytes;
   nbi_cuda_ctx *c = ctx;
@@ -273,6 +279,7 @@ static void cuda_free(void *ctx, void *p, size_t nbytes) {
   nbi_cuda_free_block(c->alloc, (CUdeviceptr)(uintptr_t)p);
 }
 
+/* The allocator's counters. */
 static void cuda_mem_info(void *ctx, size_t *allocated, size_t *reserved) {
   nbi_cuda_alloc_stats(((nbi_cuda_ctx *)ctx)->alloc, allocated, reserved);
 }
@@ -353,30 +360,37 @@ static nb_status cuda_download(void *ctx, void *host_dst, const void *dev_src, s
   return st != NB_OK ? st : take_kernel_error(d);
 }
 
+/* Waits for the device's stream; the error a kernel reported, if any. */
 static nb_status cuda_sync(void *ctx) {
   nb_status st = nbi_cuda_enter(ctx);
   return st != NB_OK ? st : take_kernel_error(ctx);
 }
 
+/* Copy through cuda_copy.c. The vtable's entries make the context current,
+ * then pass on. */
 static nb_status cuda_copy(void *ctx, nbi_view *dst, const nbi_view *src) {
   nb_status st = nbi_cuda_enter(ctx);
   return st != NB_OK ? st : nbi_cuda_copy(ctx, dst, src);
 }
 
+/* Fill through cuda_copy.c. */
 static nb_status cuda_fill(void *ctx, nbi_view *dst, double value) {
   nb_status st = nbi_cuda_enter(ctx);
   return st != NB_OK ? st : nbi_cuda_fill(ctx, dst, value);
 }
 
+/* One op from cuda_ops.c's table. */
 static nb_status cuda_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const nbi_view *in) {
   nb_status st = nbi_cuda_enter(ctx);
   return st != NB_OK ? st : nbi_cuda_run_op(ctx, n, out, in);
 }
 
+/* GEMM epilogues go to cuda_gemm.c, every other group to cuda_render.c. */
 static bool cuda_group_ok(void *ctx, const nbi_group *g) {
   return g->kind == NBI_GROUP_GEMM ? nbi_cuda_gemm_ok(ctx, g) : nbi_cuda_group_ok(ctx, g);
 }
 
+/* Runs a group where group_ok sent it. */
 static nb_status cuda_run_group(void *ctx, const nbi_group *g, nbi_view *out, const nbi_view *in) {
   nb_status st = nbi_cuda_enter(ctx);
   if (st != NB_OK) return st;

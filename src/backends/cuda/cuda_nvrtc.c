@@ -72,6 +72,7 @@ static void hash_bytes(const void *data, size_t n, uint64_t seed, uint64_t out[2
 static int supported[64], n_supported, nvrtc_major, nvrtc_minor;
 static pthread_once_t archs_once = PTHREAD_ONCE_INIT;
 
+/* Reads NVRTC's version and the archs it compiles for (once). */
 static void query_archs(void) {
   if (!nbi_nvrtc_load()) return;
   int n = 0;
@@ -81,14 +82,15 @@ static void query_archs(void) {
   if (nbi_cu.nvrtcGetSupportedArchs(supported) == NVRTC_SUCCESS) n_supported = n;
 }
 
-/* How arch is compiled: "-arch=sm_<arch>" (a CUBIN) when NVRTC lists it, else
- * "-arch=compute_<a>" (PTX the driver finishes) for the newest listed a below
- * arch. false when arch is older than every arch NVRTC knows. */
+/* How a kernel is compiled: the -arch option and whether it gives PTX. */
 typedef struct target {
   bool ptx;
   char opt[32];
 } target;
 
+/* How arch is compiled: "-arch=sm_<arch>" (a CUBIN) when NVRTC lists it, else
+ * "-arch=compute_<a>" (PTX the driver finishes) for the newest listed a below
+ * arch. false when arch is older than every arch NVRTC knows. */
 static bool pick_target(int arch, target *t) {
   pthread_once(&archs_once, query_archs);
   int best = -1;
@@ -117,10 +119,12 @@ static void key_of(const uint64_t h[2], int arch, uint64_t key[2]) {
   hash_bytes(text, w > 0 && (size_t)w < sizeof text ? (size_t)w : sizeof text - 1, 0x6b6579, key);
 }
 
+/* key as 32 hex digits + NUL. */
 static void key_hex(const uint64_t key[2], char hex[33]) {
   snprintf(hex, 33, "%016llx%016llx", (unsigned long long)key[0], (unsigned long long)key[1]);
 }
 
+/* The cache key of (src, arch) in hex. */
 void nbi_cuda_cache_key(const char *src, int arch, char key[33]) {
   uint64_t h[2], k[2];
   hash_bytes(src, strlen(src), 0, h);
@@ -207,6 +211,8 @@ static nb_status compile_target(const char *src, const target *t, const char *wh
   return st;
 }
 
+/* Compiles src for arch into img (data NULL on failure); what names the
+ * kernel in errors (NULL: "a kernel"). */
 static nb_status compile_what(const char *src, int arch, const char *what, nbi_cuda_image *img) {
   *img = (nbi_cuda_image){.data = NULL};
   if (!src) return nbi_error(NB_ERR_NULL, "nabla: no kernel source to compile");
@@ -218,6 +224,7 @@ static nb_status compile_what(const char *src, int arch, const char *what, nbi_c
   return compile_target(src, &t, what, img);
 }
 
+/* See cuda_be.h: CUBIN or PTX of src for arch, img->data malloc'd. */
 nb_status nbi_cuda_compile(const char *src, int arch, nbi_cuda_image *img) {
   return compile_what(src, arch, NULL, img);
 }
@@ -226,6 +233,7 @@ nb_status nbi_cuda_compile(const char *src, int arch, nbi_cuda_image *img) {
  */
 static _Atomic uint64_t n_compiles, n_memory_hits, n_disk_hits, n_disk_writes;
 
+/* The counters since the process started (or the last reset). */
 nbi_cuda_cache_stats nbi_cuda_cache_get_stats(void) {
   return (nbi_cuda_cache_stats){.compiles = atomic_load(&n_compiles),
                                 .memory_hits = atomic_load(&n_memory_hits),
@@ -265,6 +273,8 @@ static int make_dirs(char *path) {
   return S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
 }
 
+/* Picks the disk cache folder from the environment and creates it; turns
+ * the disk cache off (one warning) when it cannot. */
 static void resolve_dir(void) {
   const char *env = getenv("NABLA_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"),
              *home = getenv("HOME");
@@ -288,6 +298,7 @@ static void resolve_dir(void) {
   if (err) disk_disable("cannot create", cache_dir, err);
 }
 
+/* The disk cache folder, "" when the disk cache is off. */
 const char *nbi_cuda_cache_dir(void) {
   pthread_once(&dir_once, resolve_dir);
   return atomic_load(&disk_off) ? "" : cache_dir;
@@ -305,6 +316,7 @@ typedef struct disk_header {
 #define DISK_MAGIC "NBKERNL1"
 #define DISK_MAX_IMAGE ((uint64_t)1 << 30)
 
+/* Reads exactly n bytes; false on error or end of file. */
 static bool read_all(int fd, void *buf, size_t n) {
   for (char *p = buf; n > 0;) {
     ssize_t r = read(fd, p, n);
@@ -316,6 +328,7 @@ static bool read_all(int fd, void *buf, size_t n) {
   return true;
 }
 
+/* Writes exactly n bytes; false on error. */
 static bool write_all(int fd, const void *buf, size_t n) {
   for (const char *p = buf; n > 0;) {
     ssize_t r = write(fd, p, n);
@@ -436,6 +449,7 @@ static bool table_put(table *t, entry *e) {
   return true;
 }
 
+/* The first entry of h's chain (callers compare keys), NULL if none. */
 static entry *table_chain(const table *t, uint64_t h) {
   return t->cap ? t->b[h & (t->cap - 1)] : NULL;
 }
@@ -465,16 +479,19 @@ static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER; /* the tables */
 static pthread_mutex_t miss_lock = PTHREAD_MUTEX_INITIALIZER;  /* NVRTC, disk, module loads */
 static table images, modules, functions;
 
+/* 64 bits of a kernel name's hash. */
 static uint64_t name_hash(const char *name) {
   uint64_t h[2];
   hash_bytes(name, strlen(name), 0x6e616d65, h);
   return h[0];
 }
 
+/* The function table's hash of (device, source hash, name hash). */
 static uint64_t fn_slot(const nbi_cuda_ctx *c, const uint64_t src[2], uint64_t name_h) {
   return avalanche(src[0] ^ name_h ^ (uint64_t)(uintptr_t)c);
 }
 
+/* The cached image of key, NULL if none; under table_lock. */
 static const nbi_cuda_image *image_find(const uint64_t key[2]) {
   for (entry *e = table_chain(&images, key[0]); e; e = e->next) {
     img_entry *x = (img_entry *)e;
@@ -493,6 +510,7 @@ static CUfunction function_find(const nbi_cuda_ctx *c, const uint64_t src[2], co
   return NULL;
 }
 
+/* Module of key loaded on c, NULL if none; under table_lock. */
 static CUmodule module_find(const nbi_cuda_ctx *c, const uint64_t key[2]) {
   uint64_t slot = avalanche(key[0] ^ (uint64_t)(uintptr_t)c);
   for (entry *e = table_chain(&modules, slot); e; e = e->next) {
@@ -502,6 +520,7 @@ static CUmodule module_find(const nbi_cuda_ctx *c, const uint64_t key[2]) {
   return NULL;
 }
 
+/* Test hook: frees the in-memory images and zeroes the counters. */
 void nbi_cuda_cache_reset(void) {
   pthread_mutex_lock(&miss_lock);
   pthread_mutex_lock(&table_lock);
@@ -623,6 +642,9 @@ static nb_status module_get(nbi_cuda_ctx *c, const char *src, const uint64_t key
   return NB_OK;
 }
 
+/* Function name of src on c: the function table (hot path: one hash of src,
+ * one lookup), else under miss_lock the module (loaded from an image of
+ * memory, disk or NVRTC) and cuModuleGetFunction. c's context is current. */
 nb_status nbi_cuda_function(nbi_cuda_ctx *c, const char *src, const char *name, CUfunction *fn) {
   if (!src || !name) return nbi_error(NB_ERR_NULL, "nabla: nbi_cuda_function: NULL source or name");
   uint64_t h[2];
