@@ -57,7 +57,7 @@ TEST_BIN := $(BUILD)/test/nabla_tests
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(sort $(wildcard examples/*.c)))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(sort $(wildcard bench/*.c)))
 
-.PHONY: all deps test demo bench bench-smoke install install-check uninstall clean format check-cxx
+.PHONY: all deps test test-cuda-host demo bench bench-smoke install install-check uninstall clean format check-cxx
 
 all: $(LIB_A) $(LIB_SO) $(PC)
 
@@ -88,6 +88,17 @@ $(TEST_BIN): $(TEST_SRCS) test/common.h $(LIB_A)
 test: deps
 	@$(MAKE) --no-print-directory $(TEST_BIN)
 	$(TEST_BIN) --jobs 2 $(TEST_ARGS)
+
+# make CUDA=1 test-cuda-host: the CUDA backend's host-side tests alone (no GPU, and
+# only the parts of the library they use: NVRTC, kernel caches, allocator, loader).
+CUDA_HOST_TEST := $(BUILD)/test/cuda_host_tests
+$(CUDA_HOST_TEST): test/test_cuda_host.c test/common.h $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Itest $< -o $@ $(LIB_A) $(LDFLAGS_ALL) -lcriterion $(LIBS)
+
+test-cuda-host: deps
+	@$(MAKE) --no-print-directory $(CUDA_HOST_TEST)
+	$(CUDA_HOST_TEST) --jobs 2 $(TEST_ARGS)
 
 $(BUILD)/examples/%: examples/%.c $(LIB_A)
 	@mkdir -p $(dir $@)

@@ -72,6 +72,7 @@
   X(cuMemcpyDtoDAsync)                                                                             \
   X(cuMemcpyPeerAsync)                                                                             \
   X(cuMemsetD8Async)                                                                               \
+  X(cuMemsetD16Async)                                                                              \
   X(cuMemsetD32Async)                                                                              \
   X(cuMemGetInfo)                                                                                  \
   X(cuModuleLoadData)                                                                              \
@@ -132,11 +133,16 @@ bool nbi_nvrtc_load(void);
 /* Records NB_ERR_DEVICE "<what>: <driver error name>: <string>" and returns it;
  * NB_OK for CUDA_SUCCESS. */
 nb_status nbi_cu_check(CUresult r, const char *what);
+/* Writes "<what>: <driver error name>: <string>" into buf (n bytes, NUL
+ * terminated) without recording an error (device probing explains itself in
+ * nbi_cuda_why, not in the caller's error). */
+void nbi_cu_describe(CUresult r, const char *what, char *buf, size_t n);
 
 /* ---- a device (cuda_device.c) ---------------------------------------------------------- */
 typedef struct nbi_cuda_alloc nbi_cuda_alloc; /* cuda_alloc.c */
 
 typedef struct nbi_cuda_ctx {
+  int index;   /* public index: NB_CUDA(index), "cuda:<index>" */
   int ordinal; /* CUDA device ordinal */
   int table;   /* index in core's device table */
   CUdevice dev;
@@ -159,7 +165,11 @@ typedef struct nbi_cuda_ctx {
   pthread_mutex_t lock; /* serializes the context's mutable state */
 } nbi_cuda_ctx;
 
-/* Makes c's context current on the calling thread (cheap when it is). */
+/* The vtable of every CUDA device (ctx: its nbi_cuda_ctx). */
+extern const nbi_backend nbi_cuda_backend;
+/* Makes c's context current on the calling thread (cheap when it is). Every
+ * vtable entry calls it first, so the functions it reaches (allocator,
+ * kernel cache, launches, copies) run with c's context current. */
 nb_status nbi_cuda_enter(nbi_cuda_ctx *c);
 /* The deferred error codes a kernel may write to err_word (an int, first
  * writer wins: atomicCAS(err, 0, code)): code = kind | (op << 8), op the
@@ -185,6 +195,24 @@ CUdeviceptr nbi_cuda_alloc_block(nbi_cuda_alloc *a, size_t nbytes); /* 0 on OOM 
 void nbi_cuda_free_block(nbi_cuda_alloc *a, CUdeviceptr p);
 void nbi_cuda_alloc_trim(nbi_cuda_alloc *a); /* frees every unused segment */
 void nbi_cuda_alloc_stats(const nbi_cuda_alloc *a, size_t *allocated, size_t *reserved);
+/* allocated: bytes of the blocks handed out (requests rounded up to 512 B);
+ * reserved: bytes of the segments held from the device. */
+#define NBI_CUDA_ALLOC_ROUND ((size_t)512)
+#define NBI_CUDA_SMALL_MAX ((size_t)1 << 20) /* small blocks: <= 1 MiB */
+#define NBI_CUDA_SEGMENT ((size_t)2 << 20)   /* small segments; large ones round to it */
+/* Where segments come from, pluggable so that tests drive the allocator
+ * without a GPU. reserve: NB_OK and *addr, NB_ERR_OOM (nothing recorded) when
+ * the device is out of memory, or another status (recorded). release gives a
+ * segment back. nbi_cuda_alloc_create's source is cuMemAlloc / cuMemFree on c
+ * (waiting for c's stream before a free). Both run under the allocator's lock. */
+typedef struct nbi_cuda_alloc_source {
+  nb_status (*reserve)(void *user, size_t nbytes, CUdeviceptr *addr);
+  void (*release)(void *user, CUdeviceptr addr, size_t nbytes);
+  void *user;
+} nbi_cuda_alloc_source;
+/* An allocator over src; name ("cuda:0") is quoted by its OOM message. NULL
+ * when out of host memory (nothing recorded). */
+nbi_cuda_alloc *nbi_cuda_alloc_create_with(const nbi_cuda_alloc_source *src, const char *name);
 
 /* ---- NVRTC and the kernel caches (cuda_nvrtc.c) --------------------------------------------
  * A kernel is identified by its full source text, the options, the NVRTC
@@ -209,10 +237,17 @@ nb_status nbi_cuda_compile(const char *src, int arch, nbi_cuda_image *img);
 void nbi_cuda_cache_key(const char *src, int arch, char key[33]);
 /* The disk cache folder in use ("" when disabled). */
 const char *nbi_cuda_cache_dir(void);
+/* The image of (src, arch): memory cache, then disk cache, then NVRTC (what,
+ * e.g. the kernel's name, is quoted by a compile error). *img stays owned by
+ * the cache. Needs only NVRTC. */
+nb_status nbi_cuda_image_get(const char *src, int arch, const char *what,
+                             const nbi_cuda_image **img);
 /* Function `name` of the module compiled from src on device c: memory cache,
- * then disk cache, then NVRTC. */
+ * then disk cache, then NVRTC. src is hashed once per call; a function
+ * already loaded on c costs that hash and one table lookup. */
 nb_status nbi_cuda_function(nbi_cuda_ctx *c, const char *src, const char *name, CUfunction *fn);
-/* Launches f on c's stream; args as cuLaunchKernel's kernelParams. */
+/* Launches f on c's stream; args as cuLaunchKernel's kernelParams. A zero grid
+ * launches nothing; smem above 48 KiB is opted in (up to c->smem_optin). */
 nb_status nbi_cuda_launch(nbi_cuda_ctx *c, CUfunction f, unsigned grid_x, unsigned grid_y,
                           unsigned block_x, unsigned smem, void **args);
 /* Counters for tests and benches. */
@@ -220,6 +255,9 @@ typedef struct nbi_cuda_cache_stats {
   uint64_t compiles, memory_hits, disk_hits, disk_writes;
 } nbi_cuda_cache_stats;
 nbi_cuda_cache_stats nbi_cuda_cache_get_stats(void);
+/* Test hook: forgets the in-memory images (functions already loaded on
+ * devices stay) and zeroes the counters, as a new process would start. */
+void nbi_cuda_cache_reset(void);
 
 /* The common device-side preamble of every generated and hand-written kernel
  * (cuda_preamble.c). Kernel sources are "extern \"C\" __global__" functions
@@ -301,6 +339,10 @@ nb_status nbi_cuda_gemm_epi_pass(nbi_cuda_ctx *c, nb_dtype dt, int act_op, const
 /* Strided copy with dtype conversion (as nbi_copy_view) and fill (views on c). */
 nb_status nbi_cuda_copy(nbi_cuda_ctx *c, nbi_view *dst, const nbi_view *src);
 nb_status nbi_cuda_fill(nbi_cuda_ctx *c, nbi_view *dst, double value);
+/* The CUDA C of the module copying src to dst (src == dst: moving raw
+ * elements of that size) or, with fill, filling dst; malloc'd (NULL when out
+ * of memory). For tests: every module compiles without a GPU. */
+char *nbi_cuda_copy_source(bool fill, nb_dtype src, nb_dtype dst);
 
 /* ---- the op table (cuda_ops.c, cuda_ops_index.c, cuda_ops_nn.c) ------------------------------
  * supports: whether op has a CUDA path for a result of dtype dt (every op and
