@@ -39,7 +39,7 @@ SRCS := $(sort $(wildcard src/core/*.c src/ops/*.c src/transforms/*.c src/shardi
 # with dlopen at run time; the toolkit's headers are needed to build.
 ifeq ($(CUDA),1)
 CUDA_HOME ?= /usr/local/cuda
-BUILD := $(BUILD)-cuda
+override BUILD := $(BUILD)-cuda
 SRCS += $(sort $(wildcard src/backends/cuda/*.c))
 CFLAGS_ALL += -DNABLA_CUDA=1 -isystem $(CUDA_HOME)/include
 LIBS += -ldl -lpthread

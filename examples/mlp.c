@@ -6,9 +6,13 @@
  *    nb_assign.
  *  - PyTorch style: parameters require grad, nb_backward accumulates into .grad,
  *    nb_assign updates in place, nb_zero_grad resets.
- * Both start from the same seed, so they print the same losses. */
+ * Both start from the same seed, so they print the same losses.
+ *
+ *   mlp [DEVICE]    DEVICE: cpu (the default), cuda:0 (a CUDA build on a GPU), emu:0 */
 #include <nabla/nabla.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define N_LAYERS 4
 static const int64_t layers[N_LAYERS + 1] = {1, 32, 64, 32, 1};
@@ -79,7 +83,17 @@ static int train_imperative(nb_tensor *x, nb_tensor *y, double *losses) {
   return nb_last_status() != NB_OK;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  if (argc > 1) { /* every leaf (data, parameters) is made on the default device */
+    const char *d = argv[1];
+    nb_device dev = !strncmp(d, "cuda:", 5) ? NB_CUDA(atoi(d + 5))
+                    : !strncmp(d, "emu:", 4) ? NB_EMU(atoi(d + 4))
+                                             : NB_CPU;
+    if (nb_set_default_device(dev)) {
+      fprintf(stderr, "error: %s\n", nb_last_error());
+      return 1;
+    }
+  }
   nb_seed(42);
   nb_tensor *x = nb_rand(NB_SHAPE(256, 1), NB_F32), *y = nb_rand(NB_SHAPE(256, 1), NB_F32);
   double fl[11], il[11];
@@ -87,7 +101,8 @@ int main(void) {
     fprintf(stderr, "error: %s\n", nb_last_error());
     return 1;
   }
-  printf("README MLP [1,32,64,32,1], batch 256, SGD lr 0.01\n");
+  printf("README MLP [1,32,64,32,1], batch 256, SGD lr 0.01, on %s\n",
+         nb_device_str(nb_default_device()));
   printf("step  value_and_grad   backward\n");
   for (int i = 0; i <= 10; i++)
     printf("%4d  %14.6f  %9.6f\n", i * 100, fl[i], il[i]);

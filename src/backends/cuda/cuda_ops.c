@@ -505,6 +505,7 @@ typedef struct op_route {
 #define ROUTE_MAX_POOL2D_BWD {nbi_cuda_max_pool2d_bwd, DT_FLOAT}
 #define ROUTE_MAX_POOL2D_SELECT {nbi_cuda_max_pool2d_select, DT_FLOAT}
 #define ROUTE_MATMUL {run_matmul, DT_ALL}
+#define ROUTE_TO_DEVICE R_NONE
 #define ROUTE_COND R_NONE
 #define ROUTE_WHILE R_NONE
 #define ROUTE_SCAN R_NONE

@@ -1,0 +1,182 @@
+/* test/test_cuda_train.c — training on NB_CUDA(0) against the CPU: the README MLP in
+ * both styles, its jitted step, and a long loop whose device memory stays flat.
+ * Skips where no GPU is (nb_device_count(NB_DEVICE_CUDA) == 0). */
+#include "common.h"
+
+#ifdef NABLA_CUDA
+
+TestSuite(cuda_train, .init = tc_setup, .fini = tc_teardown);
+
+#define SKIP_WITHOUT_GPU()                                                                         \
+  do {                                                                                             \
+    if (nb_device_count(NB_DEVICE_CUDA) == 0) cr_skip_test("no CUDA device: %s", nbi_cuda_why()); \
+  } while (0)
+const char *nbi_cuda_why(void);
+
+static const int64_t layers[5] = {1, 32, 64, 32, 1};
+
+/* W0 b0 .. W3 b3 on the default device, the same values on every device. */
+static void init_params(nb_tensor **p) {
+  nb_seed(0);
+  for (int i = 0; i < 4; i++) {
+    p[2 * i] = nb_glorot_uniform(NB_SHAPE(layers[i], layers[i + 1]), NB_F32);
+    p[2 * i + 1] = nb_zeros(NB_SHAPE(1, layers[i + 1]), NB_F32);
+  }
+}
+
+static nb_tensor *forward_loss(nb_tensor *const *p, nb_tensor *x, nb_tensor *y) {
+  nb_tensor *h = x;
+  for (int i = 0; i < 4; i++) {
+    h = nb_add(nb_matmul(h, p[2 * i]), p[2 * i + 1]);
+    if (i < 3) h = nb_relu(h);
+  }
+  return nb_mean(nb_square(nb_sub(h, y)), NB_ALL, false);
+}
+
+static nb_status loss_fn(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = forward_loss(in, in[8], in[9]);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+enum { STEPS = 301 };
+
+/* The README MLP, batch 256, SGD 0.01, on device d: losses every 50 steps, in
+ * the functional style (jit when jit), else the imperative one. */
+static void train(nb_device d, int style, double *losses) {
+  cr_assert_eq(nb_set_default_device(d), NB_OK, "%s", nb_last_error());
+  nb_seed(42);
+  nb_tensor *p[10];
+  p[8] = nb_rand(NB_SHAPE(256, 1), NB_F32);
+  p[9] = nb_rand(NB_SHAPE(256, 1), NB_F32);
+  init_params(p);
+  nb_fn *f = nb_fn_create(loss_fn, NULL, 10, 1);
+  nb_fn *vg = nb_value_and_grad(f, NB_AXES(0, 1, 2, 3, 4, 5, 6, 7));
+  nb_fn *step = style == 1 ? nb_jit(vg) : vg;
+  for (int i = 0; style == 2 && i < 8; i++)
+    nb_set_requires_grad(p[i], true);
+  for (int s = 0; s < STEPS; s++) {
+    nb_scope_begin();
+    nb_tensor *loss;
+    if (style == 2) {
+      loss = forward_loss(p, p[8], p[9]);
+      cr_assert_eq(nb_backward(loss), NB_OK, "%s", nb_last_error());
+      for (int i = 0; i < 8; i++) {
+        nb_assign(p[i], nb_sub(p[i], nb_mul_scalar(nb_grad_of(p[i]), 0.01)));
+        nb_zero_grad(p[i]);
+      }
+    } else {
+      nb_tensor *o[9];
+      cr_assert_eq(nb_call(step, p, o), NB_OK, "%s", nb_last_error());
+      for (int i = 0; i < 8; i++)
+        nb_assign(p[i], nb_sub(p[i], nb_mul_scalar(o[1 + i], 0.01)));
+      loss = o[0];
+    }
+    if (s % 50 == 0) losses[s / 50] = nb_item(loss);
+    nb_scope_end();
+  }
+  cr_assert_eq(nb_last_status(), NB_OK, "%s", nb_last_error());
+  if (step != vg) nb_fn_release(step);
+  nb_fn_release(vg);
+  nb_fn_release(f);
+  nb_set_default_device(NB_CPU);
+}
+
+static void compare_styles(int style) {
+  double cpu[STEPS / 50 + 1], gpu[STEPS / 50 + 1];
+  train(NB_CPU, style, cpu);
+  train(NB_CUDA(0), style, gpu);
+  for (int i = 0; i <= STEPS / 50; i++)
+    cr_expect(fabs(cpu[i] - gpu[i]) <= 1e-4 * fabs(cpu[i]) + 1e-6,
+              "style %d step %d: cpu %.8g cuda %.8g", style, i * 50, cpu[i], gpu[i]);
+}
+
+Test(cuda_train, readme_mlp_functional_losses_match_the_cpu) {
+  SKIP_WITHOUT_GPU();
+  compare_styles(0);
+}
+
+Test(cuda_train, readme_mlp_jitted_losses_match_the_cpu) {
+  SKIP_WITHOUT_GPU();
+  compare_styles(1);
+}
+
+Test(cuda_train, readme_mlp_backward_losses_match_the_cpu) {
+  SKIP_WITHOUT_GPU();
+  compare_styles(2);
+}
+
+/* 10,000 jitted steps: after the first few, no buffer is added on the device. */
+Test(cuda_train, ten_thousand_steps_keep_device_memory_flat) {
+  SKIP_WITHOUT_GPU();
+  cr_assert_eq(nb_set_default_device(NB_CUDA(0)), NB_OK);
+  nb_seed(42);
+  nb_tensor *p[10];
+  p[8] = nb_rand(NB_SHAPE(256, 1), NB_F32);
+  p[9] = nb_rand(NB_SHAPE(256, 1), NB_F32);
+  init_params(p);
+  nb_fn *f = nb_fn_create(loss_fn, NULL, 10, 1);
+  nb_fn *vg = nb_value_and_grad(f, NB_AXES(0, 1, 2, 3, 4, 5, 6, 7));
+  nb_fn *step = nb_jit(vg);
+  uint64_t live_at_100 = 0, peak_at_100 = 0;
+  double first = 0, last = 0;
+  for (int s = 0; s < 10000; s++) {
+    nb_scope_begin();
+    nb_tensor *o[9];
+    cr_assert_eq(nb_call(step, p, o), NB_OK, "%s", nb_last_error());
+    for (int i = 0; i < 8; i++)
+      nb_assign(p[i], nb_sub(p[i], nb_mul_scalar(o[1 + i], 0.01)));
+    if (s == 0) first = nb_item(o[0]);
+    if (s == 9999) last = nb_item(o[0]);
+    nb_scope_end();
+    if (s == 100) {
+      nb_stats st = nb_get_stats();
+      live_at_100 = st.live_bytes, peak_at_100 = st.peak_bytes;
+    }
+  }
+  nb_stats st = nb_get_stats();
+  cr_expect_eq(st.live_bytes, live_at_100, "live bytes grew from %llu to %llu",
+               (unsigned long long)live_at_100, (unsigned long long)st.live_bytes);
+  cr_expect_eq(st.peak_bytes, peak_at_100, "peak grew from %llu to %llu",
+               (unsigned long long)peak_at_100, (unsigned long long)st.peak_bytes);
+  cr_expect(last < first, "the loss fell: %g -> %g", first, last);
+  nb_fn_release(step);
+  nb_fn_release(vg);
+  nb_fn_release(f);
+  nb_set_default_device(NB_CPU);
+}
+
+/* A program with a while loop, a checkpoint and a custom-free composite runs on
+ * CUDA with its predicate read by one sync per iteration: values as the CPU. */
+static nb_status cond_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_lt(nb_sum(in[0], NB_ALL, false), nb_scalar(100.0, NB_F32));
+  return out[0] ? NB_OK : nb_last_status();
+}
+static nb_status double_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
+                             int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_mul_scalar(in[0], 2.0);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(cuda_train, while_loop_and_checkpoint_run_on_cuda) {
+  SKIP_WITHOUT_GPU();
+  float res[2][4];
+  for (int k = 0; k < 2; k++) {
+    cr_assert_eq(nb_set_default_device(k ? NB_CUDA(0) : NB_CPU), NB_OK);
+    float h[4] = {0.5f, 1.0f, 1.5f, 2.0f};
+    nb_tensor *x = nb_from_data(h, NB_SHAPE(4), NB_F32), *o;
+    nb_fn *c = nb_fn_create(cond_body, NULL, 1, 1), *b = nb_fn_create(double_body, NULL, 1, 1);
+    nb_fn *cb = nb_checkpoint(b);
+    cr_assert_eq(nb_while_loop(c, cb, &x, 1, &o), NB_OK, "%s", nb_last_error());
+    cr_assert_eq(nb_device_of(o).kind, k ? NB_DEVICE_CUDA : NB_DEVICE_CPU);
+    cr_assert_eq(nb_to_host(o, res[k], sizeof res[k]), NB_OK, "%s", nb_last_error());
+    nb_fn_release(c), nb_fn_release(b), nb_fn_release(cb);
+  }
+  nb_set_default_device(NB_CPU);
+  for (int i = 0; i < 4; i++)
+    cr_expect_eq(res[0][i], res[1][i]);
+}
+
+#endif
