@@ -285,12 +285,26 @@ extern const char nbi_cuda_preamble[];
  * failure) and writes the kernel's name; launch writes how to launch it for
  * g's sizes. The source depends only on g's structure and operand layout
  * classes, never on addresses. */
+#define NBI_CUDA_PARAM_WORDS 512 /* 4 KiB: the classic kernel parameter limit */
 typedef struct nbi_cuda_launch_cfg {
   unsigned grid, block, smem;
+  /* Row groups with global members: a second kernel, `<name>_g`, of grid2 blocks of
+   * block2 threads, launched after the first (0: none). */
+  unsigned grid2, block2;
+  /* The one kernel parameter of both kernels: a struct of n_words 8-byte words
+   * (pointers, int64 and double), passed as kernelParams = {words}. */
+  unsigned n_words;
+  uint64_t words[NBI_CUDA_PARAM_WORDS];
 } nbi_cuda_launch_cfg;
+/* render_group sizes grids for 132 multiprocessors (an H100; run_group for its own
+ * device). Zero-size work needs no launch: grid (and grid2) are then 0. */
 char *nbi_cuda_render_group(const nbi_group *g, const nbi_view *out, const nbi_view *in,
                             char name[64], nbi_cuda_launch_cfg *launch);
+/* c may be NULL: the structural answer alone (no device limits). */
 bool nbi_cuda_group_ok(const nbi_cuda_ctx *c, const nbi_group *g);
+/* Renders (once per g->key, layout classes and device: a small thread-safe table
+ * keeps the CUfunctions), then launches on c's stream. g->key must identify g's
+ * structure (a zero key is never cached: rendered every call). */
 nb_status nbi_cuda_run_group(nbi_cuda_ctx *c, const nbi_group *g, nbi_view *out,
                              const nbi_view *in);
 
