@@ -117,3 +117,42 @@ Test(device, emu_memory_faults_when_read_directly, .signal = SIGSEGV) {
   volatile float f = *(volatile float *)v.data;
   (void)f;
 }
+
+/* A sharded program on a mesh of four emulated devices: each shard lives on its
+ * device, collectives move values between devices, and the values (and the
+ * gradients) equal the unsharded program's. */
+static nb_tensor *mlp_loss(nb_tensor *x, nb_tensor *w1, nb_tensor *w2) {
+  nb_tensor *h = nb_tanh(nb_matmul(x, w1));
+  return nb_mean(nb_square(nb_matmul(h, w2)), NB_ALL, false);
+}
+
+Test(device, sharded_program_on_emulated_devices_equals_unsharded) {
+  nb_device devs[4] = {NB_EMU(0), NB_EMU(1), NB_EMU(2), NB_EMU(3)};
+  nb_mesh *m = nb_mesh_create("dp=2,tp=2", devs, 4);
+  cr_assert_not_null(m, "%s", nb_last_error());
+  nb_seed(7);
+  nb_tensor *x = nb_randn(NB_SHAPE(8, 6), NB_F64), *w1 = nb_randn(NB_SHAPE(6, 4), NB_F64),
+            *w2 = nb_randn(NB_SHAPE(4, 3), NB_F64);
+  nb_tensor *xs = nb_shard(x, m, "dp, _"), *w1s = nb_shard(w1, m, "_, tp"),
+            *w2s = nb_shard(w2, m, "tp, _");
+  cr_assert(xs && w1s && w2s, "%s", nb_last_error());
+  for (int d = 0; d < 4; d++) {
+    nb_device pd = nb_device_of(xs->phys[d]);
+    cr_expect(pd.kind == NB_DEVICE_EMU && pd.index == d, "shard %d on %s", d, nb_device_str(pd));
+  }
+  double ref, got;
+  cr_assert(!isnan(ref = nb_item(mlp_loss(x, w1, w2))), "%s", nb_last_error());
+  cr_assert(!isnan(got = nb_item(mlp_loss(xs, w1s, w2s))), "%s", nb_last_error());
+  cr_expect(fabs(got - ref) <= 1e-12 * fabs(ref), "sharded %.17g, unsharded %.17g", got, ref);
+  /* gradients through the moves between devices */
+  nb_set_requires_grad(w1s, true);
+  nb_set_requires_grad(w1, true);
+  cr_assert_eq(nb_backward(mlp_loss(xs, w1s, w2s)), NB_OK, "%s", nb_last_error());
+  cr_assert_eq(nb_backward(mlp_loss(x, w1, w2)), NB_OK, "%s", nb_last_error());
+  double a[24], b[24];
+  cr_assert_eq(nb_to_host(nb_grad_of(w1s), a, sizeof a), NB_OK, "%s", nb_last_error());
+  cr_assert_eq(nb_to_host(nb_grad_of(w1), b, sizeof b), NB_OK);
+  for (int i = 0; i < 24; i++)
+    cr_expect(fabs(a[i] - b[i]) <= 1e-12 * (1 + fabs(b[i])), "grad %d: %g vs %g", i, a[i], b[i]);
+  nb_mesh_release(m);
+}

@@ -31,6 +31,8 @@ static nb_mesh tm_mesh(const char *text) {
   for (int i = 0; i < m.n_axes; i++)
     m.n_dev *= (int)m.size[i];
   snprintf(m.text, sizeof m.text, "%s", text);
+  static int on_the_cpu[64]; /* every device is the CPU (device-table index 0) */
+  m.dev_table = on_the_cpu;
   return m;
 }
 

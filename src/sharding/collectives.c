@@ -44,6 +44,7 @@
 /* ---- groups ------------------------------------------------------------------ */
 
 typedef struct groups {
+  const nb_mesh *m;
   int n;          /* devices per group */
   int n_groups;   /* n_dev / n */
   int *member;    /* [n_groups * n]: the device of rank r in group g */
@@ -109,6 +110,7 @@ static nb_status make_groups(const char *fn, const nb_mesh *m, nb_tensor *const 
   if (m->n_dev % n != 0)
     return nbi_error(NB_ERR_SHARDING, "%s: groups of %lld do not divide mesh %s", fn, (long long)n,
                      m->text);
+  g->m = m;
   g->n = (int)n;
   g->n_groups = m->n_dev / g->n;
   g->dtype = phys[0]->dtype;
@@ -174,6 +176,12 @@ static nb_tensor *at(const groups *g, nb_tensor *const *phys, int gi, int r) {
   return phys[g->member[gi * g->n + r]];
 }
 
+/* at() moved to the device of rank `to` of group gi (on devices of their own,
+ * the group combines its members' values there). */
+static nb_tensor *at_on(const groups *g, nb_tensor *const *phys, int gi, int r, int to) {
+  return nbi_place(g->m, g->member[gi * g->n + to], at(g, phys, gi, r));
+}
+
 /* Every member of group gi gets the same shape (all dims when except < 0). */
 static nb_status same_shapes(const char *fn, const groups *g, nb_tensor *const *phys, int gi,
                              int except) {
@@ -233,6 +241,7 @@ static int cmp_ptr(const void *a, const void *b) {
 
 static nb_status finish(const char *fn, int n_dev, nb_tensor **out, bool ok, groups *g, int kind,
                         uint64_t bytes) {
+  if (ok) ok = nbi_place_all(g->m, out) == NB_OK; /* each result on its own device */
   groups_free(g);
   nb_tensor **sorted = ok ? malloc((size_t)n_dev * sizeof *sorted) : NULL;
   if (ok && !sorted) ok = nbi_error(NB_ERR_OOM, "%s: out of memory", fn) == NB_OK;
@@ -268,7 +277,7 @@ static void copy_shared(const groups *g, nb_tensor **out) {
 static nb_tensor *reduce_group(const groups *g, nb_tensor *const *phys, int gi, int op) {
   nb_tensor *acc = at(g, phys, gi, 0);
   for (int r = 1; r < g->n && acc; r++) {
-    nb_tensor *x = at(g, phys, gi, r);
+    nb_tensor *x = at_on(g, phys, gi, r, 0);
     acc = op == NB_REDUCE_MAX   ? nb_maximum(acc, x)
           : op == NB_REDUCE_MIN ? nb_minimum(acc, x)
                                 : nb_add(acc, x);
@@ -336,9 +345,9 @@ nb_status nbi_coll_all_gather(const char *fn, const nb_mesh *m, nb_tensor *const
   if (!blocks) ok = nbi_error(NB_ERR_OOM, "%s: out of memory", fn) == NB_OK;
   for (int gi = 0; gi < g.n_groups && ok; gi++) {
     if (g.same_as[gi] != gi) continue;
-    for (int r = 0; r < g.n; r++)
-      blocks[r] = at(&g, phys, gi, r);
-    nb_tensor *y = g.n == 1 ? blocks[0] : nb_concat(blocks, g.n, a);
+    for (int r = 0; r < g.n && ok; r++)
+      ok = (blocks[r] = at_on(&g, phys, gi, r, 0)) != NULL;
+    nb_tensor *y = !ok ? NULL : g.n == 1 ? blocks[0] : nb_concat(blocks, g.n, a);
     ok = y != NULL;
     for (int r = 0; r < g.n; r++)
       out[g.member[gi * g.n + r]] = y;
@@ -411,7 +420,8 @@ nb_status nbi_coll_all_to_all(const char *fn, const nb_mesh *m, nb_tensor *const
     if (g.same_as[gi] != gi) continue;
     for (int r = 0; r < g.n && ok; r++) {
       for (int s = 0; s < g.n && ok; s++)
-        ok = (pieces[s] = chunk_of(at(&g, phys, gi, s), sa, g.n, r)) != NULL;
+        ok = (pieces[s] = nbi_place(m, g.member[gi * g.n + r],
+                                    chunk_of(at(&g, phys, gi, s), sa, g.n, r))) != NULL;
       nb_tensor *y = !ok ? NULL : g.n == 1 ? pieces[0] : nb_concat(pieces, g.n, ca);
       ok = y != NULL;
       out[g.member[gi * g.n + r]] = y;

@@ -97,26 +97,21 @@ static nb_mesh *mesh_new(const char *fn, const char *axes, const nb_device *devs
     nbi_error(NB_ERR_SHARDING, "%s: \"%.200s\" has %d devices, %d given", fn, axes, m->n_dev, n);
     goto fail;
   }
-  for (int i = 0; devs && i < n; i++) {
-    if (devs[i].kind != NB_DEVICE_CPU || devs[i].index != 0) {
-      nbi_error(NB_ERR_DEVICE, "%s: device %s:%d is not available in this build (only cpu:0)", fn,
-                devs[i].kind == NB_DEVICE_CPU    ? "cpu"
-                : devs[i].kind == NB_DEVICE_CUDA ? "cuda"
-                                                 : "?",
-                devs[i].index);
-      goto fail;
-    }
-  }
   m->dev = malloc((size_t)n * sizeof *m->dev);
-  if (!m->dev) {
+  m->dev_table = malloc((size_t)n * sizeof *m->dev_table);
+  if (!m->dev || !m->dev_table) {
     nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
     goto fail;
   }
-  for (int i = 0; i < n; i++)
+  for (int i = 0; i < n; i++) {
     m->dev[i] = devs ? devs[i] : NB_CPU;
+    if ((m->dev_table[i] = nbi_device_lookup(fn, m->dev[i])) < 0) goto fail;
+  }
   m->refcount = 1;
   return m;
 fail:
+  free(m->dev);
+  free(m->dev_table);
   free(m);
   return NULL;
 }
@@ -143,7 +138,34 @@ nb_mesh *nb_mesh_retain(nb_mesh *m) {
 void nb_mesh_release(nb_mesh *m) {
   if (!m || --m->refcount > 0) return;
   free(m->dev);
+  free(m->dev_table);
   free(m);
+}
+
+nb_tensor *nbi_place(const nb_mesh *m, int d, nb_tensor *t) {
+  if (!t || t->device == m->dev_table[d]) return t;
+  return nb_to_device(t, m->dev[d]);
+}
+
+nb_status nbi_place_all(const nb_mesh *m, nb_tensor **t) {
+  int n = m->n_dev;
+  bool moves = false;
+  for (int d = 0; d < n && !moves; d++)
+    moves = t[d]->device != m->dev_table[d];
+  if (!moves) return NB_OK;
+  nb_tensor **was = malloc(sizeof *was * (size_t)n);
+  if (!was) return nbi_error(NB_ERR_OOM, "nb_shard: out of memory");
+  memcpy(was, t, sizeof *was * (size_t)n);
+  nb_status st = NB_OK;
+  for (int d = 0; d < n && !st; d++) {
+    int e = 0; /* an earlier device with the same object and physical device */
+    while (e < d && !(was[e] == was[d] && m->dev_table[e] == m->dev_table[d]))
+      e++;
+    t[d] = e < d ? t[e] : nbi_place(m, d, was[d]);
+    if (!t[d]) st = nb_last_status();
+  }
+  free(was);
+  return st;
 }
 
 int nb_mesh_n_devices(const nb_mesh *m) {

@@ -120,7 +120,7 @@ static nb_status cut_all(const nb_mesh *m, const nbi_sharding *from, const nbi_s
     }
     if (!out[d] && !(out[d] = cut(in[d], f0, &ts, t0))) return nb_last_status();
   }
-  return NB_OK;
+  return nbi_place_all(m, out);
 }
 
 /* ---- resharding ------------------------------------------------------------------ */
@@ -290,7 +290,7 @@ static nb_status reshard_phys(const char *fn, const nb_mesh *m, nbi_sharding cur
     if (has_axis(cur.partial, cur.n_partial, &to->partial[i])) continue;
     for (int d = 0; d < n && !st; d++)
       if (nbi_axis_coord(m, &to->partial[i], d) != 0 &&
-          !(out[d] = nb_zeros(out[d]->shape, out[d]->dtype)))
+          !(out[d] = nbi_full_on(m->dev_table[d], &out[d]->shape, 0, out[d]->dtype)))
         st = nb_last_status();
   }
   free(a);
@@ -331,7 +331,8 @@ static nb_status place(const char *fn, const nb_mesh *m, const nbi_sharding *s, 
     bool first = true; /* rank 0 on every partial axis */
     for (int i = 0; i < s->n_partial; i++)
       first = first && nbi_axis_coord(m, &s->partial[i], d) == 0;
-    if (!first && !(out[d] = nb_zeros(out[d]->shape, t->dtype))) st = nb_last_status();
+    if (!first && !(out[d] = nbi_full_on(m->dev_table[d], &out[d]->shape, 0, t->dtype)))
+      st = nb_last_status();
   }
   return st;
 }

@@ -34,6 +34,7 @@ struct nb_mesh {
   int64_t size[NBI_MESH_MAX_AXES];
   int n_dev;
   nb_device *dev;                                          /* [n_dev], row-major */
+  int *dev_table; /* [n_dev]: each device's index in the device table (backend.h) */
   char text[NBI_MESH_MAX_AXES * (NBI_AXIS_NAME_MAX + 24)]; /* nb_mesh_str */
 };
 
@@ -63,6 +64,15 @@ typedef struct nbi_sharding {
 /* Parses "x=4,y=2" into a new mesh (refcount 1) over devs (NULL: n virtual CPU
  * devices); n must equal the product of the sizes. NULL + NB_ERR_SHARDING. */
 nb_mesh *nbi_mesh_new(const char *fn, const char *axes, const nb_device *devs, int n);
+/* Device placement. A physical tensor of device d lives on the mesh's device d
+ * (m->dev_table[d]); values move between devices by TO_DEVICE nodes
+ * (nb_to_device, differentiable). On a virtual CPU mesh every device is the
+ * CPU and nothing moves. nbi_place: t on device d (t itself when it is there).
+ * nbi_place_all: every t[d] on device d; one moved object per (object,
+ * device). NULL / error status on failure. */
+nb_tensor *nbi_place(const nb_mesh *m, int d, nb_tensor *t);
+nb_status nbi_place_all(const nb_mesh *m, nb_tensor **t);
+
 /* Index of the axis named name[0..len), or -1. */
 int nbi_mesh_axis(const nb_mesh *m, const char *name, size_t len);
 /* Device dev's coordinate on the (sub-)axis a. */

@@ -1,0 +1,45 @@
+#!/bin/bash
+# scripts/gpu_check.sh — the GPU machine's side of a device check: unpacks the
+# bundle scripts/gpu_bundle.sh made here (.gpu/bundle.tar.xz: the CUDA build's test
+# binary, examples and benches with their Debian libraries), then runs, in order
+# of value, with a time limit each, logs under $OUT (or ./gpu-out):
+#   1. the CUDA suites (runtime, ops, gemm, generator, training);
+#   2. the op x transform matrix and the other suites with NB_CUDA(0) as the
+#      default device;
+#   3. the README MLP example on cuda:0;
+#   4. the benchmarks: bench_cuda_gemm, bench_cuda, and the PyTorch peer.
+# STAGES (e.g. "1 4") picks stages; JOBS the test processes.
+set -u
+here=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-$here/gpu-out}
+mkdir -p "$out" /tmp/nb
+tar xJf "$here/.gpu/bundle.tar.xz" -C /tmp/nb || exit 1
+export LD_LIBRARY_PATH=/tmp/nb/lib:/usr/local/nvidia/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export NABLA_CACHE_DIR=/tmp/nb/kernels
+stages=${STAGES:-1 2 3 4}
+jobs=${JOBS:-16}
+bin=/tmp/nb/bin
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv | tee "$out/gpu.txt"
+run() { # name seconds command...
+  local name=$1 secs=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$secs" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc $rc, $((SECONDS - t0)) s"
+  grep -E '\[FAIL\]|Synthesis|CRASH' "$out/$name.log" | head -40
+  return 0
+}
+for s in $stages; do
+  case $s in
+  1) run cuda_suites 200 "$bin/nabla_tests" --jobs "$jobs" --filter 'cuda*/*' ;;
+  2) NABLA_TEST_DEVICE=cuda:0 run on_cuda 200 "$bin/nabla_tests" --jobs "$jobs" \
+       --filter '!(cuda*|lazy|fusion|gemm_epi|gemm_small|par_exec|dot|rows_large|graph|jit_exec|simplify|alloc|device)/*' ;;
+  3) run mlp_cuda 60 "$bin/mlp" cuda:0; tail -4 "$out/mlp_cuda.log"
+     run mlp_cpu 60 "$bin/mlp" cpu; tail -2 "$out/mlp_cpu.log" ;;
+  4) run bench_cuda_gemm 120 "$bin/bench_cuda_gemm"; tail -12 "$out/bench_cuda_gemm.log"
+     run bench_cuda 120 "$bin/bench_cuda"; tail -14 "$out/bench_cuda.log"
+     PYTHONUNBUFFERED=1 run torch_cuda 150 python3 "$here/bench/peers/torch_cuda_bench.py"
+     tail -14 "$out/torch_cuda.log" ;;
+  esac
+done
