@@ -179,4 +179,41 @@ Test(cuda_train, while_loop_and_checkpoint_run_on_cuda) {
     cr_expect_eq(res[0][i], res[1][i]);
 }
 
+/* A sharded program on a mesh of one CUDA device and the CPU: the values and a
+ * gradient of the unsharded program. */
+static nb_tensor *mesh_loss(nb_tensor *x, nb_tensor *w1, nb_tensor *w2) {
+  nb_tensor *h = nb_tanh(nb_matmul(x, w1));
+  return nb_mean(nb_square(nb_matmul(h, w2)), NB_ALL, false);
+}
+
+Test(cuda_train, sharded_program_on_a_cuda_and_cpu_mesh_equals_unsharded) {
+  SKIP_WITHOUT_GPU();
+  nb_device devs[2] = {NB_CUDA(0), NB_CPU};
+  nb_mesh *m = nb_mesh_create("x=2", devs, 2);
+  cr_assert_not_null(m, "%s", nb_last_error());
+  nb_seed(7);
+  nb_tensor *x = nb_randn(NB_SHAPE(8, 6), NB_F64), *w1 = nb_randn(NB_SHAPE(6, 4), NB_F64),
+            *w2 = nb_randn(NB_SHAPE(4, 3), NB_F64);
+  for (int layout = 0; layout < 2; layout++) { /* data parallel, then Megatron */
+    nb_tensor *xs = nb_shard(x, m, layout ? "_, _" : "x, _");
+    nb_tensor *w1s = nb_shard(w1, m, layout ? "_, x" : "_, _");
+    nb_tensor *w2s = nb_shard(w2, m, layout ? "x, _" : "_, _");
+    cr_assert(xs && w1s && w2s, "%s", nb_last_error());
+    double ref = nb_item(mesh_loss(x, w1, w2)), got = nb_item(mesh_loss(xs, w1s, w2s));
+    cr_expect(fabs(got - ref) <= 1e-12 * fabs(ref), "layout %d: %.17g vs %.17g (%s)", layout, got,
+              ref, nb_last_error());
+    nb_set_requires_grad(w1s, true);
+    nb_set_requires_grad(w1, true);
+    cr_assert_eq(nb_backward(mesh_loss(xs, w1s, w2s)), NB_OK, "%s", nb_last_error());
+    cr_assert_eq(nb_backward(mesh_loss(x, w1, w2)), NB_OK, "%s", nb_last_error());
+    double a[24], b[24];
+    cr_assert_eq(nb_to_host(nb_grad_of(w1s), a, sizeof a), NB_OK, "%s", nb_last_error());
+    cr_assert_eq(nb_to_host(nb_grad_of(w1), b, sizeof b), NB_OK);
+    for (int i = 0; i < 24; i++)
+      cr_expect(fabs(a[i] - b[i]) <= 1e-12 * (1 + fabs(b[i])), "layout %d grad %d", layout, i);
+    nb_zero_grad(w1);
+  }
+  nb_mesh_release(m);
+}
+
 #endif
