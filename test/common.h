@@ -199,6 +199,15 @@ static inline void tc_assert_unchanged(nb_tensor *t, const double *x, nb_shape s
 }
 
 /* Every test starts from a clean error state and its own scope. */
+/* A mesh of n virtual devices that are all the default device (the CPU, or the
+ * device NABLA_TEST_DEVICE names), for tests that build tensors there. */
+static inline nb_mesh *tc_mesh_here(const char *axes, int n) {
+  nb_device d[64];
+  for (int i = 0; i < n && i < 64; i++)
+    d[i] = nb_default_device();
+  return nb_mesh_create(axes, d, n);
+}
+
 static inline void tc_setup(void) {
   nb_clear_error();
   nb_seed(1234);

@@ -157,7 +157,7 @@ Test(sharded_backward, unsharded_leaves_with_sharded_data) {
  * layout. */
 Test(sharded_backward, grad_of_distinct_objects_is_their_sum) {
   uint64_t seed = 13;
-  nb_mesh *m = nb_mesh_cpu("x=2,y=2");
+  nb_mesh *m = tc_mesh_here("x=2,y=2", 4); /* the blocks are made on the default device */
   nb_shape s = NB_SHAPE(4, 6);
   double *wv = rand_values(s, &seed), *xv = rand_values(s, &seed);
   double *ref = malloc(sizeof *ref * 24); /* d/dw sum((w x)^2) = 2 w x^2 */

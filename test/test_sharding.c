@@ -341,7 +341,7 @@ static nb_status capture_body(void *u, nb_tensor *const *in, int n_in, nb_tensor
 }
 
 Test(sharding, captured_sharded_tensor_in_a_trace_is_read_whole) {
-  nb_mesh *m = nb_mesh_cpu("x=2");
+  nb_mesh *m = tc_mesh_here("x=2", 2); /* the capture and the arguments on one device */
   double cv[4] = {1, -2, 3, 0.5}, xv[4] = {2, 1, -1, 4};
   captured = nb_shard(tc_tensor(cv, NB_SHAPE(4), NB_F64), m, "x");
   nb_fn *f = nb_fn_create(capture_body, NULL, 1, 1), *g = nb_grad(f, NB_AXES(0));

@@ -31,8 +31,13 @@ static nb_mesh tm_mesh(const char *text) {
   for (int i = 0; i < m.n_axes; i++)
     m.n_dev *= (int)m.size[i];
   snprintf(m.text, sizeof m.text, "%s", text);
-  static int on_the_cpu[64]; /* every device is the CPU (device-table index 0) */
-  m.dev_table = on_the_cpu;
+  /* every device is the default device, where the tests make their blocks */
+  static int table[64];
+  static nb_device devs[64];
+  for (int d = 0; d < 64; d++)
+    table[d] = nbi_default_device(), devs[d] = nb_default_device();
+  m.dev_table = table;
+  m.dev = devs;
   return m;
 }
 

@@ -546,6 +546,7 @@ nb_status nbi_coll_run(const char *fn, const nb_mesh *m, int op, const nbi_attrs
       if (!of_rank[r] && !(of_rank[r] = nb_scalar((double)r, NB_I32))) st = nb_last_status();
       out[d] = of_rank[r];
     }
+    if (!st) st = nbi_place_all(m, out); /* each device's rank on its device */
     free(of_rank);
     return st;
   }

@@ -275,7 +275,7 @@ static void copy_shared(const groups *g, nb_tensor **out) {
 
 /* Sum (or max, min) of group gi in rank order. */
 static nb_tensor *reduce_group(const groups *g, nb_tensor *const *phys, int gi, int op) {
-  nb_tensor *acc = at(g, phys, gi, 0);
+  nb_tensor *acc = at_on(g, phys, gi, 0, 0);
   for (int r = 1; r < g->n && acc; r++) {
     nb_tensor *x = at_on(g, phys, gi, r, 0);
     acc = op == NB_REDUCE_MAX   ? nb_maximum(acc, x)

@@ -172,10 +172,14 @@ static nb_status run_node(run *r, int i) {
       nbi_set_payload(out[d], pn->payload);
   }
   if (ins != local) free(ins);
+  /* a node without inputs was made on the default device: each device's on its own */
+  if (!st && pn->n_in == 0) st = nbi_place_all(r->m, out);
   return st;
 }
 
-/* Checks the inputs and fills each one's device values and variance. */
+/* Checks the inputs and fills each one's device values and variance. A value
+ * that is not on the mesh (a capture, a plain input) is every device's, placed
+ * on each device. */
 static nb_status bind_inputs(run *r, nb_tensor *const *in, uint32_t *var_in) {
   const nbi_program *p = r->p;
   for (int k = 0; k < p->n_in; k++) {
@@ -198,6 +202,10 @@ static nb_status bind_inputs(run *r, nb_tensor *const *in, uint32_t *var_in) {
                          r->fn, k, d, nb_shape_str(v->shape, a, sizeof a),
                          nb_shape_str(p->in_shape[k], b, sizeof b));
       r->in[(size_t)k * (size_t)r->nd + (size_t)d] = v;
+    }
+    if (!x->mesh) {
+      nb_status st = nbi_place_all(r->m, r->in + (size_t)k * (size_t)r->nd);
+      if (st) return st;
     }
   }
   return NB_OK;
