@@ -23,7 +23,10 @@ typedef struct cr_rng {
 static inline int cr_pick(cr_rng *r, int n) { return (int)(tc_uniform(&r->s, 0, 1) * n) % n; }
 
 /* ---- cases ----------------------------------------------------------------------------- */
-enum { LAY_CONTIG, LAY_BCAST, LAY_TRANS, LAY_STRIDED, LAY_FLIP, LAY_SCALAR, LAY_COUNT };
+/* Operand layouts: contiguous, broadcast along random dims, transposed, every other
+ * element, flipped along a dim, one value; LAY_ROWB (not drawn at random): the same
+ * for every row (a weight or bias). */
+enum { LAY_CONTIG, LAY_BCAST, LAY_TRANS, LAY_STRIDED, LAY_FLIP, LAY_SCALAR, LAY_COUNT, LAY_ROWB };
 
 typedef struct tc_case {
   nbi_group g;
@@ -52,9 +55,6 @@ static inline tc_case *case_new(nb_dtype dt, nb_shape F, int ra, const char *wha
   snprintf(c->what, sizeof c->what, "%s", what);
   return c;
 }
-
-/* Forces a row group (ra may equal F.ndim: one column). */
-static inline void case_rows(tc_case *c) { c->g.kind = NBI_GROUP_ROWS; }
 
 static inline void case_free(tc_case *c) {
   if (!c) return;
@@ -127,7 +127,7 @@ static inline int opnd(tc_case *c, cr_rng *r, nb_dtype dt, int lv, int lay, doub
   for (int d = 0; d < nd; d++) {
     bd[d] = g->full.dims[d];
     if (lay == LAY_SCALAR || lv == NBI_ROLE_GLOBAL || (lv == NBI_ROLE_PER_ROW && d >= g->ra) ||
-        (lay == LAY_BCAST && cr_pick(r, 5) < 2))
+        (lay == LAY_BCAST && cr_pick(r, 5) < 2) || (lay == LAY_ROWB && d < g->ra))
       bd[d] = 1;
     order[d] = d;
   }
@@ -358,6 +358,21 @@ static inline char *batch_source(tc_case **cs, int n, bool shim) {
   len += (size_t)sprintf(s + len, "%s", nbi_cuda_preamble);
   for (int i = 0; i < n; i++) {
     const char *nm = cs[i]->name;
+    int first = i; /* the same kernel twice in a batch: defined once */
+    for (int j = 0; j < i && first == i; j++)
+      if (!cs[i]->raw && !strcmp(cs[j]->name, nm)) first = j;
+    if (first != i) {
+      len += (size_t)sprintf(s + len,
+                             "extern \"C\" int nbh_%d(unsigned g, unsigned b, void *p) "
+                             "{ return nbh_%d(g, b, p); }\n",
+                             i, first);
+      if (cs[i]->cfg.block2)
+        len += (size_t)sprintf(s + len,
+                               "extern \"C\" int nbh_%dg(unsigned g, unsigned b, void *p) "
+                               "{ return nbh_%dg(g, b, p); }\n",
+                               i, first);
+      continue;
+    }
     len += (size_t)sprintf(s + len, "namespace nbt%d {\n%s\n", i, kernel_text(cs[i]->src));
     if (shim && !cs[i]->raw) {
       len +=
@@ -428,7 +443,7 @@ static inline void host_compile(tc_case **cs, int n, int parts, tc_lib *libs) {
       cr_assert_fail("host compile of part %d failed: %s", p, dlerror());
     }
   }
-  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  snprintf(cmd, sizeof cmd, getenv("NB_KEEP") ? "true %s" : "rm -rf %s", dir);
   cr_assert_eq(system(cmd), 0);
 }
 

@@ -227,4 +227,390 @@ Test(cuda_render, every_elementwise_op_on_every_dtype_combination) {
   cr_assert_eq(check_on_host(cs, n), 0, "mismatches (see above)");
 }
 
+/* ---- random elementwise chains ------------------------------------------------------------ */
+/* Appends one of a few bounded compositions (test_fusion's) of a and b to c; returns
+ * the member holding the result. one: an operand holding 1. */
+static int chain_step(tc_case *c, cr_rng *r, nb_dtype dt, int a, int b, int one) {
+  int k;
+  bool ints = !nb_dtype_is_float(dt);
+  switch (cr_pick(r, ints ? 6 : 12)) {
+  case 0: return mem(c, NBI_OP_ADD, NBI_ROLE_FULL, dt, dt, 2, a, b, 0);
+  case 1: return mem(c, NBI_OP_SUB, NBI_ROLE_FULL, dt, dt, 2, a, b, 0);
+  case 2: return mem(c, NBI_OP_MAXIMUM, NBI_ROLE_FULL, dt, dt, 2, a, b, 0);
+  case 3: /* where(a > b, a, b) */
+    k = mem(c, NBI_OP_GT, NBI_ROLE_FULL, NB_BOOL, dt, 2, a, b, 0);
+    return mem(c, NBI_OP_WHERE, NBI_ROLE_FULL, dt, dt, 3, k, a, b);
+  case 4:
+    return mem(c, ints ? NBI_OP_MINIMUM : NBI_OP_RELU, NBI_ROLE_FULL, dt, dt, ints ? 2 : 1, a, b,
+               0);
+  case 5:
+    return mem(c, ints ? NBI_OP_MOD : NBI_OP_SIN, NBI_ROLE_FULL, dt, dt, ints ? 2 : 1, a, b, 0);
+  case 6: return mem(c, NBI_OP_TANH, NBI_ROLE_FULL, dt, dt, 1, a, 0, 0);
+  case 7: return mem(c, NBI_OP_SIGMOID, NBI_ROLE_FULL, dt, dt, 1, a, 0, 0);
+  case 8: /* exp(-|a|) */
+    k = mem(c, NBI_OP_ABS, NBI_ROLE_FULL, dt, dt, 1, a, 0, 0);
+    k = mem(c, NBI_OP_NEG, NBI_ROLE_FULL, dt, dt, 1, k, 0, 0);
+    return mem(c, NBI_OP_EXP, NBI_ROLE_FULL, dt, dt, 1, k, 0, 0);
+  case 9: /* sqrt(|a| + 1) */
+    k = mem(c, NBI_OP_ABS, NBI_ROLE_FULL, dt, dt, 1, a, 0, 0);
+    k = mem(c, NBI_OP_ADD, NBI_ROLE_FULL, dt, dt, 2, k, one, 0);
+    return mem(c, NBI_OP_SQRT, NBI_ROLE_FULL, dt, dt, 1, k, 0, 0);
+  case 10: /* a / (|b| + 1) */
+    k = mem(c, NBI_OP_ABS, NBI_ROLE_FULL, dt, dt, 1, b, 0, 0);
+    k = mem(c, NBI_OP_ADD, NBI_ROLE_FULL, dt, dt, 2, k, one, 0);
+    return mem(c, NBI_OP_DIV, NBI_ROLE_FULL, dt, dt, 2, a, k, 0);
+  default: return mem(c, NBI_OP_MUL, NBI_ROLE_FULL, dt, dt, 2, a, b, 0);
+  }
+}
+
+/* A random elementwise group of dtype dt over a random F: operands of random layouts
+ * (contiguous or one value when contig; an i32 one among them sometimes), up to 16
+ * members, some stored. */
+static tc_case *random_chain(cr_rng *r, nb_dtype dt, int i, const nb_shape *F, bool contig) {
+  char what[64];
+  snprintf(what, sizeof what, "chain %d (%s)", i, nb_dtype_name(dt));
+  tc_case *c = case_new(dt, F ? *F : shapes[cr_pick(r, 10)], -1, what);
+  int pool[NBI_FUSE_MAX * 2], n = 0;
+  int one = -1 - opnd(c, r, dt, NBI_ROLE_FULL, LAY_SCALAR, 1, 1, 0);
+  int n_ops = 1 + cr_pick(r, 3);
+  for (int k = 0; k < n_ops; k++) {
+    nb_dtype odt = cr_pick(r, 6) == 0 && nb_dtype_is_float(dt) ? NB_I32 : dt;
+    int lay = contig ? (cr_pick(r, 4) ? LAY_CONTIG : LAY_SCALAR) : cr_pick(r, LAY_COUNT);
+    pool[n++] = -1 - opnd(c, r, odt, NBI_ROLE_FULL, lay, -3, 3, 0.02);
+  }
+  while (c->g.n_members < NBI_FUSE_MAX - 4) {
+    int k = chain_step(c, r, dt, pool[cr_pick(r, n)], pool[cr_pick(r, n)], one);
+    if (cr_pick(r, 3)) pool[n++] = k;
+    if (c->g.n_members > 3 && cr_pick(r, 4) == 0) break;
+    if (cr_pick(r, 4) == 0 && c->g.m[k].dtype == dt) store(c, k);
+  }
+  /* the last member must be stored; a member reading an operand directly counts */
+  int last = c->g.n_members - 1;
+  if (c->g.m[last].src[0] < 0 && c->g.m[last].n_in == 1 && c->g.n_members == 1) last = 0;
+  store(c, last);
+  case_finish(c);
+  return c;
+}
+
+Test(cuda_render, random_elementwise_chains) {
+  static const nb_dtype dts[] = {NB_F32, NB_F64, NB_F32, NB_F16, NB_BF16, NB_I32, NB_I64};
+  cr_rng r = {23};
+  tc_case *cs[300];
+  for (int i = 0; i < 300; i++)
+    cs[i] = random_chain(&r, dts[i % 7], i, NULL, false);
+  cr_assert_eq(check_on_host(cs, 300), 0, "mismatches (see above)");
+}
+
+/* Contiguous operands: the 16-byte vector loop and its scalar tail. */
+Test(cuda_render, vectorized_chains_and_their_tails) {
+  static const nb_dtype dts[] = {NB_F32, NB_F64, NB_F16, NB_BF16, NB_I32, NB_I64};
+  cr_rng r = {29};
+  tc_case *cs[60];
+  int vectorized = 0;
+  for (int i = 0; i < 60; i++) {
+    nb_shape F = {2, {1 + cr_pick(&r, 40), 1 + cr_pick(&r, 50)}};
+    cs[i] = random_chain(&r, dts[i % 6], i, &F, true);
+  }
+  render_all(cs, 60);
+  for (int i = 0; i < 60; i++) {
+    vectorized += strstr(cs[i]->src, "nb_pack<") != NULL;
+    free(cs[i]->src);
+    cs[i]->src = NULL;
+  }
+  cr_assert_gt(vectorized, 30, "%d of 60 vectorized", vectorized);
+  cr_assert_eq(check_on_host(cs, 60), 0, "mismatches (see above)");
+}
+
+/* ---- row groups ---------------------------------------------------------------------------- */
+enum { RR = NBI_ROLE_ROW_REDUCE, PR = NBI_ROLE_PER_ROW, FU = NBI_ROLE_FULL, AX = NBI_ROLE_AXIS };
+
+/* The row compositions the planner forms (src/ops/nn_layers.c, test_fusion.c), over F
+ * with rows F[0, ra); x laid out by lay. */
+enum {
+  C_SOFTMAX,
+  C_SOFTMAX_OP,
+  C_LOG_SOFTMAX,
+  C_LAYER_NORM,
+  C_RMS_NORM,
+  C_XENT,
+  C_XENT_ROWS,
+  C_CUMSUM,
+  C_ARGMAX,
+  C_SOFTMAX_BWD,
+  C_STATS,
+  C_COUNT
+};
+
+static tc_case *composition(cr_rng *r, int which, nb_dtype dt, nb_shape F, int ra, int lay,
+                            double lo, double hi) {
+  static const char *const names[] = {
+      "softmax",  "softmax op",       "log_softmax",          "layer_norm",
+      "rms_norm", "cross_entropy",    "cross_entropy rows",   "cumsum",
+      "argmax",   "softmax backward", "var / std / logsumexp"};
+  char what[96];
+  snprintf(what, sizeof what, "%s %s (%lld rows x %lld)", names[which], nb_dtype_name(dt),
+           (long long)1, (long long)1);
+  tc_case *c = case_new(dt, F, ra, what);
+  snprintf(c->what, sizeof c->what, "%s %s (%lld rows x %lld)", names[which], nb_dtype_name(dt),
+           (long long)c->g.rows, (long long)c->g.cols);
+  double cols = (double)c->g.cols;
+  int x = -1 - opnd(c, r, dt, FU, lay, lo, hi, 0), k, m, e;
+  switch (which) {
+  case C_SOFTMAX:
+  case C_SOFTMAX_BWD:
+    m = red(c, NBI_OP_REDUCE_MAX, RR, dt, x, 1, 0);
+    k = mem(c, NBI_OP_SUB, FU, dt, dt, 2, x, m, 0);
+    e = mem(c, NBI_OP_EXP, FU, dt, dt, 1, k, 0, 0);
+    k = red(c, NBI_OP_REDUCE_SUM, RR, dt, e, 1, 0);
+    k = mem(c, NBI_OP_DIV, FU, dt, dt, 2, e, k, 0);
+    if (which == C_SOFTMAX_BWD) { /* y (g - sum(g y)) */
+      int g = -1 - opnd(c, r, dt, FU, LAY_CONTIG, -1, 1, 0);
+      int gy = mem(c, NBI_OP_MUL, FU, dt, dt, 2, g, k, 0);
+      int s = red(c, NBI_OP_REDUCE_SUM, RR, dt, gy, 1, 0);
+      int d = mem(c, NBI_OP_SUB, FU, dt, dt, 2, g, s, 0);
+      k = mem(c, NBI_OP_MUL, FU, dt, dt, 2, k, d, 0);
+    }
+    store(c, k);
+    break;
+  case C_SOFTMAX_OP: store(c, red(c, NBI_OP_SOFTMAX, AX, dt, x, 1, 0)); break;
+  case C_LOG_SOFTMAX:
+    m = red(c, NBI_OP_REDUCE_MAX, RR, dt, x, 1, 0);
+    k = mem(c, NBI_OP_SUB, FU, dt, dt, 2, x, m, 0);
+    e = mem(c, NBI_OP_EXP, FU, dt, dt, 1, k, 0, 0);
+    e = red(c, NBI_OP_REDUCE_SUM, RR, dt, e, 1, 0);
+    e = mem(c, NBI_OP_LOG, PR, dt, dt, 1, e, 0, 0);
+    store(c, mem(c, NBI_OP_SUB, FU, dt, dt, 2, k, e, 0));
+    store(c, m);
+    break;
+  case C_LAYER_NORM:
+  case C_RMS_NORM: {
+    int w = -1 - opnd(c, r, dt, FU, LAY_ROWB, 0.5, 1.5, 0);
+    int b = -1 - opnd(c, r, dt, FU, LAY_ROWB, -1, 1, 0);
+    int eps = -1 - opnd(c, r, dt, PR, LAY_SCALAR, 1e-5, 1e-5, 0);
+    int xc = x;
+    if (which == C_LAYER_NORM) {
+      m = red(c, NBI_OP_REDUCE_SUM, RR, dt, x, cols, 0); /* mean */
+      xc = mem(c, NBI_OP_SUB, FU, dt, dt, 2, x, m, 0);
+    }
+    k = mem(c, NBI_OP_SQUARE, FU, dt, dt, 1, xc, 0, 0);
+    k = red(c, NBI_OP_REDUCE_SUM, RR, dt, k, cols, 0);
+    k = mem(c, NBI_OP_ADD, PR, dt, dt, 2, k, eps, 0);
+    k = mem(c, NBI_OP_RSQRT, PR, dt, dt, 1, k, 0, 0);
+    store(c, k);
+    k = mem(c, NBI_OP_MUL, FU, dt, dt, 2, xc, k, 0);
+    k = mem(c, NBI_OP_MUL, FU, dt, dt, 2, k, w, 0);
+    if (which == C_LAYER_NORM) k = mem(c, NBI_OP_ADD, FU, dt, dt, 2, k, b, 0);
+    store(c, k);
+    break;
+  }
+  case C_XENT:
+  case C_XENT_ROWS: { /* probability labels; loss = mean over rows of -sum(labels logp) */
+    int lab = -1 - opnd(c, r, dt, FU, cr_pick(r, 2) ? LAY_CONTIG : LAY_TRANS, 0, 1, 0);
+    k = red(c, NBI_OP_LOG_SOFTMAX, AX, dt, x, 1, 0);
+    k = mem(c, NBI_OP_MUL, FU, dt, dt, 2, lab, k, 0);
+    k = red(c, NBI_OP_REDUCE_SUM, RR, dt, k, 1, 0);
+    if (which == C_XENT_ROWS) k = mem(c, NBI_OP_NEG, PR, dt, dt, 1, k, 0, 0);
+    store(c, k);
+    if (c->g.rows >= 2) {
+      k = red(c, NBI_OP_REDUCE_SUM, NBI_ROLE_GLOBAL_REDUCE, dt, k, (double)c->g.rows, 0);
+      if (which == C_XENT) k = mem(c, NBI_OP_NEG, NBI_ROLE_GLOBAL, dt, dt, 1, k, 0, 0);
+      store(c, k);
+    }
+    break;
+  }
+  case C_CUMSUM:
+    k = red(c, NBI_OP_CUMSUM, AX, dt, x, 1, 0);
+    store(c, k);
+    store(c, mem(c, NBI_OP_MUL, FU, dt, dt, 2, k, x, 0));
+    break;
+  case C_ARGMAX:
+    store(c, red(c, NBI_OP_ARGMAX, RR, NB_I64, x, 1, 0));
+    store(c, red(c, NBI_OP_ARGMIN, RR, NB_I32, x, 1, 0));
+    break;
+  default:
+    store(c, red(c, NBI_OP_REDUCE_VAR, RR, dt, x, 1, 0));
+    store(c, red(c, NBI_OP_REDUCE_VAR, RR, dt, x, 1, 1));
+    store(c, red(c, NBI_OP_LOGSUMEXP, RR, dt, x, 1, 0));
+    break;
+  }
+  case_finish(c);
+  return c;
+}
+
+/* Row shapes: F and ra, from one column to 20000 (warp per row up to 1024, then a block
+ * of 256, then 1024 threads). */
+static const struct {
+  nb_shape F;
+  int ra;
+} row_shapes[] = {{{2, {7, 1}}, 1},      {{2, {5, 2}}, 1},     {{2, {9, 33}}, 1},
+                  {{2, {16, 300}}, 1},   {{3, {2, 3, 40}}, 2}, {{3, {4, 6, 50}}, 1},
+                  {{2, {3, 1024}}, 1},   {{2, {3, 1025}}, 1},  {{2, {2, 5000}}, 1},
+                  {{2, {1, 16384}}, 1},  {{2, {2, 20000}}, 1}, {{1, {700}}, 0},
+                  {{3, {3, 1, 129}}, 2}, {{2, {64, 64}}, 1},   {{4, {2, 2, 3, 30}}, 2}};
+enum { N_ROW_SHAPES = sizeof row_shapes / sizeof row_shapes[0] };
+
+Test(cuda_render, row_compositions) {
+  static const nb_dtype dts[] = {NB_F32, NB_F64, NB_F32, NB_F16};
+  cr_rng r = {31};
+  tc_case *cs[C_COUNT * 12];
+  int n = 0;
+  for (int w = 0; w < C_COUNT; w++)
+    for (int i = 0; i < 12; i++) {
+      int si = (w * 5 + i * 7) % N_ROW_SHAPES, lay = i % 3 == 2 ? LAY_TRANS : LAY_CONTIG;
+      nb_shape F = row_shapes[si].F;
+      int ra = row_shapes[si].ra;
+      bool axis = w == C_SOFTMAX_OP || w == C_XENT || w == C_XENT_ROWS || w == C_CUMSUM;
+      if (axis && ra != F.ndim - 1) { /* axis ops run along the last axis alone */
+        ra = F.ndim - 1;
+      }
+      cs[n++] = composition(&r, w, dts[i % 4], F, ra, lay, -3, 3);
+    }
+  cr_assert_eq(check_on_host(cs, n), 0, "mismatches (see above)");
+}
+
+/* Every reduction and axis op alone (the op table's one-member groups) on every input
+ * dtype, with NaN, infinities and zeros among float inputs. */
+Test(cuda_render, every_reduction_and_axis_op_on_every_dtype) {
+  static const int ops[] = {NBI_OP_REDUCE_SUM, -1 /* mean */,      NBI_OP_REDUCE_PROD,
+                            NBI_OP_REDUCE_MAX, NBI_OP_REDUCE_MIN,  NBI_OP_REDUCE_ANY,
+                            NBI_OP_REDUCE_ALL, NBI_OP_REDUCE_VAR,  -2 /* std */,
+                            NBI_OP_LOGSUMEXP,  NBI_OP_ARGMAX,      NBI_OP_ARGMIN,
+                            NBI_OP_SOFTMAX,    NBI_OP_LOG_SOFTMAX, NBI_OP_CUMSUM};
+  cr_rng r = {37};
+  tc_case *cs[16 * NB_DTYPE_COUNT * 2];
+  int n = 0;
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+    for (int t = 0; t < NB_DTYPE_COUNT; t++)
+      for (int rep = 0; rep < 2; rep++) {
+        nb_dtype in = (nb_dtype)t;
+        int op = ops[i] < 0 ? (ops[i] == -1 ? NBI_OP_REDUCE_SUM : NBI_OP_REDUCE_VAR) : ops[i];
+        bool axis = op == NBI_OP_SOFTMAX || op == NBI_OP_LOG_SOFTMAX || op == NBI_OP_CUMSUM;
+        bool float_res = ops[i] == -1 || op == NBI_OP_REDUCE_VAR || op == NBI_OP_LOGSUMEXP ||
+                         op == NBI_OP_SOFTMAX || op == NBI_OP_LOG_SOFTMAX;
+        nb_dtype res = float_res ? (nb_dtype_is_float(in) ? in : NB_F32) : in;
+        if (op == NBI_OP_REDUCE_SUM && ops[i] != -1 && in == NB_BOOL) res = NB_I32;
+        if ((op == NBI_OP_REDUCE_PROD || op == NBI_OP_CUMSUM) && in == NB_BOOL) res = NB_I32;
+        if (op == NBI_OP_REDUCE_ANY || op == NBI_OP_REDUCE_ALL) res = NB_BOOL;
+        if (op == NBI_OP_ARGMAX || op == NBI_OP_ARGMIN) res = rep ? NB_I32 : NB_I64;
+        int si = cr_pick(&r, N_ROW_SHAPES);
+        nb_shape F = row_shapes[si].F;
+        int ra = axis ? F.ndim - 1 : row_shapes[si].ra;
+        char what[96];
+        snprintf(what, sizeof what, "%s%s of %s",
+                 ops[i] == -1   ? "mean"
+                 : ops[i] == -2 ? "std"
+                                : "",
+                 ops[i] < 0 ? "" : nbi_op_table[op]->name, nb_dtype_name(in));
+        tc_case *c = cs[n++] = case_new(res, F, ra, what);
+        bool prod = op == NBI_OP_REDUCE_PROD;
+        int x = -1 - opnd(c, &r, in, FU, cr_pick(&r, LAY_COUNT), prod ? 0.5 : -9, prod ? 1.6 : 9,
+                          rep ? 0.01 : 0);
+        store(c, red(c, op, axis ? AX : RR, res, x, ops[i] == -1 ? (double)c->g.cols : 1,
+                     ops[i] == -2));
+        case_finish(c);
+      }
+  cr_assert_eq(check_on_host(cs, n), 0, "mismatches (see above)");
+}
+
+/* NaN and infinity rules in rows: max / min / logsumexp / var propagate NaN, argmax
+ * takes the first NaN, softmax of a row with a NaN is NaN, rows of -inf. */
+Test(cuda_render, nan_and_infinity_rules_in_rows) {
+  cr_rng r = {41};
+  tc_case *cs[40];
+  int n = 0;
+  for (int i = 0; i < 40; i++) {
+    nb_dtype dt = i % 2 ? NB_F64 : NB_F32;
+    int si = i % N_ROW_SHAPES;
+    nb_shape F = row_shapes[si].F;
+    tc_case *c = cs[n++] = case_new(dt, F, F.ndim - 1, "nan rules");
+    int x = -1 - opnd(c, &r, dt, FU, LAY_CONTIG, -5, 5, i < 20 ? 0.3 : 0.02);
+    store(c, red(c, NBI_OP_REDUCE_MAX, RR, dt, x, 1, 0));
+    store(c, red(c, NBI_OP_REDUCE_MIN, RR, dt, x, 1, 0));
+    store(c, red(c, NBI_OP_LOGSUMEXP, RR, dt, x, 1, 0));
+    store(c, red(c, NBI_OP_REDUCE_VAR, RR, dt, x, 1, 0));
+    store(c, red(c, NBI_OP_ARGMAX, RR, NB_I64, x, 1, 0));
+    store(c, red(c, NBI_OP_ARGMIN, RR, NB_I64, x, 1, 0));
+    store(c, red(c, NBI_OP_SOFTMAX, AX, dt, x, 1, 0));
+    store(c, red(c, NBI_OP_LOG_SOFTMAX, AX, dt, x, 1, 0));
+    store(c, red(c, NBI_OP_REDUCE_SUM, RR, dt, x, 1, 0));
+    case_finish(c);
+  }
+  cr_assert_eq(check_on_host(cs, n), 0, "mismatches (see above)");
+}
+
+/* layer_norm on f16 values near 200 over 4096 columns: the row sums (8e5) and sums of
+ * squares are far beyond f16's range and must be accumulated wide. */
+Test(cuda_render, f16_layer_norm_statistics_do_not_overflow) {
+  cr_rng r = {43};
+  tc_case *cs[2];
+  cs[0] = composition(&r, C_LAYER_NORM, NB_F16, (nb_shape){2, {3, 4096}}, 1, LAY_CONTIG, 150, 250);
+  cs[1] = composition(&r, C_RMS_NORM, NB_BF16, (nb_shape){2, {2, 5000}}, 1, LAY_CONTIG, 150, 250);
+  cr_assert_eq(check_on_host(cs, 2), 0, "mismatches (see above)");
+}
+
+/* Random row groups: a chain over the rows, reductions of its values, per-row members on
+ * them (and a per-row operand), full members reading those back, an axis op sometimes,
+ * some stored, and a global mean of a stored per-row value. */
+static tc_case *random_rows(cr_rng *r, nb_dtype dt, int i) {
+  static const int reds[] = {NBI_OP_REDUCE_SUM, NBI_OP_REDUCE_MAX, NBI_OP_REDUCE_MIN,
+                             NBI_OP_REDUCE_VAR, NBI_OP_LOGSUMEXP,  NBI_OP_REDUCE_SUM};
+  int si = cr_pick(r, N_ROW_SHAPES);
+  nb_shape F = row_shapes[si].F;
+  int ra = row_shapes[si].ra;
+  bool axis = cr_pick(r, 3) == 0;
+  if (axis) ra = F.ndim - 1;
+  char what[64];
+  snprintf(what, sizeof what, "rows %d (%s)", i, nb_dtype_name(dt));
+  tc_case *c = case_new(dt, F, ra, what);
+  int full[NBI_FUSE_MAX], nf = 0, rowv[NBI_FUSE_MAX], nr = 0;
+  int one = -1 - opnd(c, r, dt, FU, LAY_SCALAR, 1, 1, 0);
+  full[nf++] = -1 - opnd(c, r, dt, FU, cr_pick(r, LAY_COUNT), -2, 2, 0);
+  if (cr_pick(r, 2)) full[nf++] = -1 - opnd(c, r, dt, FU, LAY_ROWB, -2, 2, 0);
+  rowv[nr++] = -1 - opnd(c, r, dt, PR, cr_pick(r, 2) ? LAY_CONTIG : LAY_SCALAR, -1, 1, 0);
+  for (int s = 0; s < 2 + cr_pick(r, 2); s++) {
+    int a = full[cr_pick(r, nf)], b = full[cr_pick(r, nf)];
+    full[nf] = chain_step(c, r, dt, a, b, one);
+    nf++;
+  }
+  if (axis) {
+    static const int ax[] = {NBI_OP_SOFTMAX, NBI_OP_LOG_SOFTMAX, NBI_OP_CUMSUM};
+    full[nf] = red(c, ax[cr_pick(r, 3)], AX, dt, full[nf - 1], 1, 0);
+    nf++;
+  }
+  for (int s = 0; s < 1 + cr_pick(r, 2); s++) {
+    int op = reds[cr_pick(r, 6)];
+    rowv[nr++] = red(c, op, RR, dt, full[cr_pick(r, nf)], op == NBI_OP_REDUCE_SUM ? 2 : 1, 0);
+  }
+  int k = mem(c, NBI_OP_ADD, PR, dt, dt, 2, rowv[nr - 1], rowv[cr_pick(r, nr)], 0);
+  rowv[nr++] = mem(c, NBI_OP_TANH, PR, dt, dt, 1, k, 0, 0);
+  k = mem(c, cr_pick(r, 2) ? NBI_OP_MUL : NBI_OP_SUB, FU, dt, dt, 2, full[cr_pick(r, nf)],
+          rowv[nr - 1], 0);
+  full[nf++] = k;
+  if (c->g.n_members < NBI_FUSE_MAX - 2 && cr_pick(r, 2)) {
+    int b = full[cr_pick(r, nf)];
+    full[nf] = chain_step(c, r, dt, k, b, one);
+    nf++;
+  }
+  store(c, full[nf - 1]);
+  for (int j = 0; j < c->g.n_members; j++)
+    if (c->g.m[j].role != NBI_ROLE_GLOBAL && cr_pick(r, 4) == 0) store(c, j);
+  if (c->g.rows >= 2 && c->g.n_members < NBI_FUSE_MAX - 1 && cr_pick(r, 2)) {
+    int pr = rowv[nr - 1];
+    store(c, pr);
+    k = red(c, NBI_OP_REDUCE_SUM, NBI_ROLE_GLOBAL_REDUCE, dt, pr, (double)c->g.rows, 0);
+    store(c, mem(c, NBI_OP_NEG, NBI_ROLE_GLOBAL, dt, dt, 1, k, 0, 0));
+  }
+  case_finish(c);
+  return c;
+}
+
+Test(cuda_render, random_row_groups) {
+  static const nb_dtype dts[] = {NB_F32, NB_F64, NB_F32, NB_F16};
+  cr_rng r = {47};
+  tc_case *cs[160];
+  for (int i = 0; i < 160; i++)
+    cs[i] = random_rows(&r, dts[i % 4], i);
+  cr_assert_eq(check_on_host(cs, 160), 0, "mismatches (see above)");
+}
+
 #endif

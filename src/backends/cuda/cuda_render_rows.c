@@ -684,8 +684,8 @@ static void emit_row_kernel(cr_buf *b, const nbi_group *g, const cr_layout *L, c
       }
     int u = scan ? 1 : UNROLL;
     cr_put(b,
-           "for (int64_t c0 = 0; c0 < p.cols; c0 += %s * %d) {\n#pragma unroll\n"
-           "for (int u = 0; u < %d; u++) {\nconst int64_t j = c0 + u * %s + lane;\n"
+           "for (int64_t j0_ = 0; j0_ < p.cols; j0_ += %s * %d) {\n#pragma unroll\n"
+           "for (int u = 0; u < %d; u++) {\nconst int64_t j = j0_ + u * %s + lane;\n"
            "const bool ok = j < p.cols;\n",
            step, u, u, step);
     emit_phase_body(b, g, L, P, p, need, warp);
@@ -725,7 +725,7 @@ static void emit_global_kernel(cr_buf *b, const nbi_group *g, const char *name) 
       for (int pass = 0; pass < np; pass++) {
         fold_decl(b, g, k, pass);
         cr_put(b,
-               "for (int64_t c0 = 0; c0 < p.rows; c0 += 256) {\nconst int64_t j = c0 + lane;\n"
+               "for (int64_t j0_ = 0; j0_ < p.rows; j0_ += 256) {\nconst int64_t j = j0_ + lane;\n"
                "const bool ok = j < p.rows;\n"
                "const %s v%d = ok ? nb_ld_%s(p.out%d, j) : %s();\nif (ok) ",
                cr_repr(dt), s, cr_dtn(dt), g->m[s].out, cr_repr(dt));
