@@ -777,4 +777,139 @@ Test(cuda_render, results_are_the_same_every_run) {
   dlclose(lib.so);
 }
 
+/* ---- on a GPU: nbi_cuda_run_group against the CPU ------------------------------------------- */
+/* The first CUDA device's table entry, or -1. */
+static int gpu_device(void) {
+  if (nb_device_count(NB_DEVICE_CUDA) == 0) return -1;
+  int dev = nbi_device_lookup("test_cuda_render", NB_CUDA(0));
+  cr_assert_geq(dev, 0, "%s", nb_last_error());
+  return dev;
+}
+
+/* Runs case c through nbi_cuda_run_group on device dev (operand buffers uploaded whole,
+ * views at the same offsets) `runs` times; compares the first run with the CPU and the
+ * others with the first, bit for bit. Returns whether all matched; frees c. */
+static bool check_on_gpu(int dev, tc_case *c, int runs) {
+  const nbi_device *d = nbi_device_at(dev);
+  const nbi_backend *be = d->be;
+  nbi_group *g = &c->g;
+  nbi_view in[NBI_FUSE_MAX], out[NBI_FUSE_MAX];
+  void *dbase[NBI_FUSE_MAX] = {0}, *dout[NBI_FUSE_MAX] = {0};
+  size_t out_bytes[NBI_FUSE_MAX] = {0};
+  for (int k = 0; k < g->n_operands; k++) {
+    dbase[k] = be->alloc(d->ctx, c->base_bytes[k]);
+    cr_assert(dbase[k]);
+    cr_assert_eq(be->upload(d->ctx, dbase[k], c->base[k], c->base_bytes[k]), NB_OK);
+    in[k] = c->in[k];
+    in[k].data = (char *)dbase[k] + (c->in[k].data - c->base[k]);
+  }
+  for (int j = 0; j < g->n_outputs; j++) {
+    out_bytes[j] =
+        (size_t)(c->out[j].dims[0] ? c->out[j].dims[0] : 1) * nb_dtype_size(c->out[j].dtype);
+    dout[j] = be->alloc(d->ctx, out_bytes[j]);
+    cr_assert(dout[j]);
+    out[j] = c->out[j];
+    out[j].data = dout[j];
+  }
+  char *val[NBI_FUSE_MAX], *first[NBI_FUSE_MAX];
+  reference(c, val);
+  bool ok = true;
+  for (int run = 0; run < runs && ok; run++) {
+    cr_assert_eq(nbi_cuda_run_group((nbi_cuda_ctx *)d->ctx, g, out, in), NB_OK, "%s: %s", c->what,
+                 nb_last_error());
+    cr_assert_eq(be->sync(d->ctx), NB_OK, "%s: %s", c->what, nb_last_error());
+    for (int j = 0; j < g->n_outputs; j++)
+      cr_assert_eq(be->download(d->ctx, c->outb[j], dout[j], out_bytes[j]), NB_OK);
+    for (int k = 0; k < g->n_members && ok; k++) {
+      int j = g->m[k].out;
+      if (j < 0) continue;
+      if (run == 0) {
+        ok = compare(c, k, c->outb[j], val[k], "gpu");
+        first[j] = malloc(out_bytes[j]);
+        memcpy(first[j], c->outb[j], out_bytes[j]);
+      } else if (memcmp(first[j], c->outb[j], out_bytes[j])) {
+        cr_log_error("%s: output %d differs between runs on the GPU", c->what, j);
+        ok = false;
+      }
+    }
+  }
+  for (int k = 0; k < g->n_members; k++) {
+    free(val[k]);
+    if (g->m[k].out >= 0 && runs > 0) free(first[g->m[k].out]);
+  }
+  for (int k = 0; k < g->n_operands; k++)
+    be->free(d->ctx, dbase[k], c->base_bytes[k]);
+  for (int j = 0; j < g->n_outputs; j++)
+    be->free(d->ctx, dout[j], out_bytes[j]);
+  case_free(c);
+  return ok;
+}
+
+Test(cuda_gpu, random_groups_match_the_cpu_and_repeat_bitwise) {
+  int dev = gpu_device();
+  if (dev < 0) cr_skip_test("no CUDA device");
+  static const nb_dtype dts[] = {NB_F32, NB_F64, NB_F16, NB_BF16, NB_I32};
+  cr_rng r = {73};
+  int bad = 0;
+  for (int i = 0; i < 120; i++)
+    bad += !check_on_gpu(dev, random_chain(&r, dts[i % 5], i, NULL, i % 4 == 0), 2);
+  for (int w = 0; w < C_COUNT; w++)
+    for (int i = 0; i < 6; i++) {
+      int si = (w * 5 + i * 7) % N_ROW_SHAPES;
+      nb_shape F = row_shapes[si].F;
+      bad += !check_on_gpu(
+          dev,
+          composition(&r, w, dts[i % 3], F, F.ndim - 1, i % 3 == 2 ? LAY_TRANS : LAY_CONTIG, -3, 3),
+          2);
+    }
+  for (int i = 0; i < 80; i++)
+    bad += !check_on_gpu(dev, random_rows(&r, dts[i % 3], i), 2);
+  cr_assert_eq(bad, 0, "%d mismatches (see above)", bad);
+}
+
+Test(cuda_gpu, every_elementwise_op_and_reduction_matches_the_cpu) {
+  int dev = gpu_device();
+  if (dev < 0) cr_skip_test("no CUDA device");
+  cr_rng r = {79};
+  int bad = 0;
+  for (size_t i = 0; i < sizeof float_ops / sizeof float_ops[0]; i++)
+    for (int t = 0; t < NB_DTYPE_COUNT; t++) {
+      const ew_op *o = &float_ops[i];
+      nb_dtype a = (nb_dtype)t, cdt, res;
+      if (!ew_types(o, a, a, &cdt, &res)) continue;
+      tc_case *c = case_new(cdt, shapes[cr_pick(&r, 10)], -1, nbi_op_table[o->op]->name);
+      int e0 = opnd(c, &r, a, FU, cr_pick(&r, LAY_COUNT), -4, 4, 0.05);
+      int e1 = opnd(c, &r, a, FU, cr_pick(&r, LAY_COUNT), -4, 4, 0.05);
+      store(c, mem(c, o->op, FU, res, cdt, o->arity, -1 - e0, -1 - e1, 0));
+      case_finish(c);
+      bad += !check_on_gpu(dev, c, 1);
+    }
+  static const int reds[] = {NBI_OP_REDUCE_SUM, NBI_OP_REDUCE_PROD, NBI_OP_REDUCE_MAX,
+                             NBI_OP_REDUCE_MIN, NBI_OP_REDUCE_ANY,  NBI_OP_REDUCE_ALL,
+                             NBI_OP_REDUCE_VAR, NBI_OP_LOGSUMEXP,   NBI_OP_ARGMAX,
+                             NBI_OP_ARGMIN,     NBI_OP_SOFTMAX,     NBI_OP_CUMSUM};
+  for (size_t i = 0; i < sizeof reds / sizeof reds[0]; i++)
+    for (int t = 0; t < NB_DTYPE_COUNT; t++) {
+      int op = reds[i], si = cr_pick(&r, N_ROW_SHAPES);
+      nb_dtype in = (nb_dtype)t, res = in;
+      bool axis = op == NBI_OP_SOFTMAX || op == NBI_OP_CUMSUM;
+      if (op == NBI_OP_REDUCE_VAR || op == NBI_OP_LOGSUMEXP || op == NBI_OP_SOFTMAX)
+        res = nb_dtype_is_float(in) ? in : NB_F32;
+      if ((op == NBI_OP_REDUCE_SUM || op == NBI_OP_REDUCE_PROD || op == NBI_OP_CUMSUM) &&
+          in == NB_BOOL)
+        res = NB_I32;
+      if (op == NBI_OP_REDUCE_ANY || op == NBI_OP_REDUCE_ALL) res = NB_BOOL;
+      if (op == NBI_OP_ARGMAX || op == NBI_OP_ARGMIN) res = NB_I64;
+      nb_shape F = row_shapes[si].F;
+      tc_case *c = case_new(res, F, axis ? F.ndim - 1 : row_shapes[si].ra, nbi_op_table[op]->name);
+      bool prod = op == NBI_OP_REDUCE_PROD;
+      int x =
+          -1 - opnd(c, &r, in, FU, cr_pick(&r, LAY_COUNT), prod ? 0.5 : -9, prod ? 1.6 : 9, 0.01);
+      store(c, red(c, op, axis ? AX : RR, res, x, 1, 0));
+      case_finish(c);
+      bad += !check_on_gpu(dev, c, 2);
+    }
+  cr_assert_eq(bad, 0, "%d mismatches (see above)", bad);
+}
+
 #endif
