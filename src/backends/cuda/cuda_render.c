@@ -334,15 +334,6 @@ void cr_describe_member(cr_buf *b, const nbi_group *g, int k) {
   cr_put(b, "\n");
 }
 
-void cr_kernel_name(const nbi_group *g, const cr_sig *sig, char name[64]) {
-  uint64_t a = g->key[0], h = g->key[1];
-  const unsigned char *p = (const unsigned char *)sig;
-  for (size_t i = 0; i < sizeof *sig; i++)
-    nbi_hash_mix(&a, &h, p[i]);
-  snprintf(name, 64, "nb%c_%016llx%016llx", g->kind == NBI_GROUP_ROWS ? 'r' : 'e',
-           (unsigned long long)a, (unsigned long long)h);
-}
-
 /* ---- parameters --------------------------------------------------------------------------------
  */
 int cr_field_add(cr_layout *L, const char *name, int type, int count) {
@@ -712,20 +703,35 @@ static nb_status layout(const nbi_group *g, const nbi_view *out, const nbi_view 
   return st;
 }
 
-/* The source of g for layout L: malloc'd, NULL (recorded) when out of memory. */
+/* The source of g for layout L: malloc'd, NULL (recorded) when out of memory. The
+ * kernel's name is a hash of its own text (rendered with a placeholder of the same
+ * length, then written over it), so equal sources have equal names and a source never
+ * depends on sizes or on g's key. */
 static char *render(const nbi_group *g, const cr_layout *L, char name[64]) {
-  cr_kernel_name(g, &L->sig, name);
+  static const char placeholder[] = "nbk_@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@";
   cr_buf b = {0};
   cr_put(&b, "%s", nbi_cuda_preamble);
+  size_t body = b.n;
   if (g->kind == NBI_GROUP_ROWS)
-    cr_rows_render(&b, g, L, name);
+    cr_rows_render(&b, g, L, placeholder);
   else
-    ew_render(&b, g, L, name);
+    ew_render(&b, g, L, placeholder);
   if (b.oom) {
     free(b.p);
     nbi_error(NB_ERR_OOM, "nb_eval: out of memory rendering a CUDA kernel");
     return NULL;
   }
+  uint64_t h1 = 0x243f6a8885a308d3ull, h2 = 0x13198a2e03707344ull;
+  for (size_t i = body; i < b.n; i += 8) {
+    uint64_t w = 0;
+    memcpy(&w, b.p + i, b.n - i < 8 ? b.n - i : 8);
+    nbi_hash_mix(&h1, &h2, w);
+  }
+  snprintf(name, 64, "nb%c_%016llx%016llx", g->kind == NBI_GROUP_ROWS ? 'r' : 'e',
+           (unsigned long long)h1, (unsigned long long)h2);
+  size_t len = sizeof placeholder - 1;
+  for (char *at = strstr(b.p + body, placeholder); at; at = strstr(at + len, placeholder))
+    memcpy(at, name, len);
   return b.p;
 }
 

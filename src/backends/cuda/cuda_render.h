@@ -95,8 +95,6 @@ void cr_emit_member(cr_buf *b, const nbi_group *g, int k);
 void cr_src_name(const nbi_group *g, int k, int s, char out[16]);
 /* Emits one line of the shape comment describing member k ("m3 = exp(m2): f32"). */
 void cr_describe_member(cr_buf *b, const nbi_group *g, int k);
-/* The kernel's name from g's key and the layout's signature. */
-void cr_kernel_name(const nbi_group *g, const cr_sig *sig, char name[64]);
 
 /* ---- row groups (cuda_render_rows.c) ---- */
 /* Whether g (kind NBI_GROUP_ROWS) has a structure the row kernels handle. */
