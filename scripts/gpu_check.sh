@@ -8,12 +8,16 @@
 #      default device;
 #   3. the README MLP example on cuda:0;
 #   4. the benchmarks: bench_cuda_gemm, bench_cuda, and the PyTorch peer.
+# The NVRTC kernel cache comes back as $OUT/kernels.tar: copied to .gpu/kernels.tar,
+# the next run starts with it.
 # STAGES (e.g. "1 4") picks stages; JOBS the test processes.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$here/gpu-out}
 mkdir -p "$out" /tmp/nb
 tar xJf "$here/.gpu/bundle.tar.xz" -C /tmp/nb || exit 1
+# a kernel cache an earlier run brought back (keys hold NVRTC's version and the arch)
+[ -f "$here/.gpu/kernels.tar" ] && tar xf "$here/.gpu/kernels.tar" -C /tmp/nb
 export LD_LIBRARY_PATH=/tmp/nb/lib:/usr/local/nvidia/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export NABLA_CACHE_DIR=/tmp/nb/kernels
 stages=${STAGES:-1 2 3 4}
@@ -32,8 +36,8 @@ run() { # name seconds command...
 }
 for s in $stages; do
   case $s in
-  1) run cuda_suites 200 "$bin/nabla_tests" --jobs "$jobs" --filter 'cuda*/*' ;;
-  2) NABLA_TEST_DEVICE=cuda:0 run on_cuda 200 "$bin/nabla_tests" --jobs "$jobs" \
+  1) run cuda_suites 200 "$bin/nabla_tests" --jobs "$jobs" --filter '@(cuda|cuda_ops|cuda_gemm|cuda_train|cuda_gpu)/*' ;;
+  2) NABLA_TEST_DEVICE=cuda:0 run on_cuda ${ON_CUDA_SECS:-200} "$bin/nabla_tests" --jobs "$jobs" \
        --filter '!(cuda*|lazy|fusion|gemm_epi|gemm_small|par_exec|dot|rows_large|graph|jit_exec|simplify|alloc|device)/*' ;;
   3) run mlp_cuda 60 "$bin/mlp" cuda:0; tail -4 "$out/mlp_cuda.log"
      run mlp_cpu 60 "$bin/mlp" cpu; tail -2 "$out/mlp_cpu.log" ;;
@@ -43,3 +47,4 @@ for s in $stages; do
      tail -14 "$out/torch_cuda.log" ;;
   esac
 done
+tar cf "$out/kernels.tar" -C /tmp/nb kernels 2>/dev/null
