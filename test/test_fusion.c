@@ -410,3 +410,28 @@ Test(fusion, layer_norm_and_cross_entropy_gradients_equal_unfused) {
   for (int k = 0; k < 4; k++)
     grad_trial(k % 2, k < 2 ? NB_F32 : NB_F64);
 }
+
+/* A row group's member must not write over an input another member reads
+ * across rows: y = -x; out = sum(M * y, axis 1) + y inside a function (y an
+ * intermediate nothing keeps) gave [-22, -116] when the add wrote over y while
+ * the product still read all of y for the second row. */
+static nb_status rows_read_across(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
+                                  int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  nb_tensor *y = nb_neg(in[1]);
+  out[0] = nb_add(nb_sum(nb_mul(in[0], y), NB_AXES(1), false), y);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(fusion, row_group_never_writes_over_an_input_read_across_rows) {
+  double M[4] = {1, 2, 3, 4}, x[2] = {1, 10}, want[2] = {-22, -53};
+  nb_tensor *in[2] = {tc_tensor(M, NB_SHAPE(2, 2), NB_F64), tc_tensor(x, NB_SHAPE(2), NB_F64)};
+  nb_fn *f = nb_fn_create(rows_read_across, NULL, 2, 1), *jf = nb_jit(f);
+  nb_tensor *o[1];
+  cr_assert_eq(nb_call(jf, in, o), NB_OK, "%s", nb_last_error());
+  tc_assert_close_tol(o[0], want, NB_SHAPE(2), 0);
+  cr_assert_eq(nb_call(f, in, o), NB_OK, "%s", nb_last_error());
+  tc_assert_close_tol(o[0], want, NB_SHAPE(2), 0);
+  nb_fn_release(jf);
+  nb_fn_release(f);
+}

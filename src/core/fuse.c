@@ -289,6 +289,12 @@ void nbi_fuse_plan(nb_tensor *const *nodes, int n_nodes, const bool *held, int *
   free(last);
 }
 
+bool nbi_fuse_is_rows(nb_tensor *const *nodes, int m) {
+  for (int k = 0; k < m; k++)
+    if (row_op(nodes[k]) >= 0) return true;
+  return false;
+}
+
 int nbi_fuse_group_end(const int *group, int n, int i) {
   int f = group[i];
   while (i + 1 < n && group[i + 1] == f && f != i + 1)

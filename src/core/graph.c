@@ -534,9 +534,13 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
   for (int f = 0; f < n_run;) {
     int e = nbi_fuse_group_end(p->group, n_run, f);
     /* a GEMM epilogue's primitive reads its operands (the bias too) while it
-     * writes its result: none of its members writes over an input */
-    bool epi = e > f && cn[f]->op == NBI_OP_MATMUL;
-    for (int k = f; k <= e && !epi; k++)
+     * writes its result, and a row group's members read operands across a
+     * whole row (a broadcast operand across rows too), some more than once (a
+     * GPU kernel recomputes a row per phase): none of their members writes
+     * over an input. An elementwise group reads each operand only at the
+     * index it writes. */
+    bool no_inplace = e > f && (cn[f]->op == NBI_OP_MATMUL || nbi_fuse_is_rows(cn + f, e - f + 1));
+    for (int k = f; k <= e && !no_inplace; k++)
       if (has[p->run[k]] && nbi_cpu_elementwise_fusible(cn[k]))
         p->inplace[k] = inplace_source(cn, p, spare, last, llast, dying, f, e, k);
     f = e + 1;

@@ -592,6 +592,9 @@ void nbi_set_fusion(bool on);
  * held[i]: node i's value must be kept after the realization. Writes group[i]
  * (first step of i's group; groups are runs of consecutive steps that run as
  * one kernel at their last step) and store[i] (i's value needs a buffer). */
+/* Whether the group nodes[0..m-1] is a row group (holds a reduction or an axis
+ * op along trailing axes). */
+bool nbi_fuse_is_rows(nb_tensor *const *nodes, int m);
 /* The last step of the group step i belongs to (the step that runs it). */
 int nbi_fuse_group_end(const int *group, int n, int i);
 void nbi_fuse_plan(nb_tensor *const *nodes, int n, const bool *held, int *group, bool *store);
