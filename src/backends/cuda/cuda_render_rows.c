@@ -826,10 +826,14 @@ void cr_rows_render(cr_buf *b, const nbi_group *g, const cr_layout *L, const cha
   if (L->sig.cache_k)
     cr_put(b, ", up to %d columns a thread, operands read twice kept in registers", L->sig.cache_k);
   cr_put(b, ".\n");
-  for (int e = 0; e < g->n_operands; e++)
-    cr_put(b, " *   in%d: %s, %s, %s\n", e, nb_dtype_name(g->operand[e].dtype),
-           L->sig.cls[e] & CR_ROW_GENERAL ? "strided rows" : "the same for every row",
-           col_names[L->sig.cls[e] & 3]);
+  for (int e = 0; e < g->n_operands; e++) {
+    int cls = L->sig.cls[e];
+    if (cls == (CR_ROW_ZERO | CR_COL_ZERO))
+      cr_put(b, " *   in%d: %s, one value\n", e, nb_dtype_name(g->operand[e].dtype));
+    else
+      cr_put(b, " *   in%d: %s, %s, %s\n", e, nb_dtype_name(g->operand[e].dtype),
+             cls & CR_ROW_GENERAL ? "strided rows" : "the same for every row", col_names[cls & 3]);
+  }
   for (int k = 0; k < g->n_members; k++) {
     cr_describe_member(b, g, k);
     if (P.phase[k][0] >= 0)
