@@ -64,7 +64,9 @@ enum { CR_COL_ZERO, CR_COL_CONTIG, CR_COL_STRIDED, CR_COL_GENERAL }; /* rows: cl
 enum { CR_ROW_ZERO = 0, CR_ROW_GENERAL = 4 };                        /* rows: cls & 4 */
 typedef struct cr_sig { /* compared bytewise: zero-initialized */
   uint8_t kind, warp, nd, nrd, ncd, vec, vw, idx32;
-  uint16_t block, unroll;
+  uint16_t block;
+  uint8_t cache_k; /* rows: a row's columns per thread when registers keep them (0: not) */
+  uint8_t pad;
   uint8_t cls[CR_REFS];
 } cr_sig;
 

@@ -1,11 +1,11 @@
 /* src/backends/cuda/cuda_render_rows.c — row groups (backend.h: FULL, AXIS,
  * ROW_REDUCE, PER_ROW members, then GLOBAL_REDUCE / GLOBAL ones) as CUDA C.
  *
- * Launch shape: rows of up to 1024 columns go one warp per row (8 rows per block of
- * 256 threads; every reduction a warp shuffle tree, no __syncthreads); longer rows go
- * one block per row (256 threads, 1024 beyond 16384 columns; reductions are shuffle
- * trees, then shared memory across the warps). Blocks step through the rows (grid
- * stride), at most 16 per multiprocessor.
+ * Launch shape: rows of up to 1024 columns go one warp per row (8 rows per block of 256
+ * threads; every reduction a warp shuffle tree, no __syncthreads); longer rows go one
+ * block per row (256 threads, 1024 beyond 8192 columns; reductions are shuffle trees,
+ * then shared memory across the warps). Blocks step through the rows (grid stride), at
+ * most 16 per multiprocessor.
  *
  * Phases: a row is walked once per phase; phase p computes every FULL member needed
  * by the reductions scheduled in it and stores the stored FULL members whose value
@@ -16,11 +16,14 @@
  * L + 2); softmax / log_softmax of a level-L value takes max and sum of exponentials
  * as those and is computable from L + 2; cumsum keeps its input's level, as a block
  * scan (chunk by chunk, with a carry) in whichever phase reads it. FULL members are
- * recomputed from the operands in every phase that needs them rather than kept in
- * shared memory: a row's re-reads hit L1 / L2, no row length is too long for a
- * block's shared memory, and the kernels need no dynamic shared memory. Per-row
- * members are computed by every thread of the row once the reductions they read are
- * known (stored by lane 0).
+ * recomputed in every phase that needs them (arithmetic is cheap), and their operands
+ * are not kept in shared memory: when a thread has at most 32 columns of a row (rows up
+ * to 32768 columns), the operands read in two phases or more are kept in registers
+ * (o<e>_c[], at most 64 words a thread; the phase loops are unrolled to the row's
+ * length rounded up to a power of two, which the source depends on), so the row is
+ * read from memory once; longer rows are read again in each phase (L1 / L2 hits).
+ * Per-row members are computed by every thread of the row once the reductions they read
+ * are known (stored by lane 0).
  *
  * Accuracy and determinism: float-domain sums (sum, mean, var, the sums of
  * exponentials, cumsum) accumulate in double, as the CPU's states do; products in
@@ -37,7 +40,10 @@
 
 #include <stdio.h>
 
-enum { MAX_PHASES = 3 * NBI_FUSE_MAX + 2, UNROLL = 4 };
+/* UNROLL: columns per thread per step of a phase's loop (independent loads in flight);
+ * CACHE_MAX: the most columns per thread kept in registers; CACHE_WORDS: the most
+ * 4-byte registers per thread the kept operands may take. */
+enum { UNROLL = 4, CACHE_MAX = 32, CACHE_WORDS = 64 };
 
 /* ---- structure -------------------------------------------------------------------------- */
 static bool is_axis(int op) {
@@ -264,11 +270,16 @@ nb_status cr_rows_layout(const nbi_group *g, const nbi_view *out, const nbi_view
     row_general = row_general || !rz;
     col_general = col_general || col == CR_COL_GENERAL;
   }
-  /* launch shape */
+  /* launch shape: a warp per row up to 1024 columns, else a block of 256 threads up to
+   * 8192, then 1024; up to CACHE_MAX columns per thread stay in registers (a power of
+   * two, so that few sources serve every length) */
   bool warp = L->cols <= 1024;
   L->sig.warp = warp;
-  L->sig.block = warp || L->cols <= 16384 ? 256 : 1024;
-  L->sig.unroll = UNROLL;
+  L->sig.block = warp || L->cols <= 8192 ? 256 : 1024;
+  int64_t step = warp ? 32 : L->sig.block, k = 1;
+  while (k * step < L->cols)
+    k *= 2;
+  L->sig.cache_k = k <= CACHE_MAX ? (uint8_t)k : 0;
   int64_t per_block = warp ? L->sig.block / 32 : 1;
   int64_t blocks = (L->n + per_block - 1) / per_block, cap = (int64_t)L->sm_count * 16;
   L->cfg->block = L->sig.block;
@@ -524,9 +535,16 @@ static void operands_read(const nbi_group *g, const bool *which, char c, bool *r
   }
 }
 
-static void emit_operand_load(cr_buf *b, const nbi_group *g, const cr_layout *L, int e, char c) {
+/* Loads operand e as q<e> (element 0), r<e> (the row's value) or o<e> (column j);
+ * cache (o only): 1 keeps the value in o<e>_c[u] too, 2 takes it from there. */
+static void emit_operand_load(cr_buf *b, const nbi_group *g, const cr_layout *L, int e, char c,
+                              int cache) {
   nb_dtype dt = g->operand[e].dtype;
   const char *rt = cr_repr(dt), *dn = cr_dtn(dt);
+  if (cache == 2) {
+    cr_put(b, "const %s o%d = o%d_c[u];\n", rt, e, e);
+    return;
+  }
   if (c == 'q') {
     cr_put(b, "const %s q%d = nb_ld_%s(p.in%d, 0);\n", rt, e, dn, e);
     return;
@@ -546,6 +564,7 @@ static void emit_operand_load(cr_buf *b, const nbi_group *g, const cr_layout *L,
       cr_put(b, "%scj%d * p.ic%d[%d]", d ? " + " : "", d, e, d);
   }
   cr_put(b, ") : %s();\n", rt);
+  if (cache == 1) cr_put(b, "o%d_c[u] = o%d;\n", e, e);
 }
 
 /* An axis member's value at column j (softmax, log_softmax: from the row's max a<k>
@@ -570,13 +589,48 @@ static void emit_axis_value(cr_buf *b, const nbi_group *g, int k, bool warp) {
            f.dom == CR_DOM_I ? "int64_t" : f.t, k, k, k, k);
 }
 
-/* One column j of phase p (ok: j < cols). */
-static void emit_phase_body(cr_buf *b, const nbi_group *g, const cr_layout *L, const rows_plan *P,
-                            int p, const bool *need, bool warp) {
-  bool reads[NBI_FUSE_MAX], folds[NBI_FUSE_MAX];
+/* The operands column j of phase p loads (reads[e]), given its members (need). */
+static void phase_reads(const nbi_group *g, const rows_plan *P, int p, const bool *need,
+                        bool *reads) {
+  bool folds[NBI_FUSE_MAX];
   for (int k = 0; k < g->n_members; k++)
     folds[k] = need[k] || P->phase[k][0] == p || P->phase[k][1] == p;
   operands_read(g, folds, 'o', reads);
+}
+
+/* The operands kept in registers (cached[e]) and the phase that loads each first: full
+ * ones read in two phases or more, while CACHE_WORDS allows (register layouts only). */
+static void plan_cache(const nbi_group *g, const cr_layout *L, const rows_plan *P, bool *cached,
+                       int *first) {
+  int count[NBI_FUSE_MAX] = {0}, words = 0;
+  bool need[NBI_FUSE_MAX], reads[NBI_FUSE_MAX];
+  for (int e = 0; e < g->n_operands; e++) {
+    cached[e] = false;
+    first[e] = -1;
+  }
+  for (int p = 0; p < P->n_phases; p++) {
+    phase_members(g, P, p, need);
+    phase_reads(g, P, p, need, reads);
+    for (int e = 0; e < g->n_operands; e++)
+      if (reads[e]) {
+        count[e]++;
+        if (first[e] < 0) first[e] = p;
+      }
+  }
+  for (int e = 0; e < g->n_operands && L->sig.cache_k; e++) {
+    int w = L->sig.cache_k * (nb_dtype_size(g->operand[e].dtype) == 8 ? 2 : 1);
+    if (count[e] < 2 || words + w > CACHE_WORDS) continue;
+    cached[e] = true;
+    words += w;
+  }
+}
+
+/* One column j of phase p (ok: j < cols; u: the column's step, for the registers). */
+static void emit_phase_body(cr_buf *b, const nbi_group *g, const cr_layout *L, const rows_plan *P,
+                            int p, const bool *need, bool warp, const bool *cached,
+                            const int *first) {
+  bool reads[NBI_FUSE_MAX];
+  phase_reads(g, P, p, need, reads);
   bool general = false;
   for (int e = 0; e < g->n_operands; e++)
     general = general || (reads[e] && (L->sig.cls[e] & 3) == CR_COL_GENERAL);
@@ -588,7 +642,7 @@ static void emit_phase_body(cr_buf *b, const nbi_group *g, const cr_layout *L, c
     cr_put(b, "const int64_t cj0 = cc_;\n");
   }
   for (int e = 0; e < g->n_operands; e++)
-    if (reads[e]) emit_operand_load(b, g, L, e, 'o');
+    if (reads[e]) emit_operand_load(b, g, L, e, 'o', cached[e] ? (first[e] == p ? 1 : 2) : 0);
   for (int k = 0; k < g->n_members; k++) {
     if (!need[k]) continue;
     if (g->m[k].role == NBI_ROLE_AXIS)
@@ -663,12 +717,17 @@ static void emit_row_kernel(cr_buf *b, const nbi_group *g, const cr_layout *L, c
   }
   operands_read(g, rows_members, 'q', reads);
   for (int e = 0; e < g->n_operands; e++)
-    if (reads[e]) emit_operand_load(b, g, L, e, 'q');
+    if (reads[e]) emit_operand_load(b, g, L, e, 'q', 0);
   operands_read(g, rows_members, 'r', reads);
   for (int e = 0; e < g->n_operands; e++)
-    if (reads[e]) emit_operand_load(b, g, L, e, 'r');
+    if (reads[e]) emit_operand_load(b, g, L, e, 'r', 0);
   emit_per_row(b, g, P, 0);
   const char *step = warp ? "32" : nt == 256 ? "256" : "1024";
+  bool cached[NBI_FUSE_MAX];
+  int first[NBI_FUSE_MAX], ck = L->sig.cache_k;
+  plan_cache(g, L, P, cached, first);
+  for (int e = 0; e < g->n_operands; e++)
+    if (cached[e]) cr_put(b, "%s o%d_c[%d];\n", cr_repr(g->operand[e].dtype), e, ck);
   for (int p = 0; p < P->n_phases; p++) {
     bool scan = phase_members(g, P, p, need);
     cr_put(b, "/* phase %d */\n", p);
@@ -682,14 +741,23 @@ static void emit_row_kernel(cr_buf *b, const nbi_group *g, const cr_layout *L, c
         fold_of(g, k, &f);
         cr_put(b, "%s y%d = 0;\n", f.acc, k);
       }
-    int u = scan ? 1 : UNROLL;
-    cr_put(b,
-           "for (int64_t j0_ = 0; j0_ < p.cols; j0_ += %s * %d) {\n#pragma unroll\n"
-           "for (int u = 0; u < %d; u++) {\nconst int64_t j = j0_ + u * %s + lane;\n"
-           "const bool ok = j < p.cols;\n",
-           step, u, u, step);
-    emit_phase_body(b, g, L, P, p, need, warp);
-    cr_put(b, "}\n}\n}\n");
+    if (ck) { /* every column of the row in ck steps, unrolled: the registers stay registers */
+      cr_put(b,
+             "#pragma unroll\nfor (int u = 0; u < %d; u++) {\nconst int64_t j = u * %s + lane;\n"
+             "const bool ok = j < p.cols;\n",
+             ck, step);
+      emit_phase_body(b, g, L, P, p, need, warp, cached, first);
+      cr_put(b, "}\n}\n");
+    } else {
+      int u = scan ? 1 : UNROLL;
+      cr_put(b,
+             "for (int64_t j0_ = 0; j0_ < p.cols; j0_ += %s * %d) {\n#pragma unroll\n"
+             "for (int u = 0; u < %d; u++) {\nconst int64_t j = j0_ + u * %s + lane;\n"
+             "const bool ok = j < p.cols;\n",
+             step, u, u, step);
+      emit_phase_body(b, g, L, P, p, need, warp, cached, first);
+      cr_put(b, "}\n}\n}\n");
+    }
     for (int k = 0; k < g->n_members; k++)
       for (int pass = 0; pass < 2; pass++)
         if (P->phase[k][pass] == p) {
@@ -754,11 +822,18 @@ void cr_rows_render(cr_buf *b, const nbi_group *g, const cr_layout *L, const cha
     cr_put(b, "one warp per row, %d rows per block of %d threads", L->sig.block / 32, L->sig.block);
   else
     cr_put(b, "one block of %d threads per row", L->sig.block);
-  cr_put(b, "; %d phase%s over each row.\n", P.n_phases, P.n_phases == 1 ? "" : "s");
-  for (int e = 0; e < g->n_operands; e++)
-    cr_put(b, " *   in%d: %s, %s, %s\n", e, nb_dtype_name(g->operand[e].dtype),
-           L->sig.cls[e] & CR_ROW_GENERAL ? "strided rows" : "the same for every row",
-           col_names[L->sig.cls[e] & 3]);
+  cr_put(b, "; %d phase%s over each row", P.n_phases, P.n_phases == 1 ? "" : "s");
+  if (L->sig.cache_k)
+    cr_put(b, ", up to %d columns a thread, operands read twice kept in registers", L->sig.cache_k);
+  cr_put(b, ".\n");
+  for (int e = 0; e < g->n_operands; e++) {
+    int cls = L->sig.cls[e];
+    if (cls == (CR_ROW_ZERO | CR_COL_ZERO))
+      cr_put(b, " *   in%d: %s, one value\n", e, nb_dtype_name(g->operand[e].dtype));
+    else
+      cr_put(b, " *   in%d: %s, %s, %s\n", e, nb_dtype_name(g->operand[e].dtype),
+             cls & CR_ROW_GENERAL ? "strided rows" : "the same for every row", col_names[cls & 3]);
+  }
   for (int k = 0; k < g->n_members; k++) {
     cr_describe_member(b, g, k);
     if (P.phase[k][0] >= 0)
