@@ -81,7 +81,7 @@ $(PC): nabla.pc.in
 	@mkdir -p $(BUILD)
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' $< > $@
 
-$(TEST_BIN): $(TEST_SRCS) test/common.h $(LIB_A)
+$(TEST_BIN): $(TEST_SRCS) $(wildcard test/*.h) $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -Itest $(TEST_SRCS) -o $@ $(LIB_A) $(LDFLAGS_ALL) -lcriterion $(LIBS)
 

@@ -38,7 +38,7 @@ for s in $stages; do
   case $s in
   1) run cuda_suites 200 "$bin/nabla_tests" --jobs "$jobs" --filter '@(cuda|cuda_ops|cuda_gemm|cuda_train|cuda_gpu)/*' ;;
   2) NABLA_TEST_DEVICE=cuda:0 run on_cuda ${ON_CUDA_SECS:-200} "$bin/nabla_tests" --jobs "$jobs" \
-       --filter '!(cuda*|lazy|fusion|gemm_epi|gemm_small|par_exec|dot|rows_large|graph|jit_exec|simplify|alloc|device)/*' ;;
+       --filter '!(cuda*|custom|lazy|fusion|gemm_epi|gemm_small|par_exec|dot|rows_large|graph|jit_exec|simplify|alloc|device)/*' ;;
   3) run mlp_cuda 60 "$bin/mlp" cuda:0; tail -4 "$out/mlp_cuda.log"
      run mlp_cpu 60 "$bin/mlp" cpu; tail -2 "$out/mlp_cpu.log" ;;
   4) run bench_cuda_gemm 120 "$bin/bench_cuda_gemm"; tail -12 "$out/bench_cuda_gemm.log"

@@ -199,6 +199,11 @@ static inline void tc_assert_unchanged(nb_tensor *t, const double *x, nb_shape s
 }
 
 /* Every test starts from a clean error state and its own scope. */
+/* Whether the default device is an asynchronous GPU (NABLA_TEST_DEVICE=cuda:N):
+ * its kernel errors carry less detail, its reductions another summation order,
+ * and custom ops need a CUDA kernel there. */
+static inline bool tc_on_gpu(void) { return nb_default_device().kind == NB_DEVICE_CUDA; }
+
 /* A mesh of n virtual devices that are all the default device (the CPU, or the
  * device NABLA_TEST_DEVICE names), for tests that build tensors there. */
 static inline nb_mesh *tc_mesh_here(const char *axes, int n) {

@@ -522,8 +522,9 @@ Test(gprop, constraint_reaches_back_through_views) {
   ASSERT_SPEC(got[0], "[_, x]");
   ASSERT_SPEC(got[1], "[x, _]");
   ASSERT_COUNTS(since(&s0), 0, 0, 0, 0, 0);
-  assert_same(got[0], ref[0], 0);
-  assert_same(got[1], ref[1], 0);
+  /* a GPU reduces in another order: the last bit may differ */
+  assert_same(got[0], ref[0], tc_on_gpu() ? 1e-15 : 0);
+  assert_same(got[1], ref[1], tc_on_gpu() ? 1e-15 : 0);
   nb_fn_release(j);
   nb_fn_release(f);
   nb_mesh_release(m);

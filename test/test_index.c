@@ -34,10 +34,14 @@ static void assert_index_error(nb_tensor *t, const char *msg) {
   cr_assert(t, "the op itself must succeed: %s", nb_last_error());
   size_t nbytes = (size_t)nb_numel(t) * nb_dtype_size(nb_dtype_of(t));
   void *buf = malloc(nbytes ? nbytes : 1);
+  /* a GPU kernel reports the op, not the index and axis */
+  char brief[128];
+  snprintf(brief, sizeof brief, "%.*s: index", (int)strcspn(msg, ":"), msg);
+  const char *want = tc_on_gpu() ? brief : msg;
   cr_assert_eq(nb_to_host(t, buf, nbytes), NB_ERR_INDEX);
-  tc_assert_error(NB_ERR_INDEX, msg);
+  tc_assert_error(NB_ERR_INDEX, want);
   cr_assert_eq(nb_eval(&t, 1), NB_ERR_INDEX);
-  tc_assert_error(NB_ERR_INDEX, msg);
+  tc_assert_error(NB_ERR_INDEX, want);
   cr_assert(!nb_is_realized(t));
   free(buf);
 }
@@ -475,7 +479,7 @@ Test(index, scatter_add_along_axis_out_of_range_index_fails_at_realization) {
   nb_tensor *t = nb_zeros(NB_SHAPE(2, 2), NB_F32);
   nb_tensor *idx = tc_tensor((double[]){0, 2}, NB_SHAPE(2, 1), NB_I32);
   assert_index_error(nbi_scatter_add_along_axis(t, idx, nb_ones(NB_SHAPE(2, 1), NB_F32), 1),
-                     "nbi_scatter_add_along_axis: index 2 out of range for axis 1 of size 2");
+                     "nb_scatter_add_along_axis: index 2 out of range for axis 1 of size 2");
 }
 
 Test(index, scatter_add_along_axis_rejects_bad_input) {
@@ -484,7 +488,7 @@ Test(index, scatter_add_along_axis_rejects_bad_input) {
   nb_tensor *idx = tc_tensor((double[]){0, 1}, NB_SHAPE(2, 1), NB_I64);
   nb_tensor *u = nb_ones(NB_SHAPE(2, 1), NB_F32);
   cr_assert_null(nbi_scatter_add_along_axis(t, idx, NULL, 1));
-  tc_assert_error(NB_ERR_NULL, "nbi_scatter_add_along_axis: argument 3 is NULL");
+  tc_assert_error(NB_ERR_NULL, "nb_scatter_add_along_axis: argument 3 is NULL");
   cr_assert_null(nbi_scatter_add_along_axis(t, nb_zeros(NB_SHAPE(2, 1), NB_F32), u, 1));
   tc_assert_error(NB_ERR_DTYPE, "indices must be i32 or i64");
   cr_assert_null(nbi_scatter_add_along_axis(t, nb_zeros(NB_SHAPE(2), NB_I32), u, 1));

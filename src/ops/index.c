@@ -130,7 +130,7 @@ nb_tensor *nb_scatter_add(nb_tensor *t, nb_tensor *idx, nb_tensor *updates, int 
 }
 
 nb_tensor *nbi_scatter_add_along_axis(nb_tensor *t, nb_tensor *idx, nb_tensor *updates, int axis) {
-  const char *fn = "nbi_scatter_add_along_axis";
+  const char *fn = "nb_scatter_add_along_axis";
   if (nbi_any_null(fn, (nb_tensor *[]){t, idx, updates}, 3)) return NULL;
   int a;
   nb_shape s;

@@ -348,7 +348,7 @@ static void move_axis_last(nbi_view *v, int axis) {
  * inside a row, so rows touch disjoint elements of out (and run in parallel)
  * unless t broadcasts, in which case the loop stays serial. */
 nb_status nbi_cpu_scatter_add_along_axis(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
-  const char *fn = "nbi_scatter_add_along_axis";
+  const char *fn = "nb_scatter_add_along_axis";
   int axis = (int)n->attrs.i[0];
   int64_t size = out->dims[axis], ax = out->strides[axis], numel = view_numel(out);
   nb_status st = check_indices(fn, &in[1], size, axis);

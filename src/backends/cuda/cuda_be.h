@@ -21,11 +21,15 @@
  *   cuda_copy.c     strided copy with dtype conversion, fill
  *   cuda_preamble.c the device-side preamble every kernel source starts with
  *   cuda_render.c   CUDA C from the planner's nbi_group descriptions and the
- *                   shared formula list (../ew_formulas.h)
+ *                   shared formula list (../ew_formulas.h): elementwise groups,
+ *                   the kernel cache, nbi_cuda_run_group
+ *   cuda_render_rows.c  row groups (reductions, axis ops, per-row and global
+ *                   members); cuda_render.h is the two files' shared header
  *   cuda_gemm.c     cuBLASLt: MATMUL, GEMM epilogue groups
  *   cuda_gemm_kernels.c  cuda_gemm.c's own kernels: integer products, epilogue pass
- *   cuda_ops.c      the per-op kernel table (run_op, supports) and the
- *                   hand-written kernels' sources (index, conv, pooling)
+ *   cuda_ops.c      the per-op kernel table (run_op, supports): each op's route
+ *   cuda_ops_index.c  take, take_along_axis, scatter_add(_along_axis), one_hot
+ *   cuda_ops_nn.c   conv2d and its gradients (im2col / col2im + GEMM), pooling
  * Every kernel opens with a comment giving its shapes (llm.c's habit). */
 #ifndef NABLA_CUDA_BE_H
 #define NABLA_CUDA_BE_H
