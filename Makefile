@@ -108,6 +108,25 @@ test-cuda-host: deps
 	@$(MAKE) --no-print-directory $(CUDA_HOST_TEST)
 	$(CUDA_HOST_TEST) --jobs 2 $(TEST_ARGS)
 
+# make CUDA=1 test-cuda-fake: the CUDA suites on the fake CUDA stack (test/fake_cuda/README.md:
+# driver, NVRTC and cuBLASLt in one library; kernels compiled for the host, cached in
+# $(FAKE_CUDA_DIR)), so they run where no GPU is. FAKE_ARGS replaces the suite filter.
+FAKE_CUDA_LIB := $(BUILD)/test/libnbfakecuda.so
+FAKE_CUDA_DIR ?= $(abspath $(BUILD))/fake-cuda-kernels
+FAKE_ARGS ?= --filter '@(cuda|cuda_ops|cuda_gemm|cuda_train|cuda_gpu)/*'
+$(FAKE_CUDA_LIB): $(wildcard test/fake_cuda/*.c test/fake_cuda/*.h) test/cuda_host_shim.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -fvisibility=hidden -DNB_FAKE_SHIM='"$(abspath test/cuda_host_shim.h)"' \
+	  -shared -o $@ $(filter %.c,$^) $(LDFLAGS_ALL) -ldl -lpthread -lm
+
+.PHONY: test-cuda-fake
+test-cuda-fake: deps
+	@$(MAKE) --no-print-directory $(TEST_BIN) $(FAKE_CUDA_LIB)
+	@tmp=$$(mktemp -d) && lib=$(abspath $(FAKE_CUDA_LIB)) && \
+	  NABLA_CUDA_DRIVER=$$lib NABLA_CUDA_NVRTC=$$lib NABLA_CUDA_CUBLASLT=$$lib \
+	  NABLA_CACHE_DIR=$$tmp NABLA_FAKE_CUDA_DIR=$(FAKE_CUDA_DIR) \
+	  $(TEST_BIN) --jobs 2 $(FAKE_ARGS) $(TEST_ARGS); rc=$$?; rm -rf $$tmp; exit $$rc
+
 $(BUILD)/examples/%: examples/%.c $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS)

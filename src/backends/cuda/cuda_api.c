@@ -6,7 +6,11 @@
  * names. Each is resolved by dlsym of exactly that expanded name, the symbol
  * a program linked with -lcuda against the same header would call, so the
  * ABI always matches the prototype it is called through. A driver too old to
- * export one of them is reported as missing (nbi_cu.why), never called. */
+ * export one of them is reported as missing (nbi_cu.why), never called.
+ *
+ * NABLA_CUDA_DRIVER, NABLA_CUDA_NVRTC and NABLA_CUDA_CUBLASLT name a file to open
+ * instead of the usual library (an unusual install, or test/fake_cuda's library,
+ * which runs the backend on the host). */
 #include "cuda_be.h"
 
 #include <dlfcn.h>
@@ -70,6 +74,16 @@ static void *open_toolkit_lib(const char *const *names, int n, char *err, size_t
   return open_first(names, n, dirs, 2, err, err_n);
 }
 
+/* The toolkit library of names[0..n-1], or exactly the file the environment variable
+ * env names when it is set (another build of the library, or a fake for tests). */
+static void *open_toolkit_or(const char *env, const char *const *names, int n, char *err,
+                             size_t err_n) {
+  const char *forced = getenv(env);
+  const char *const one[] = {forced};
+  if (forced && forced[0]) return open_first(one, 1, NULL, 0, err, err_n);
+  return open_toolkit_lib(names, n, err, err_n);
+}
+
 /* Resolves symbol `sym` of lib into *slot (a function pointer field). */
 static bool resolve(void *lib, const char *sym, void *slot, const char *lib_name) {
   void *p = dlsym(lib, sym);
@@ -85,11 +99,12 @@ static bool resolve(void *lib, const char *sym, void *slot, const char *lib_name
 #define NBI_STR_(x) #x
 #define NBI_SYM_(x) NBI_STR_(x)
 
-/* Opens libnvrtc and fills the NVRTC table; sets nbi_cu.nvrtc. */
+/* Opens libnvrtc (NABLA_CUDA_NVRTC names another file) and fills the NVRTC table;
+ * sets nbi_cu.nvrtc. */
 static void load_nvrtc(void) {
   static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so"};
   char err[512];
-  nvrtc_lib = open_toolkit_lib(names, 2, err, sizeof err);
+  nvrtc_lib = open_toolkit_or("NABLA_CUDA_NVRTC", names, 2, err, sizeof err);
   if (!nvrtc_lib) {
     set_why("NVRTC not found (libnvrtc.so.13: %s)", err);
     return;
@@ -106,11 +121,12 @@ static void load_nvrtc(void) {
   nbi_cu.nvrtc = ok;
 }
 
-/* Opens libcublasLt and fills its table; sets nbi_cu.lt. */
+/* Opens libcublasLt (NABLA_CUDA_CUBLASLT names another file) and fills its table;
+ * sets nbi_cu.lt. */
 static void load_lt(void) {
   static const char *const names[] = {"libcublasLt.so.13", "libcublasLt.so"};
   char err[512];
-  lt_lib = open_toolkit_lib(names, 2, err, sizeof err);
+  lt_lib = open_toolkit_or("NABLA_CUDA_CUBLASLT", names, 2, err, sizeof err);
   if (!lt_lib) {
     set_why("cuBLASLt not found (libcublasLt.so.13: %s)", err);
     return;
