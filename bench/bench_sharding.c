@@ -1,7 +1,6 @@
 /* bench/bench_sharding.c — a matmul on a virtual CPU mesh against the same
- * matmul on one device, and a small sharded MLP step with the plan's
- * independent per-device steps run at once (src/core/graph.c, "parallel
- * steps", NABLA_PAR_STEPS=1) against the same in order.
+ * matmul on one device, and a small sharded MLP step against the same step
+ * unsharded.
  *
  *   matmul  C = A @ B, f32, A [n, n] sharded over x (rows) on meshes x=1, 2,
  *           4, B replicated: each device computes its [n / shards, n] block.
@@ -11,8 +10,8 @@
  *   mlp     value and gradient of mean((relu(x @ W1) @ W2 - y)^2) on x=4,
  *           W1 [128, 256] column-parallel, W2 [256, 128] row-parallel, x, y
  *           [64, 128] replicated (per-device products of 0.5M multiply-adds:
- *           each kernel runs on one thread). Reported: the median step time
- *           in parallel and serial mode, repetitions alternating.
+ *           each kernel runs on one thread). Reported: the median step time,
+ *           sharded and unsharded, repetitions alternating.
  * On this 2-core machine the sharded matmul cannot beat the unsharded one:
  * the same multiply-adds, in smaller products, plus the per-shard dispatch.
  *
@@ -24,10 +23,6 @@
 #include <string.h>
 
 #include "bench_common.h"
-
-/* src/core/nbi.h: the parallel-steps switch (internal; this bench links the
- * static library to measure both settings in one run) */
-void nbi_set_par_steps(bool on);
 
 static double run(nb_tensor *a, nb_tensor *b, nb_mesh *m, int reps) {
   nb_scope_begin();
@@ -57,32 +52,32 @@ static nb_status mlp_loss(void *u, nb_tensor *const *in, int n_in, nb_tensor **o
   return out[0] ? NB_OK : nb_last_status();
 }
 
-/* Median seconds of one value-and-gradient step of the sharded MLP, in
- * parallel (med[0]) and serial (med[1]) mode, repetitions alternating. */
+/* Median seconds of one value-and-gradient step of the MLP, sharded on x=4
+ * (med[0]) and unsharded (med[1]), repetitions alternating. */
 static void run_mlp(int reps, double *med) {
   nb_mesh *m = nb_mesh_cpu("x=4");
   nb_scope_begin();
-  nb_tensor *in[4] = {
-      nb_shard(nb_glorot_uniform(NB_SHAPE(MLP_D, MLP_H), NB_F32), m, "_, x"),
-      nb_shard(nb_glorot_uniform(NB_SHAPE(MLP_H, MLP_D), NB_F32), m, "x, _"),
-      nb_shard(nb_rand(NB_SHAPE(MLP_B, MLP_D), NB_F32), m, "_, _"),
-      nb_shard(nb_rand(NB_SHAPE(MLP_B, MLP_D), NB_F32), m, "_, _"),
+  nb_tensor *plain[4] = {
+      nb_glorot_uniform(NB_SHAPE(MLP_D, MLP_H), NB_F32),
+      nb_glorot_uniform(NB_SHAPE(MLP_H, MLP_D), NB_F32),
+      nb_rand(NB_SHAPE(MLP_B, MLP_D), NB_F32),
+      nb_rand(NB_SHAPE(MLP_B, MLP_D), NB_F32),
   };
+  nb_tensor *in[4] = {nb_shard(plain[0], m, "_, x"), nb_shard(plain[1], m, "x, _"),
+                      nb_shard(plain[2], m, "_, _"), nb_shard(plain[3], m, "_, _")};
   nb_eval(in, 4);
   nb_fn *f = nb_fn_create(mlp_loss, NULL, 4, 1);
   nb_fn *vg = nb_value_and_grad(f, NB_AXES(0, 1));
   double *t = malloc(sizeof(double) * 2 * (size_t)reps);
   for (int r = -2; r < 2 * reps; r++) {
-    int serial = (r + 2) % 2;
-    nbi_set_par_steps(!serial);
+    int unsharded = (r + 2) % 2;
     nb_scope_begin();
     double t0 = now_s();
     nb_tensor *o[3];
-    if (nb_call(vg, in, o) == NB_OK) nb_eval(o, 3);
-    if (r >= 0) t[serial * reps + r / 2] = now_s() - t0;
+    if (nb_call(vg, unsharded ? plain : in, o) == NB_OK) nb_eval(o, 3);
+    if (r >= 0) t[unsharded * reps + r / 2] = now_s() - t0;
     nb_scope_end();
   }
-  nbi_set_par_steps(false);
   med[0] = nb_last_status() == NB_OK ? median(t, reps) : -1;
   med[1] = nb_last_status() == NB_OK ? median(t + reps, reps) : -1;
   free(t);
@@ -117,10 +112,10 @@ int main(int argc, char **argv) {
   double mlp[2];
   run_mlp(smoke ? 2 : 200, mlp);
   printf("{\"case\":\"sharded_mlp_grad\",\"impl\":\"nabla\",\"mesh\":\"x=4\",\"median_s\":%g,"
-         "\"serial_s\":%g}\n",
+         "\"unsharded_s\":%g}\n",
          mlp[0], mlp[1]);
-  printf("\nMLP value and grad on x=4 (B %d, D %d, H %d), median ms\n", MLP_B, MLP_D, MLP_H);
-  printf("%-10s %10.3f\n%-10s %10.3f %9.2fx\n", "serial", mlp[1] * 1e3, "parallel", mlp[0] * 1e3,
+  printf("\nMLP value and grad (B %d, D %d, H %d), median ms\n", MLP_B, MLP_D, MLP_H);
+  printf("%-10s %10.3f\n%-10s %10.3f %9.2fx\n", "unsharded", mlp[1] * 1e3, "x=4", mlp[0] * 1e3,
          mlp[1] / mlp[0]);
   return nb_last_status() == NB_OK ? 0 : 1;
 }

@@ -52,7 +52,6 @@
  */
 #include "../backends/backend.h"
 
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -620,9 +619,8 @@ static nbi_buffer *inplace_buffer(const plan *p, nb_tensor *const *cn, int c) {
 }
 
 /* Runs t alone; its output goes to reuse (an input's buffer, retained) when
- * given. count: adds the kernel to nb_stats (parallel steps are counted by
- * the calling thread afterwards). */
-static nb_status run_node(nb_tensor *t, nbi_buffer *reuse, bool count) {
+ * given. */
+static nb_status run_node(nb_tensor *t, nbi_buffer *reuse) {
   const nbi_op_def *def = nbi_op_table[t->op];
   nbi_view in[t->n_in > 0 ? t->n_in : 1];
   for (int k = 0; k < t->n_in; k++)
@@ -657,7 +655,7 @@ static nb_status run_node(nb_tensor *t, nbi_buffer *reuse, bool count) {
   t->shard0.buf = b;
   t->shard0.offset = 0;
   memcpy(t->shard0.strides, out.strides, sizeof out.strides);
-  if (count) nbi_stats_kernel();
+  nbi_stats_kernel();
   return NB_OK;
 }
 
@@ -699,194 +697,6 @@ static void step_done(const plan *p, graph *g, int c) {
   }
 }
 
-/* ---- parallel steps ----------------------------------------------------------------------
- * A sharded op is recorded once per device, so plans hold steps that do not
- * depend on each other (one per device). plan_exec runs such steps at once,
- * one step per thread of the OpenMP pool:
- *  - A window is a maximal run c..e (at most PAR_WINDOW) of consecutive run
- *    positions whose steps are each a plain single node (alone, not in a
- *    fused group) of a leaf op (par_leaf_op: a kernel that computes its
- *    output from its operand views only: no nested realization, no view, no
- *    multi-output pack) and small (par_small: below the sizes where the
- *    kernel would open an OpenMP region or use the GEMM library's threads).
- *  - Its steps get levels: a step runs after the window's steps it reads
- *    (inputs as the run reads them: aliases swapped to their sources) and,
- *    when it writes over an input in place, after the window's other readers
- *    of that input. Each level of two or more steps and at least NBI_PAR_MIN
- *    work in all (par_work) runs as one `omp parallel for` (dynamic, one
- *    step per iteration), each thread's nested regions limited to one thread
- *    (omp_set_num_threads(1): kernels and oneDNN then run sequentially;
- *    OpenBLAS stays single-threaded at these sizes); other levels run on
- *    the calling thread. A window with no such level runs in order, as
- *    before.
- *  - In-place buffers are taken on the calling thread before each level;
- *    the bookkeeping of the window's steps (kept aliases sharing storage,
- *    frees) runs after the window, in order: frees only come later (a step
- *    may then allocate where the serial order would have reused a buffer
- *    freed one step earlier), and every step of the window reads its
- *    operands through swapped inputs, never through an alias.
- *  - Errors: each step runs with its thread's error cleared; the failure of
- *    the lowest run position is kept (status and message) and later levels
- *    run only the steps before it, so the realization fails as the serial
- *    order would, with its message on the calling thread (whose earlier
- *    error, if any, stays first). Kernels are counted in nb_stats by the
- *    calling thread after the window: the steps before the failure.
- * Small kernels do not open OpenMP regions and reductions fold in a fixed
- * order, so the values are those of the serial run, bit for bit.
- * Off unless NABLA_PAR_STEPS=1 (or nbi_set_par_steps): on the 2-core
- * machine this was measured on, waking the pool for a level cost more than
- * it saved (a Megatron MLP step on x=4: 0.89-0.98x; bench_sharding). */
-enum { PAR_WINDOW = 64 };
-
-static uint64_t par_levels; /* levels run in parallel so far (nbi.h) */
-uint64_t nbi_par_levels_run(void) { return par_levels; }
-
-static int par_steps = -1; /* -1: not read from the environment yet */
-bool nbi_par_steps_enabled(void) {
-  if (par_steps < 0) {
-    const char *s = getenv("NABLA_PAR_STEPS");
-    par_steps = s && s[0] == '1';
-  }
-  return par_steps;
-}
-void nbi_set_par_steps(bool on) { par_steps = on; }
-
-/* Ops whose CPU kernel reads its operand views and writes its fresh output
- * only (no nested realization, no global state but the locked buffer cache
- * and oneDNN primitive cache): elementwise, reductions, gather/scatter,
- * matmul, and the copying shape ops. */
-static bool par_leaf_op(int op) {
-  return (op >= NBI_OP_NEG && op <= NBI_OP_WHERE) ||
-         (op >= NBI_OP_REDUCE_SUM && op <= NBI_OP_CUMSUM) ||
-         (op >= NBI_OP_TAKE && op <= NBI_OP_ONE_HOT) || op == NBI_OP_MATMUL ||
-         op == NBI_OP_CONCAT || op == NBI_OP_PAD || op == NBI_OP_FLIP;
-}
-
-/* A step's work: multiply-adds of a product, else the most elements it
- * reads or writes. */
-static double par_work(const nb_tensor *t) {
-  int64_t n = nbi_numel(&t->shape);
-  if (t->op == NBI_OP_MATMUL) {
-    const nb_shape *a = &t->in[0]->shape;
-    return (double)n * (double)(a->ndim ? a->dims[a->ndim - 1] : 1);
-  }
-  for (int k = 0; k < t->n_in; k++)
-    if (nbi_numel(&t->in[k]->shape) > n) n = nbi_numel(&t->in[k]->shape);
-  return (double)n;
-}
-
-/* A step whose kernel runs on one thread anyway: fewer than NBI_PAR_MIN
- * elements in and out; a product below NBI_GEMM_SERIAL_MACS multiply-adds
- * (f64: 2^18, where OpenBLAS runs on the calling thread). */
-static bool par_small(const nb_tensor *t) {
-  if (t->op == NBI_OP_MATMUL)
-    return par_work(t) < (t->dtype == NB_F64 ? 262144.0 : (double)NBI_GEMM_SERIAL_MACS);
-  return par_work(t) < NBI_PAR_MIN;
-}
-
-/* Run position c may join a window. */
-static bool par_step(const plan *p, nb_tensor *const *cn, int c) {
-  if (p->group[c] != c || (c + 1 < p->n_run && p->group[c + 1] == c)) return false;
-  const nb_tensor *t = cn[c];
-  const nbi_op_def *def = nbi_op_table[t->op];
-  return t->device == 0 && def->cpu && !def->view && !(def->flags & NBI_OPF_MULTI) &&
-         par_leaf_op(t->op) && par_small(t);
-}
-
-/* The window starting at c: its last position e (> c) with level[0..e-c]
- * filled, when some level has two steps; -(e + 1) for a window without
- * (run in order up to e); c when c starts none. */
-static int par_window(const plan *p, nb_tensor *const *cn, int c, int *level) {
-  if (c + 1 >= p->n_run || !par_step(p, cn, c) || !par_step(p, cn, c + 1)) return c;
-  int e = c + 1;
-  while (e + 1 < p->n_run && e + 1 - c < PAR_WINDOW && par_step(p, cn, e + 1))
-    e++;
-  int count[PAR_WINDOW] = {0};
-  double work[PAR_WINDOW] = {0};
-  bool wide = false;
-  for (int j = c; j <= e; j++) {
-    const nb_tensor *t = cn[j];
-    const nb_tensor *x = p->inplace[j] >= 0 ? cn[p->inplace[j] / 4]->in[p->inplace[j] % 4] : NULL;
-    int l = 0;
-    for (int q = c; q < j; q++) {
-      bool dep = false;
-      for (int k = 0; k < t->n_in; k++) /* j reads q's value */
-        dep = dep || t->in[k] == cn[q];
-      for (int k = 0; x && k < cn[q]->n_in; k++) /* q reads what j writes over */
-        dep = dep || cn[q]->in[k] == x;
-      if (dep && level[q - c] + 1 > l) l = level[q - c] + 1;
-    }
-    level[j - c] = l;
-    count[l]++;
-    work[l] += par_work(t);
-    wide = wide || (count[l] >= 2 && work[l] >= NBI_PAR_MIN);
-  }
-  return wide ? e : -(e + 1);
-}
-
-/* The lowest failing run position of a window, its status and the message
- * its thread recorded (msg_st: the thread's status then, NB_OK if none). */
-typedef struct par_fail {
-  int c;
-  nb_status st, msg_st;
-  char msg[1024];
-} par_fail;
-
-/* Runs window step c (output into reuse when given) with this thread's error
- * cleared, keeping its failure in f if it is the lowest so far. */
-static void par_run(nb_tensor *const *cn, int c, nbi_buffer *reuse, par_fail *f) {
-  nb_clear_error();
-  nb_status st = run_node(cn[c], reuse, false);
-  if (st) {
-#pragma omp critical(nbi_par_fail)
-    if (c < f->c) {
-      f->c = c;
-      f->st = st;
-      f->msg_st = nb_last_status();
-      snprintf(f->msg, sizeof f->msg, "%s", nb_last_error());
-    }
-  }
-  nb_clear_error();
-}
-
-/* Runs the window cn[c..e] level by level (par_window's levels). */
-static nb_status run_window(const plan *p, nb_tensor *const *cn, int c, int e, const int *level) {
-  nb_status saved = nb_last_status(); /* the caller's error stays first */
-  char saved_msg[1024];
-  if (saved) snprintf(saved_msg, sizeof saved_msg, "%s", nb_last_error());
-  par_fail f = {.c = e + 1};
-  int order[PAR_WINDOW], max_level = 0;
-  nbi_buffer *reuse[PAR_WINDOW];
-  for (int j = c; j <= e; j++)
-    if (level[j - c] > max_level) max_level = level[j - c];
-  for (int l = 0; l <= max_level; l++) {
-    int m = 0;
-    for (int j = c; j <= e && j < f.c; j++)
-      if (level[j - c] == l) order[m++] = j;
-    double work = 0;
-    for (int i = 0; i < m; i++) {
-      reuse[i] = inplace_buffer(p, cn, order[i]);
-      work += par_work(cn[order[i]]);
-    }
-    if (m < 2 || work < NBI_PAR_MIN) { /* too little to wake the pool for */
-      for (int i = 0; i < m; i++)
-        par_run(cn, order[i], reuse[i], &f);
-      continue;
-    }
-    par_levels++;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int i = 0; i < m; i++) {
-      omp_set_num_threads(1); /* this task's nested regions (kernels, oneDNN) */
-      par_run(cn, order[i], reuse[i], &f);
-    }
-  }
-  nb_clear_error();
-  if (saved) nbi_error(saved, "%s", saved_msg);
-  if (f.c <= e && f.msg_st) nbi_error(f.msg_st, "%s", f.msg);
-  for (int j = c; j < f.c && j <= e; j++)
-    nbi_stats_kernel();
-  return f.c <= e ? f.st : NB_OK;
-}
 /* Executes p's running steps over g's nodes (step 4): the steps that compute,
  * in order, aliased inputs reading their sources, dead intermediates freed.
  * cn_buf: room for n_run nodes, or NULL (allocated here when needed). On
@@ -900,33 +710,13 @@ static nb_status plan_exec(const plan *p, graph *g, nb_tensor **cn_buf) {
     cn[c] = g->nodes[p->run[c]];
   swap_inputs(p, g, true);
   share_sources(p, g, 0);
-  /* parallel windows (above): not inside an OpenMP region (a caller's), nor
-   * with one thread; positions up to serial_end (a window found to have no
-   * parallel level) run in order without looking again */
-  /* the switch first: off by default, so a realization makes no OpenMP call here */
-  bool par =
-      nbi_par_steps_enabled() && p->n_run > 1 && !omp_in_parallel() && omp_get_max_threads() > 1;
-  int serial_end = -1, level[PAR_WINDOW];
-  if (par) nbi_cpu_init(); /* the pool the windows use has FTZ/DAZ set */
   for (int c = 0; c < p->n_run && !st; c++) {
-    int e = par && c > serial_end ? par_window(p, cn, c, level) : c;
-    if (e < 0) { /* a window without two independent steps: in order */
-      serial_end = -e - 1;
-      e = c;
-    }
-    if (e > c) {
-      st = run_window(p, cn, c, e, level);
-      for (int k = c; k <= e && !st; k++)
-        step_done(p, g, k);
-      c = e;
-      continue;
-    }
     if (c + 1 < p->n_run && p->group[c + 1] == p->group[c])
       ; /* a member of a fused group that runs at its last step */
     else if (p->group[c] != c)
       st = run_group(p, cn, p->group[c], c);
     else
-      st = run_node(cn[c], inplace_buffer(p, cn, c), true);
+      st = run_node(cn[c], inplace_buffer(p, cn, c));
     if (!st) step_done(p, g, c);
   }
   swap_inputs(p, g, false);

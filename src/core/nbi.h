@@ -633,14 +633,6 @@ nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, 
 bool nbi_simplify_enabled(void);
 void nbi_set_simplify(bool on);
 
-/* Parallel steps (src/core/graph.c, plan_exec): independent small steps of a
- * plan (the per-device nodes of sharded programs) run concurrently on the
- * OpenMP pool. Off unless the environment sets NABLA_PAR_STEPS=1 (read once);
- * tests and benchmarks switch it. nbi_par_levels_run counts the levels run
- * in parallel so far. */
-bool nbi_par_steps_enabled(void);
-void nbi_set_par_steps(bool on);
-uint64_t nbi_par_levels_run(void);
 void nbi_simplify_plan(nb_tensor *const *nodes, int n, const bool *held, int *alias, bool *needed);
 
 /* The plan nbi_realize would run for ts, built fresh (nothing is cached, run

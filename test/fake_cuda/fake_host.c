@@ -118,6 +118,16 @@ int fk_run(char *const argv[], const char *log) {
   return rc;
 }
 
+/* dir/name into out (PATH_MAX bytes); an empty string when it does not fit. */
+static void path_join(char *out, const char *dir, const char *name) {
+  size_t a = strlen(dir), b = strlen(name);
+  out[0] = '\0';
+  if (a + b + 2 > PATH_MAX) return;
+  memcpy(out, dir, a);
+  out[a] = '/';
+  memcpy(out + a + 1, name, b + 1);
+}
+
 /* ---- the cache folder ------------------------------------------------------------------- */
 static char cache_dir[PATH_MAX - 64];
 static char cache_err[256];
@@ -150,7 +160,7 @@ static void resolve_dir(void) {
   }
   int e = make_dirs(cache_dir);
   if (e) {
-    snprintf(cache_err, sizeof cache_err, "cannot create %s: %s", cache_dir, strerror(e));
+    snprintf(cache_err, sizeof cache_err, "cannot create %.160s: %s", cache_dir, strerror(e));
     cache_dir[0] = '\0';
   }
 }
@@ -352,7 +362,7 @@ static void remove_build(const char *tmp) {
   static const char *const files[] = {"scan.cpp", "scan.ii", "scan.log", "k.cpp", "k.so", "k.log"};
   char f[PATH_MAX];
   for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-    snprintf(f, sizeof f, "%s/%s", tmp, files[i]);
+    path_join(f, tmp, files[i]);
     unlink(f);
   }
   rmdir(tmp);
@@ -374,12 +384,12 @@ static const char *const compile_flags[] = {"-O1",
 static char *build(const char *tmp, const char *src, const char *std) {
   char scan_cpp[PATH_MAX], scan_ii[PATH_MAX], scan_log[PATH_MAX], k_cpp[PATH_MAX],
       k_so[PATH_MAX], k_log[PATH_MAX], stdopt[32], head[PATH_MAX + 64];
-  snprintf(scan_cpp, sizeof scan_cpp, "%s/scan.cpp", tmp);
-  snprintf(scan_ii, sizeof scan_ii, "%s/scan.ii", tmp);
-  snprintf(scan_log, sizeof scan_log, "%s/scan.log", tmp);
-  snprintf(k_cpp, sizeof k_cpp, "%s/k.cpp", tmp);
-  snprintf(k_so, sizeof k_so, "%s/k.so", tmp);
-  snprintf(k_log, sizeof k_log, "%s/k.log", tmp);
+  path_join(scan_cpp, tmp, "scan.cpp");
+  path_join(scan_ii, tmp, "scan.ii");
+  path_join(scan_log, tmp, "scan.log");
+  path_join(k_cpp, tmp, "k.cpp");
+  path_join(k_so, tmp, "k.so");
+  path_join(k_log, tmp, "k.log");
   snprintf(stdopt, sizeof stdopt, "-std=%s", std);
   snprintf(head, sizeof head, "#include \"%s\"\n#line 1 \"nabla.cu\"\n", shim_path);
   const char *scan_parts[] = {"#define NB_SHIM_SCAN 1\n", head, src, "\n", NULL};
@@ -454,7 +464,7 @@ char *fk_host_compile(const char *src, const char *std, char *path_out) {
     } else {
       log = build(tmp, code, std);
       char so[PATH_MAX];
-      snprintf(so, sizeof so, "%s/k.so", tmp);
+      path_join(so, tmp, "k.so");
       if (!log && rename(so, path) != 0)
         log = message("nabla fake CUDA: cannot write %s: %s", path, strerror(errno));
       remove_build(tmp);
