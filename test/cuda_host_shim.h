@@ -607,6 +607,46 @@ static inline long long __mul64hi(long long a, long long b) {
   return (long long)(((__int128)a * b) >> 64);
 }
 
+/* ---- rounding-mode intrinsics (the host rounds to nearest even) ---- */
+/* x rounded to float toward zero (dir 0), up (1) or down (-1). */
+static inline float nb_shim_d2f(double x, int dir) {
+  float f = (float)x;
+  if (f != f || (double)f == x) return f;
+  bool above = (double)f > x;
+  if (dir == 0 && above == (x > 0)) return nextafterf(f, 0.0f);
+  if (dir > 0 && !above) return nextafterf(f, INFINITY);
+  if (dir < 0 && above) return nextafterf(f, -INFINITY);
+  return f;
+}
+static inline float __double2float_rn(double x) { return (float)x; }
+static inline float __double2float_rz(double x) { return nb_shim_d2f(x, 0); }
+static inline float __double2float_ru(double x) { return nb_shim_d2f(x, 1); }
+static inline float __double2float_rd(double x) { return nb_shim_d2f(x, -1); }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __frcp_rn(float a) { return 1.0f / a; }
+static inline float __fsqrt_rn(float a) { return sqrtf(a); }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __ddiv_rn(double a, double b) { return a / b; }
+static inline double __dsqrt_rn(double a) { return sqrt(a); }
+static inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
+static inline float rsqrtf(float a) { return 1.0f / sqrtf(a); }
+static inline double rsqrt(double a) { return 1.0 / sqrt(a); }
+static inline float __saturatef(float a) { return a > 1.0f ? 1.0f : a > 0.0f ? a : 0.0f; }
+static inline int __float2int_rz(float a) { return (int)a; }
+static inline int __float2int_rn(float a) { return (int)nearbyintf(a); }
+static inline int __double2int_rz(double a) { return (int)a; }
+static inline long long __float2ll_rz(float a) { return (long long)a; }
+static inline long long __double2ll_rz(double a) { return (long long)a; }
+static inline float __int2float_rn(int a) { return (float)a; }
+static inline float __ll2float_rn(long long a) { return (float)a; }
+static inline double __ll2double_rn(long long a) { return (double)a; }
+
 /* CUDA's min / max take mixed arithmetic types (the usual conversions); over floats
  * they are fmin / fmax (a NaN operand gives the other). */
 template <typename A, typename B> static inline auto min(A a, B b) -> decltype(a + b) {

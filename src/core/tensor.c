@@ -588,13 +588,20 @@ nb_tensor *nbi_full_on(int dev, const nb_shape *s, double value, nb_dtype dt) {
   return full_on("nb_full", dev, s, value, dt);
 }
 
+
 nb_tensor *nb_full(nb_shape s, double value, nb_dtype dt) {
   return full_on("nb_full", nbi_default_device(), &s, value, dt);
 }
 
-nb_tensor *nb_zeros(nb_shape s, nb_dtype dt) { return nb_full(s, 0.0, dt); }
-nb_tensor *nb_ones(nb_shape s, nb_dtype dt) { return nb_full(s, 1.0, dt); }
-nb_tensor *nb_scalar(double value, nb_dtype dt) { return nb_full(NB_SCALAR_SHAPE, value, dt); }
+nb_tensor *nb_zeros(nb_shape s, nb_dtype dt) {
+  return full_on("nb_zeros", nbi_default_device(), &s, 0.0, dt);
+}
+nb_tensor *nb_ones(nb_shape s, nb_dtype dt) {
+  return full_on("nb_ones", nbi_default_device(), &s, 1.0, dt);
+}
+nb_tensor *nb_scalar(double value, nb_dtype dt) {
+  return full_on("nb_scalar", nbi_default_device(), &NB_SCALAR_SHAPE, value, dt);
+}
 
 nb_tensor *nb_arange(double start, double stop, double step, nb_dtype dt) {
   if (step == 0 || step != step || start != start || stop != stop) {

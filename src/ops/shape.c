@@ -385,7 +385,9 @@ static nb_tensor *record_slice(nb_tensor *t, const int64_t *starts, const int64_
   bool empty = nbi_numel(&s) == 0;
   for (int d = 0; d < s.ndim; d++) {
     at.i[d] = empty ? 0 : starts[d];
-    at.i[NB_MAX_DIMS + d] = steps[d];
+    /* a dim of at most one element never steps: step 1 keeps its stride (and
+     * stride * step) within the input's extent, whatever step was asked */
+    at.i[NB_MAX_DIMS + d] = counts[d] <= 1 ? 1 : steps[d];
   }
   return nbi_record(NBI_OP_SLICE, t->dtype, &s, &t, 1, &at);
 }
