@@ -10,6 +10,7 @@ nb_tensor *nbi_sum_to(nb_tensor *g, const nb_shape *s) {
   for (int d = 0; d < g->shape.ndim; d++)
     if (d < lead || (s->dims[d - lead] == 1 && g->shape.dims[d] != 1)) ax.v[ax.n++] = d;
   nb_tensor *r = ax.n ? nb_sum(g, ax, false) : g;
+  if (!r) return NULL; /* out of memory: the error is recorded */
   return nbi_shape_eq(&r->shape, s) ? r : nb_reshape(r, *s);
 }
 
