@@ -684,6 +684,14 @@ void nbi_exec_free(nbi_exec *x);
  * write over dst's buffer (if the realization then fails, dst keeps its
  * buffer but its values are unspecified). */
 nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val);
+/* nb_assign's rebind of a single-device dst (src/core/assign.c): realizes
+ * val with dst's pending readers (nbi_realize_assign), then dst becomes a
+ * realized leaf sharing val's storage, keeping only its requires-grad flag
+ * (its graph edges are dropped, it leaves the lazy set). dst and val have no
+ * mesh and one shape and dtype, and are untraced (nb_assign checks; the
+ * sharding layer calls it per physical tensor). Error status on failure
+ * (dst then keeps its buffer, as nbi_realize_assign says). */
+nb_status nbi_assign_rebind(nb_tensor *dst, nb_tensor *val);
 void nbi_stats_jit(bool hit);
 /* One collective of kind NBI_COLL_* sending bytes (summed over devices). */
 enum {
