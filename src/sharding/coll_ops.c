@@ -40,6 +40,8 @@
 
 #include "sharding.h"
 
+#include "../ops/rule_util.h"
+
 enum {
   A_N_AXES = 2,
   A_AXES = 3,

@@ -9,6 +9,7 @@
  * forward graph is freed as soon as nothing else holds it. */
 #include "transforms.h"
 
+#include "../ops/rule_util.h"
 #include "../sharding/sharding.h"
 
 #include <stdlib.h>

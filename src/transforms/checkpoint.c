@@ -18,6 +18,8 @@
  */
 #include "transforms.h"
 
+#include "../ops/rule_util.h"
+
 #include <stdlib.h>
 
 static const char *FN = "nb_checkpoint";
