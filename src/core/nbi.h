@@ -316,7 +316,8 @@ typedef bool (*nbi_view_fn)(const nb_tensor *n, const nbi_view *in, nbi_view *ou
  *
  * VJP: gy has y's shape and dtype. For each k with need[k], set gin[k] to the
  * cotangent of y->in[k], with exactly that input's shape and dtype (sum
- * broadcast dims back and cast: nbi_grad_fit), or leave it NULL for "zero".
+ * broadcast dims back and cast: nbi_grad_fit, src/ops/rule_util.h), or leave
+ * it NULL for "zero".
  * need[k] is false for integer/bool inputs. Return NB_OK, or an error status
  * (an op failed: the error is already recorded).
  * JVP: tin[k] is the tangent of y->in[k] (its shape and dtype) or NULL for
@@ -334,7 +335,7 @@ typedef nb_tensor *(*nbi_jvp_rule)(nb_tensor *y, nb_tensor *const *tin);
  * dtype (src/transforms/vmap.c checks), or NULL with the error recorded.
  * Rules use public ops and work on the whole batch at once (a batched matmul
  * is one matmul): no loop over B, except where documented at the rule.
- * Helpers for rules: nbi_bat_* below. */
+ * Helpers for rules: nbi_bat_* (src/ops/rule_util.h). */
 typedef nb_tensor *(*nbi_vmap_rule)(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
                                     int64_t B);
 
@@ -421,42 +422,6 @@ nb_tensor *nbi_identity(nb_tensor *t);
 /* True while a backward sweep builds its graph on this thread: new nodes then
  * record no provenance (torch.no_grad). */
 extern _Thread_local bool nbi_no_grad;
-
-/* ---- helpers for rules (src/ops/grad_util.c) ------------------------------------ */
-/* g summed over the dims that broadcasting added or stretched to reach g's
- * shape from s (s must broadcast to g's shape); returns g itself if equal. */
-nb_tensor *nbi_sum_to(nb_tensor *g, const nb_shape *s);
-/* nbi_sum_to(g, x's shape) cast to x's dtype: a cotangent for input x. */
-nb_tensor *nbi_grad_fit(nb_tensor *g, const nb_tensor *x);
-/* Zeros of x's shape and dtype as a broadcast 0-d constant (no big buffer). */
-nb_tensor *nbi_zeros_like(const nb_tensor *x);
-/* The same for a shape and dtype no tensor at hand has (rows of a scan,
- * outputs of a multi-output pack). */
-nb_tensor *nbi_zeros_of(const nb_shape *s, nb_dtype dt);
-/* Ones of x's shape and dtype, the same way (the seed of a gradient). */
-nb_tensor *nbi_ones_like(const nb_tensor *x);
-/* a + b where either may be NULL (zero); NULL only if both are. */
-nb_tensor *nbi_add_maybe(nb_tensor *a, nb_tensor *b);
-
-/* ---- helpers for batching rules (src/ops/batch_util.c) ----------------------------- */
-/* t with the batch dim: itself if batched, else broadcast (a view) to (B, *shape). */
-nb_tensor *nbi_bat_expand(nb_tensor *t, bool batched, int64_t B);
-/* For broadcasting ops: a batched t whose per-example rank is below rank gets
- * singleton dims after the batch dim, (B, 1.., *shape), so that it broadcasts
- * per example against inputs of that rank. Unbatched t is returned as is
- * (right-aligned broadcasting already does the right thing). */
-nb_tensor *nbi_bat_align(nb_tensor *t, bool batched, int rank);
-/* A per-example axis (negative allowed) of a rank-ndim value -> its axis in
- * the batched value (normalized + 1). The op already validated it. */
-int nbi_bat_axis(int axis, int ndim);
-/* Moves dim `from` of t to position `to` (both normalized), as jnp.moveaxis. */
-nb_tensor *nbi_bat_moveaxis(nb_tensor *t, int from, int to);
-/* Example b of a batched value: t[b] (a view, batch dim dropped). */
-nb_tensor *nbi_bat_index(nb_tensor *t, int64_t b);
-/* The fallback a few rules document: calls apply once per example on
- * (bin[k][b] or bin[k]) and stacks the results on a new dim 0. */
-nb_tensor *nbi_bat_loop(nb_tensor *y, nb_tensor *const *bin, const bool *batched, int64_t B,
-                        nb_tensor *(*apply)(nb_tensor *y, nb_tensor *const *in));
 
 /* ---- multi-output nodes (src/core/program.c) -------------------------------------- */
 /* The payload header of every multi-output op (embed it first). */
@@ -684,6 +649,14 @@ void nbi_exec_free(nbi_exec *x);
  * write over dst's buffer (if the realization then fails, dst keeps its
  * buffer but its values are unspecified). */
 nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val);
+/* nb_assign's rebind of a single-device dst (src/core/assign.c): realizes
+ * val with dst's pending readers (nbi_realize_assign), then dst becomes a
+ * realized leaf sharing val's storage, keeping only its requires-grad flag
+ * (its graph edges are dropped, it leaves the lazy set). dst and val have no
+ * mesh and one shape and dtype, and are untraced (nb_assign checks; the
+ * sharding layer calls it per physical tensor). Error status on failure
+ * (dst then keeps its buffer, as nbi_realize_assign says). */
+nb_status nbi_assign_rebind(nb_tensor *dst, nb_tensor *val);
 void nbi_stats_jit(bool hit);
 /* One collective of kind NBI_COLL_* sending bytes (summed over devices). */
 enum {

@@ -40,6 +40,8 @@
 
 #include <math.h>
 
+#include "rule_util.h"
+
 /* ---- records ------------------------------------------------------------------------ */
 /* attrs.i[0] of every op but CAST: the compute dtype. */
 static bool cast_view(const nb_tensor *n, const nbi_view *in, nbi_view *out);

@@ -15,6 +15,7 @@
  * example b's data (see along_views); no index arithmetic, so out-of-range
  * indices still fail at realization as they do unbatched. */
 #include "index.h"
+#include "rule_util.h"
 
 #include "../backends/cpu/k_index.h"
 

@@ -13,6 +13,7 @@
  * pool_bwd and pool_select are linear in their second argument and transposes
  * of each other; their x only picks the routes (zero derivative). */
 #include "nn.h"
+#include "rule_util.h"
 
 #include "../backends/cpu/k_nn.h"
 

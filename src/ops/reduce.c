@@ -35,6 +35,8 @@
  */
 #include "../backends/cpu/k_reduce.h"
 
+#include "rule_util.h"
+
 /* A validated reduction: output shape, reduced-axes attrs, reduced count. */
 typedef struct reduction {
   nb_shape out;

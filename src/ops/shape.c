@@ -19,6 +19,8 @@
 
 #include <stdlib.h>
 
+#include "rule_util.h"
+
 #define SHAPE_STR_CAP 160
 
 /* The status a VJP rule returns after computing r: NB_OK, or the recorded

@@ -19,6 +19,8 @@
  * constraint with an unsharded batch dimension prepended. */
 #include "sharding.h"
 
+#include "../ops/rule_util.h"
+
 #include <stdlib.h>
 
 static _Thread_local nb_mesh *trace_mesh;
