@@ -10,7 +10,7 @@
  *  - __shared__ is `static thread_local`: one object per block (a block runs on one
  *    host thread, blocks of a launch on several); `extern __shared__ T name[];`
  *    (dynamic shared memory) becomes NB_SHIM_DYN_SMEM(name, T) in the fake's
- *    rewrite (test/fake_cuda/fake_module.c): the launch's dynamic shared memory;
+ *    rewrite (test/fake_cuda/fake_host.c): the launch's dynamic shared memory;
  *  - the threads of a block are fibers on one host thread, switched at barriers:
  *    __syncthreads (and _count / _and / _or) waits for every live thread of the
  *    block, __syncwarp and the warp primitives (shuffles, votes) for every live
@@ -374,6 +374,8 @@ static inline void call_(void (*f)(A...), void **p, std::index_sequence<I...>) {
 template <class... A> static inline void call(void (*f)(A...), void *p) {
   call_(f, static_cast<void **>(p), std::index_sequence_for<A...>{});
 }
+/* The number of parameters of kernel f. */
+template <class... A> static constexpr unsigned arity(void (*)(A...)) { return sizeof...(A); }
 
 /* Dynamic shared memory of the running block, as an array of T. */
 template <typename T> struct dyn_array {
@@ -388,9 +390,10 @@ template <typename T> struct dyn_array {
 #define NB_SHIM_DYN_SMEM(name, ...) static const nb_shim::dyn_array<__VA_ARGS__> name
 
 /* The trampoline of kernel `name` (the fake generates one per kernel): one thread with
- * cuLaunchKernel's kernelParams. */
+ * cuLaunchKernel's kernelParams; and the kernel's number of parameters. */
 #define NB_SHIM_KERNEL(name)                                                                       \
-  extern "C" void nb_shim_k_##name(void *params) { nb_shim::call(name, params); }
+  extern "C" void nb_shim_k_##name(void *params) { nb_shim::call(name, params); }                  \
+  extern "C" const unsigned nb_shim_p_##name = nb_shim::arity(name);
 
 extern "C" int nb_shim_abi(void) { return NB_SHIM_ABI; }
 
@@ -429,24 +432,29 @@ extern "C" int nb_shim_exec(const nb_shim_launch *L, nb_shim_worker *W) {
   return rc;
 }
 
-/* A worker of this object for nb_shim_run, made at its first launch; NULL when out of
- * memory. */
+/* The worker of this object for nb_shim_run, made at its first launch (NULL when out of
+ * memory) and unmapped when the object is unloaded. */
+static void *nb_shim_own_mem;
+static const size_t nb_shim_own_stack = (size_t)128 << 10;
+static const size_t nb_shim_own_bytes =
+    NB_SHIM_MAX_THREADS * nb_shim_own_stack + NB_SHIM_DYN_SMEM_MAX + NB_SHIM_SCRATCH;
 static nb_shim_worker *nb_shim_own_worker() {
   static nb_shim_worker w;
-  static void *mem;
-  const size_t stack = (size_t)128 << 10, n = NB_SHIM_MAX_THREADS * stack;
-  const size_t bytes = n + NB_SHIM_DYN_SMEM_MAX + NB_SHIM_SCRATCH;
-  if (!mem) {
-    void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+  if (!nb_shim_own_mem) {
+    void *p = mmap(nullptr, nb_shim_own_bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return nullptr;
-    mem = p;
+    nb_shim_own_mem = p;
+    size_t n = NB_SHIM_MAX_THREADS * nb_shim_own_stack;
     w.stacks = static_cast<char *>(p);
-    w.stack_bytes = stack;
+    w.stack_bytes = nb_shim_own_stack;
     w.smem = w.stacks + n;
     w.scratch = w.stacks + n + NB_SHIM_DYN_SMEM_MAX;
   }
   return &w;
+}
+__attribute__((destructor)) static void nb_shim_own_unmap() {
+  if (nb_shim_own_mem) munmap(nb_shim_own_mem, nb_shim_own_bytes);
 }
 
 /* grid blocks of `block` threads, each running body(arg), on the calling thread;
