@@ -132,7 +132,6 @@ static nb_tensor *matmul_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *b
 
 const nbi_op_def nbi_opdef_MATMUL = {.name = "matmul",
                                      .arity = 2,
-                                     .cpu = nbi_cpu_matmul,
                                      .view = NULL,
                                      .vjp = matmul_vjp,
                                      .jvp = matmul_jvp,
