@@ -4,7 +4,8 @@
  * kernels on strided views, bad inputs. */
 #include "common.h"
 
-#include "../src/backends/cpu/k_nn.h"
+#include "../src/backends/cpu/cpu.h"
+#include "../src/ops/nn.h"
 
 TestSuite(conv, .init = tc_setup, .fini = tc_teardown);
 

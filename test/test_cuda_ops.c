@@ -13,7 +13,7 @@
 #ifdef NABLA_CUDA
 #include "common.h"
 
-#include "../src/backends/cpu/k_nn.h"
+#include "../src/backends/cpu/cpu.h"
 #include "../src/backends/cuda/cuda_be.h"
 #include "../src/ops/index.h"
 #include "../src/ops/nn.h"

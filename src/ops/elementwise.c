@@ -36,7 +36,7 @@
  * - Batching (vmap): one rule for every op, cast included, after them: the same
  *   node on the batched inputs.
  */
-#include "../backends/cpu/k_elementwise.h"
+#include "../core/nbi.h"
 
 #include <math.h>
 

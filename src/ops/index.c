@@ -16,8 +16,6 @@
  * indices still fail at realization as they do unbatched. */
 #include "index.h"
 
-#include "../backends/cpu/k_index.h"
-
 #define SHAPE_STR_CAP 160
 
 /* Checks that idx holds integer indices (i32 or i64). */

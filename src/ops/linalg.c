@@ -1,5 +1,5 @@
 /* src/ops/linalg.c — linear algebra: matmul. */
-#include "../backends/cpu/k_linalg.h"
+#include "../core/nbi.h"
 
 /* Records "nb_matmul: <what>: [a] @ [b]" as a shape error; returns NULL. */
 static nb_tensor *matmul_shape_error(const char *what, nb_shape sa, nb_shape sb) {

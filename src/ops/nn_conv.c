@@ -14,8 +14,6 @@
  * of each other; their x only picks the routes (zero derivative). */
 #include "nn.h"
 
-#include "../backends/cpu/k_nn.h"
-
 #include <limits.h>
 
 /* Records an error naming fn unless t is a float tensor; `what` names the

@@ -33,7 +33,7 @@
  * REDUCE_VAR i[1] = 1 for std. SOFTMAX, LOG_SOFTMAX, CUMSUM i[0] = the axis
  * (normalized).
  */
-#include "../backends/cpu/k_reduce.h"
+#include "../core/nbi.h"
 
 /* A validated reduction: output shape, reduced-axes attrs, reduced count. */
 typedef struct reduction {

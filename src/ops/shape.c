@@ -15,7 +15,7 @@
  * 0, nbi.h) with its per-example arguments moved past the batch dim: shapes
  * get B in front, axes +1, permutations keep 0 first, slices and pads take the
  * whole batch dim, concat expands its unbatched parts. */
-#include "../backends/cpu/k_shape.h"
+#include "../core/nbi.h"
 
 #include <stdlib.h>
 
