@@ -709,11 +709,5 @@ void nbi_stats_kernel(void);
 /* ---- threads ------------------------------------------------------------------ */
 /* Called once before the first kernel: OpenMP pool, FTZ/DAZ in every thread. */
 void nbi_cpu_init(void);
-/* Elements below which a loop stays single-threaded. */
-#define NBI_PAR_MIN 32768
-/* Multiply-adds below which a GEMM runs on the calling thread: an OpenMP
- * region's fork and barrier cost more than half of such a product's work, and
- * far more when other processes hold the CPUs (gemm.c, k_gemm_epi.c). */
-#define NBI_GEMM_SERIAL_MACS (1 << 20)
 
 #endif
