@@ -300,10 +300,13 @@ typedef enum nbi_op {
   NBI_OP_COUNT
 } nbi_op;
 
-/* Computes node `n` on the CPU: in[k] views its realized inputs (any strides),
- * out is a freshly allocated contiguous buffer of n's shape and dtype. Returns
- * NB_OK or records an error (e.g. index out of range) and returns its status. */
-typedef nb_status (*nbi_cpu_kernel)(const nb_tensor *n, nbi_view *out, const nbi_view *in);
+/* The kernel contract: computes node `n`: in[k] views its realized inputs (any
+ * strides), out is a freshly allocated contiguous buffer of n's shape and
+ * dtype, all on n's device. Returns NB_OK or records an error (e.g. index out
+ * of range) and returns its status. Each backend keeps its own table of
+ * kernels by op (the CPU's: src/backends/cpu/kernels.c); op records hold only
+ * the kernels core runs itself (nbi_op_def.exec). */
+typedef nb_status (*nbi_kernel)(const nb_tensor *n, nbi_view *out, const nbi_view *in);
 /* Optional zero-copy path: sets out->data/strides to alias in[0]'s memory and
  * returns true, or returns false to fall back to the kernel. */
 typedef bool (*nbi_view_fn)(const nb_tensor *n, const nbi_view *in, nbi_view *out);
@@ -372,6 +375,11 @@ enum {
    * returns: the error comes from nb_eval, as on the CPU, and no node is
    * marked realized with a value its kernel never wrote. */
   NBI_OPF_CHECKED = 1u << 2,
+  /* No kernel ever computes it: a view that always succeeds (identity,
+   * stop_gradient, tuple_get, sharding constraints), a symbolic trace input
+   * (placeholder) or a data leaf (const). Recording it asks no backend
+   * whether it supports it. */
+  NBI_OPF_NO_KERNEL = 1u << 3,
 };
 
 /* ---- program apply rules ----------------------------------------------------------------
@@ -389,13 +397,13 @@ typedef nb_status (*nbi_apply_rule)(const struct nbi_prog_node *pn, nb_tensor *c
 typedef struct nbi_op_def {
   const char *name;
   int arity; /* -1: variadic (concat) */
-  nbi_cpu_kernel cpu;
   nbi_view_fn view;
   /* Ops core runs itself on any device (control flow, checkpoint, custom
-   * calls, shard_map, device moves): same contract as cpu, views on the
+   * calls, shard_map, device moves): the kernel contract, views on the
    * node's device, data reached only through the host I/O helpers and
-   * nested realizations. Set instead of cpu. */
-  nbi_cpu_kernel exec;
+   * nested realizations. NULL: a backend runs the op from its own kernel
+   * table (run_op), asked first whether it can (supports). */
+  nbi_kernel exec;
   nbi_vjp_rule vjp;
   nbi_jvp_rule jvp;
   uint32_t flags; /* NBI_OPF_* */
@@ -674,11 +682,5 @@ void nbi_stats_kernel(void);
 /* ---- threads ------------------------------------------------------------------ */
 /* Called once before the first kernel: OpenMP pool, FTZ/DAZ in every thread. */
 void nbi_cpu_init(void);
-/* Elements below which a loop stays single-threaded. */
-#define NBI_PAR_MIN 32768
-/* Multiply-adds below which a GEMM runs on the calling thread: an OpenMP
- * region's fork and barrier cost more than half of such a product's work, and
- * far more when other processes hold the CPUs (gemm.c, k_gemm_epi.c). */
-#define NBI_GEMM_SERIAL_MACS (1 << 20)
 
 #endif

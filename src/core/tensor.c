@@ -393,7 +393,9 @@ static int record_device(int op, nb_dtype dt, nb_tensor *const *in, int n_in,
       return -1;
     }
   const nbi_op_def *def = nbi_op_table[op];
-  if (dev != 0 && def->cpu) { /* an op with a kernel (others are views or run by core) */
+  /* The CPU runs every op with a kernel; elsewhere, an op that runs a kernel
+   * (not one core runs itself, not a view that never copies) asks the backend. */
+  if (dev != 0 && !def->exec && !(def->flags & NBI_OPF_NO_KERNEL)) {
     const nbi_device *d = nbi_device_at(dev);
     if (!d->be->supports(d->ctx, op, dt)) {
       nbi_error(NB_ERR_DEVICE, "nb_%s: not supported on %s for %s results", def->name, d->name,

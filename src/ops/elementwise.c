@@ -36,7 +36,7 @@
  * - Batching (vmap): one rule for every op, cast included, after them: the same
  *   node on the batched inputs.
  */
-#include "../backends/cpu/k_elementwise.h"
+#include "../core/nbi.h"
 
 #include <math.h>
 
@@ -68,30 +68,18 @@ static nb_tensor *ew_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batch
 /* clang-format on */
 
 #define DEF_DIFF_RECORD(ID, nm, ar)                                                                \
-  const nbi_op_def nbi_opdef_##ID = {.name = nm,                                                   \
-                                     .arity = ar,                                                  \
-                                     .cpu = nbi_cpu_elementwise,                                   \
-                                     .vjp = ew_vjp,                                                \
-                                     .jvp = ew_jvp,                                                \
-                                     .vmap = ew_vmap};
+  const nbi_op_def nbi_opdef_##ID = {                                                              \
+      .name = nm, .arity = ar, .vjp = ew_vjp, .jvp = ew_jvp, .vmap = ew_vmap};
 #define DEF_NONDIFF_RECORD(ID, nm, ar)                                                             \
-  const nbi_op_def nbi_opdef_##ID = {.name = nm,                                                   \
-                                     .arity = ar,                                                  \
-                                     .cpu = nbi_cpu_elementwise,                                   \
-                                     .flags = NBI_OPF_NONDIFF,                                     \
-                                     .vmap = ew_vmap};
+  const nbi_op_def nbi_opdef_##ID = {                                                              \
+      .name = nm, .arity = ar, .flags = NBI_OPF_NONDIFF, .vmap = ew_vmap};
 EW_DIFF_RECORDS(DEF_DIFF_RECORD)
 EW_NONDIFF_RECORDS(DEF_NONDIFF_RECORD)
 #undef DEF_DIFF_RECORD
 #undef DEF_NONDIFF_RECORD
 
-const nbi_op_def nbi_opdef_CAST = {.name = "cast",
-                                   .arity = 1,
-                                   .cpu = nbi_cpu_cast,
-                                   .view = cast_view,
-                                   .vjp = ew_vjp,
-                                   .jvp = ew_jvp,
-                                   .vmap = ew_vmap};
+const nbi_op_def nbi_opdef_CAST = {
+    .name = "cast", .arity = 1, .view = cast_view, .vjp = ew_vjp, .jvp = ew_jvp, .vmap = ew_vmap};
 
 /* ---- dtype rules ------------------------------------------------------------------------ */
 /* Ops with no integer meaning: integer and bool inputs compute in f32. */

@@ -808,7 +808,7 @@ nb_status nbi_cpu_cast(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
 
 /* (View members, nbi_fuse_view, are copies in both executors.) */
 bool nbi_cpu_elementwise_fusible(const nb_tensor *n) {
-  if (nbi_op_table[n->op]->cpu != nbi_cpu_elementwise || is_pred[n->op]) return false;
+  if (nbi_cpu_kernel_of(n->op) != nbi_cpu_elementwise || is_pred[n->op]) return false;
   nb_dtype cdt = (nb_dtype)n->attrs.i[0];
   if ((cdt != NB_F32 && cdt != NB_F64) || n->dtype != cdt) return false;
   if (n->op == NBI_OP_WHERE) return true;

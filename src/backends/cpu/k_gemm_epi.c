@@ -357,7 +357,7 @@ static nb_status run_unfused(const epi_group *g, bool aliases_only) {
       tmp[k] = nbi_cpu_scratch("nb_eval", (size_t)nbi_numel(&t->shape) * nb_dtype_size(t->dtype));
       if (!(v[k].data = tmp[k])) st = NB_ERR_OOM;
     }
-    if (!st) st = nbi_op_table[t->op]->cpu(t, &v[k], in);
+    if (!st) st = nbi_cpu_run_op(NULL, t, &v[k], in);
   }
   for (int k = 0; k < g->m; k++)
     nbi_cpu_scratch_free(tmp[k]);

@@ -11,6 +11,7 @@
  * from views, so every step runs alone here (their results are bitwise the
  * unfused ones on the CPU anyway). */
 #include "../backend.h"
+#include "../cpu/cpu.h" /* the CPU kernel table */
 
 #include <pthread.h>
 #include <stdio.h>
@@ -82,9 +83,10 @@ static nb_status emu_sync(void *ctx) {
   return st ? nbi_error(st, "%s", msg) : NB_OK;
 }
 
+/* The CPU's kernel table (src/backends/cpu/kernels.c) answers. */
 static bool emu_supports(void *ctx, int op, nb_dtype dt) {
-  (void)ctx, (void)dt;
-  return op >= 0 && op < NBI_OP_COUNT && nbi_op_table[op]->cpu != NULL;
+  (void)ctx;
+  return nbi_cpu_supports(NULL, op, dt);
 }
 
 /* Runs the CPU kernel on translated views. A failure is kept for the next sync
@@ -99,7 +101,7 @@ static nb_status emu_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const 
   nb_status before = nb_last_status();
   char saved[512];
   if (before) snprintf(saved, sizeof saved, "%s", nb_last_error());
-  nb_status st = nbi_op_table[n->op]->cpu(n, &o, r);
+  nb_status st = nbi_cpu_run_op(NULL, n, &o, r);
   if (r != local) free(r);
   if (!st) return NB_OK;
   pthread_mutex_lock(&c->lock);
