@@ -34,17 +34,6 @@ set -u
 cd "$(dirname "$0")/.." || exit 2
 
 ALLOW='
-# The op records point at CPU kernels (.cpu = nbi_cpu_*), declared in the
-# kernel headers; the records lose .cpu to the kernel tables of the backends (15.2).
-src/ops/elementwise.c src/backends/cpu/k_elementwise.h
-src/ops/index.c src/backends/cpu/k_index.h
-src/ops/linalg.c src/backends/cpu/k_linalg.h
-src/ops/nn_conv.c src/backends/cpu/k_nn.h
-src/ops/reduce.c src/backends/cpu/k_reduce.h
-src/ops/shape.c src/backends/cpu/k_shape.h
-# The sharding rules of conv2d / max_pool2d read the attribute slots
-# (NBI_CONV_*), declared with the CPU kernels until they move to src/ops/nn.h.
-src/sharding/rules.c src/backends/cpu/k_nn.h
 # The fusion pass asks the CPU GEMM epilogue what it matches; the planner
 # gets its own description of epilogues and asks the backend (15.3).
 src/core/fuse.c src/backends/cpu/k_gemm_epi.h
