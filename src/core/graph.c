@@ -172,7 +172,9 @@ static void plan_cache_free(void *unused) {
   for (int i = 0; i < PLAN_CACHE_SIZE; i++)
     plan_clear(&plan_cache[i]);
 }
-static void plan_cache_key_make(void) { (void)pthread_key_create(&plan_cache_key, plan_cache_free); }
+static void plan_cache_key_make(void) {
+  (void)pthread_key_create(&plan_cache_key, plan_cache_free);
+}
 
 __attribute__((destructor)) static void plan_cache_cleanup(void) { plan_cache_free(NULL); }
 
@@ -188,7 +190,7 @@ static plan *plan_cache_lookup(uint64_t h1, uint64_t h2, int n_steps) {
 }
 
 static plan *plan_cache_slot(void) { /* empty slot, else least recently used */
-  if (!plan_clock) { /* the thread's first plan: free its cache when it exits */
+  if (!plan_clock) {                 /* the thread's first plan: free its cache when it exits */
     pthread_once(&plan_cache_once, plan_cache_key_make);
     (void)pthread_setspecific(plan_cache_key, &plan_cache_key);
   }
@@ -627,7 +629,10 @@ static nbi_buffer *inplace_buffer(const plan *p, nb_tensor *const *cn, int c) {
   if (p->inplace[c] < 0) return NULL;
   const nb_tensor *x = cn[p->inplace[c] / 4]->in[p->inplace[c] % 4];
   nbi_buffer *b = x->shard0.buf;
-  if (!b || x->n_shards != 1 || b->refcount != 1 || x->shard0.offset != 0) return NULL;
+  /* 1: only this realization holds it (no other thread can retain it then) */
+  if (!b || x->n_shards != 1 || __atomic_load_n(&b->refcount, __ATOMIC_ACQUIRE) != 1 ||
+      x->shard0.offset != 0)
+    return NULL;
   nbi_view v = nbi_tensor_view(x);
   if (!nbi_view_is_contiguous(&v)) return NULL;
   nbi_buffer_retain(b);
@@ -958,6 +963,7 @@ bool nbi_exec_fits(const nbi_exec *x, nb_tensor *const *in) {
 
 nb_status nbi_exec_run(nbi_exec *x, nb_tensor *const *in, nb_tensor **out) {
   uint64_t t0 = depth ? 0 : now_ns();
+  nbi_cpu_init(); /* this thread's FP mode and kernel threads, as realize does */
   for (int r = 0; r < x->n_roots; r++)
     out[r] = NULL;
   for (int k = 0; k < x->n_slots; k++) { /* bind: the slots share the inputs' storage */

@@ -41,6 +41,13 @@ static inline void nbi_hash_mix(uint64_t *a, uint64_t *b, uint64_t w) {
   *b ^= *b >> 29;
 }
 
+/* ---- reference counts -------------------------------------------------------
+ * Every refcount (tensors, buffers, payloads, programs, functions, meshes) is
+ * changed atomically: a jitted function, its program and its captures are
+ * shared by the threads that call it. */
+#define NBI_REF_INC(x) ((void)__atomic_fetch_add(&(x)->refcount, 1, __ATOMIC_RELAXED))
+#define NBI_REF_DEC(x) __atomic_sub_fetch(&(x)->refcount, 1, __ATOMIC_ACQ_REL) /* new count */
+
 /* ---- shapes ----------------------------------------------------------------- */
 #define NBI_MAX_NUMEL ((int64_t)1 << 48) /* larger requests are NB_ERR_OVERFLOW */
 /* numel of s, or -1 on overflow past NBI_MAX_NUMEL / negative dims. */
@@ -174,6 +181,7 @@ struct nb_tensor {
   nb_dtype dtype;
   int op;       /* NBI_OP_* that produces it (NBI_OP_CONST for data leaves) */
   int device;   /* device table index (src/backends/backend.h): where its data lives */
+  uint32_t owner; /* the thread that made it (nbi_thread_id); see nbi_record */
   uint64_t seq; /* creation order (process-wide, increasing): a node can only
                    depend on nodes with a smaller seq */
   int32_t mark; /* scratch for graph passes (realization); -1 when idle */
@@ -256,6 +264,9 @@ const char *nbi_device_name(int i);
  * kernels (CUDA: the CUstream; NULL elsewhere). */
 nb_device nbi_device_public(int i);
 void *nbi_device_native_stream(int i);
+/* The calling thread's number (1, 2, ... in order of first use): tensors
+ * record it as their owner. */
+uint32_t nbi_thread_id(void);
 /* Registers t (refcount already 1) in the current scope. */
 void nbi_scope_register(nb_tensor *t);
 /* Releases a tensor's graph inputs (after realization, when nothing needs them). */

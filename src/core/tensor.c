@@ -149,7 +149,7 @@ nb_tensor *nb_keep(nb_tensor *t) {
   if (!t) return NULL;
   if (n_frames <= 1) return t; /* root scope: nothing encloses it */
   if (frame_push(&frames[n_frames - 2], t))
-    t->refcount++;
+    NBI_REF_INC(t);
   else
     nbi_error(NB_ERR_OOM, "nb_keep: out of memory");
   return t;
@@ -234,8 +234,10 @@ void nbi_lazy_remove(nb_tensor *t) {
   t->flags &= ~(uint32_t)NBI_T_LAZY;
   if (!lazy_cap) return; /* the set is gone (exit) */
   size_t i = lazy_home(t, lazy_cap);
-  while (lazy_slot[i] != t)
+  while (lazy_slot[i] != t) {
+    if (!lazy_slot[i]) return; /* not this thread's (a contract breach): never spin */
     i = (i + 1) & (lazy_cap - 1);
+  }
   lazy_slot[i] = NULL;
   lazy_n--;
   /* backward shift: move later entries of the cluster into the hole when
@@ -251,7 +253,7 @@ void nbi_lazy_remove(nb_tensor *t) {
 }
 
 nb_tensor *nb_retain(nb_tensor *t) {
-  if (t) t->refcount++;
+  if (t) NBI_REF_INC(t);
   return t;
 }
 
@@ -263,7 +265,7 @@ nbi_shard_hooks nbi_shard_hook;
 /* Frees t and, iteratively (deep graphs must not overflow the C stack), every
  * input whose last reference it held. */
 void nb_release(nb_tensor *t) {
-  if (!t || --t->refcount > 0) return;
+  if (!t || NBI_REF_DEC(t) > 0) return;
   nb_tensor *local[64], **stack = local;
   size_t n = 0, cap = 64;
   stack[n++] = t;
@@ -285,7 +287,7 @@ void nb_release(nb_tensor *t) {
 
 /* Drops one reference of x; pushes x on the release stack when it was the last. */
 static void drop_ref(nb_tensor *x, nb_tensor ***stack, size_t *n, size_t *cap) {
-  if (--x->refcount > 0) return;
+  if (NBI_REF_DEC(x) > 0) return;
   if (*n == *cap) {
     size_t nc = *cap * 2;
     nb_tensor **ns = malloc(nc * sizeof *ns);
@@ -334,6 +336,13 @@ void nbi_tensor_drop_graph(nb_tensor *t) {
 static _Atomic uint64_t next_seq = 1;
 _Thread_local bool nbi_no_grad;
 
+static _Atomic uint32_t next_thread_id = 1;
+static _Thread_local uint32_t thread_id;
+uint32_t nbi_thread_id(void) {
+  if (!thread_id) thread_id = next_thread_id++;
+  return thread_id;
+}
+
 static nb_tensor *tensor_new(const nb_shape *shape, nb_dtype dt, int op) {
   nb_tensor *t = spare.head;
   if (t) {
@@ -344,6 +353,7 @@ static nb_tensor *tensor_new(const nb_shape *shape, nb_dtype dt, int op) {
     return NULL;
   }
   t->seq = next_seq++;
+  t->owner = nbi_thread_id();
   t->refcount = 1;
   t->shape = *shape;
   t->dtype = dt;
@@ -411,7 +421,8 @@ static int record_device(int op, nb_dtype dt, nb_tensor *const *in, int n_in,
   if (op == NBI_OP_TO_DEVICE) return (int)attrs->i[0];
   for (int k = 1; k < n_in; k++)
     if (in[k]->device != dev) {
-      nbi_error(NB_ERR_DEVICE, "nb_%s: inputs are on different devices: %s (input 0) and %s (input %d)",
+      nbi_error(NB_ERR_DEVICE,
+                "nb_%s: inputs are on different devices: %s (input 0) and %s (input %d)",
                 nbi_op_table[op]->name, nbi_device_name(dev), nbi_device_name(in[k]->device), k);
       return -1;
     }
@@ -429,8 +440,49 @@ static int record_device(int op, nb_dtype dt, nb_tensor *const *in, int n_in,
   return dev;
 }
 
+/* Another thread's tensor x as an input of a node this thread records: graph
+ * passes write scratch marks into the tensors they visit, so no graph may hold
+ * another thread's tensor while that thread may be realizing it. A realized
+ * one is read through a leaf of this thread on the same storage (a constant
+ * here: reading shared weights from several threads is fine); one with
+ * nb_backward provenance is used as it is (a model handed to this thread to
+ * train, which its maker no longer touches: README "Threads"); a pending one
+ * is an error. NULL (error recorded) on failure. */
+static nb_tensor *own_input(int op, nb_tensor *x) {
+  if (x->flags & (NBI_T_REQUIRES_GRAD | NBI_T_GRAD_PATH | NBI_T_TRACED) || x->mesh) return x;
+  if (x->flags & NBI_T_REALIZED) return nbi_leaf_share(x);
+  nbi_error(NB_ERR_ARG,
+            "nb_%s: an input is a pending tensor of another thread (realize it with nb_eval in "
+            "the thread that made it before sharing it)",
+            nbi_op_table[op]->name);
+  return NULL;
+}
+
+static nb_tensor *record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,
+                         const nbi_attrs *attrs);
+
 nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,
                       const nbi_attrs *attrs) {
+  uint32_t me = nbi_thread_id();
+  int foreign = 0;
+  for (int i = 0; i < n_in; i++)
+    foreign += in[i]->owner != me;
+  if (!foreign) return record(op, dt, shape, in, n_in, attrs);
+  nb_tensor *local[8], **own = n_in <= 8 ? local : malloc(sizeof *own * (size_t)n_in);
+  if (!own) {
+    nbi_error(NB_ERR_OOM, "nb_%s: out of memory", nbi_op_table[op]->name);
+    return NULL;
+  }
+  bool ok = true;
+  for (int i = 0; i < n_in && ok; i++)
+    ok = (own[i] = in[i]->owner == me ? in[i] : own_input(op, in[i])) != NULL;
+  nb_tensor *t = ok ? record(op, dt, shape, own, n_in, attrs) : NULL;
+  if (own != local) free(own);
+  return t;
+}
+
+static nb_tensor *record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,
+                         const nbi_attrs *attrs) {
   if (nbi_shard_hook.record)
     for (int i = 0; i < n_in; i++) {
       if (!in[i]->mesh) continue;
@@ -449,7 +501,7 @@ nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *con
       bool ok = true;
       for (int k = 0; k < n_in && ok; k++)
         ok = (whole[k] = in[k]->mesh ? nbi_readable("nb_eval", in[k]) : in[k]) != NULL;
-      if (ok) r = nbi_record(op, dt, shape, whole, n_in, attrs);
+      if (ok) r = record(op, dt, shape, whole, n_in, attrs);
       if (whole != local) free(whole);
       return r;
     }
@@ -562,12 +614,12 @@ void nbi_set_payload(nb_tensor *t, nbi_payload *p) {
 }
 
 nbi_payload *nbi_payload_retain(nbi_payload *p) {
-  if (p) p->refcount++;
+  if (p) NBI_REF_INC(p);
   return p;
 }
 
 void nbi_payload_release(nbi_payload *p) {
-  if (p && --p->refcount == 0) p->destroy(p);
+  if (p && NBI_REF_DEC(p) == 0) p->destroy(p);
 }
 
 /* The view is returned through a stack slot; built field by field, data,
@@ -612,7 +664,6 @@ static nb_tensor *full_on(const char *fn, int dev, const nb_shape *s, double val
 nb_tensor *nbi_full_on(int dev, const nb_shape *s, double value, nb_dtype dt) {
   return full_on("nb_full", dev, s, value, dt);
 }
-
 
 nb_tensor *nb_full(nb_shape s, double value, nb_dtype dt) {
   return full_on("nb_full", nbi_default_device(), &s, value, dt);

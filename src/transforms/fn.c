@@ -37,12 +37,12 @@ nb_fn *nb_fn_create(nb_fn_body body, void *user, int n_in, int n_out) {
 }
 
 nb_fn *nb_fn_retain(nb_fn *f) {
-  if (f) f->refcount++;
+  if (f) NBI_REF_INC(f);
   return f;
 }
 
 void nb_fn_release(nb_fn *f) {
-  if (!f || --f->refcount > 0) return;
+  if (!f || NBI_REF_DEC(f) > 0) return;
   if (f->destroy) f->destroy(f->user);
   free(f);
 }
