@@ -182,6 +182,7 @@ struct nb_tensor {
   int op;       /* NBI_OP_* that produces it (NBI_OP_CONST for data leaves) */
   int device;   /* device table index (src/backends/backend.h): where its data lives */
   uint32_t owner; /* the thread that made it (nbi_thread_id); see nbi_record */
+  uint32_t magic; /* NBI_MAGIC_LIVE; NBI_MAGIC_DEAD once released (NABLA_DEBUG) */
   uint64_t seq; /* creation order (process-wide, increasing): a node can only
                    depend on nodes with a smaller seq */
   int32_t mark; /* scratch for graph passes (realization); -1 when idle */
@@ -264,6 +265,25 @@ const char *nbi_device_name(int i);
  * kernels (CUDA: the CUstream; NULL elsewhere). */
 nb_device nbi_device_public(int i);
 void *nbi_device_native_stream(int i);
+/* NABLA_DEBUG=1 (read at load): released handles are quarantined, never
+ * reused, and marked dead, so a use after release (nb_release, or the end of
+ * the owning scope) is an error naming the function and the handle instead of
+ * memory corruption; nb_release of a reference a scope owns is refused. */
+enum { NBI_MAGIC_LIVE = 0x6e61626c, NBI_MAGIC_DEAD = 0x64656164 };
+extern bool nbi_debug;
+bool nbi_dead_report(const char *fn, const nb_tensor *t, int idx);
+/* True (error recorded) when t is a released handle: debug mode only. idx: the
+ * input's position, or -1. */
+static inline bool nbi_dead(const char *fn, const nb_tensor *t, int idx) {
+  return nbi_debug && t->magic != NBI_MAGIC_LIVE && nbi_dead_report(fn, t, idx);
+}
+/* Scope depth and floor around a user function body (nb_call): the body may
+ * not end a scope it did not begin (nb_scope_end below the floor is
+ * NB_ERR_SCOPE); scopes it left open are closed by nbi_scope_unwind, which
+ * keeps keep[0..n) alive in the scope left current. */
+int nbi_scope_depth(void);
+int nbi_scope_floor_set(int floor); /* returns the previous floor */
+int nbi_scope_unwind(int depth, nb_tensor *const *keep, int n); /* scopes it closed */
 /* The calling thread's number (1, 2, ... in order of first use): tensors
  * record it as their owner. */
 uint32_t nbi_thread_id(void);

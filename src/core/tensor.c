@@ -42,7 +42,35 @@ static void spare_drain(void *p) {
 static void spare_key_make(void) { (void)pthread_key_create(&spare_key, spare_drain); }
 static bool spare_closed; /* at exit: handles go straight back to the allocator */
 
+/* ---- debug mode (NABLA_DEBUG) ------------------------------------------------ */
+bool nbi_debug;
+static pthread_mutex_t quarantine_lock = PTHREAD_MUTEX_INITIALIZER;
+static nb_tensor *quarantine; /* dead handles, linked through in_inline[0] */
+
+__attribute__((constructor)) static void debug_init(void) {
+  const char *e = getenv("NABLA_DEBUG");
+  nbi_debug = e && *e && strcmp(e, "0") != 0;
+}
+
+bool nbi_dead_report(const char *fn, const nb_tensor *t, int idx) {
+  char which[32] = "";
+  if (idx >= 0) snprintf(which, sizeof which, "input %d ", idx);
+  nbi_error(NB_ERR_ARG,
+            "%s: %s(tensor %p) was released: used after nb_release or after the scope that "
+            "owned it ended (NABLA_DEBUG)",
+            fn, which, (const void *)t);
+  return true;
+}
+
 static void tensor_free(nb_tensor *t) {
+  if (nbi_debug && !spare_closed) { /* never reused: later uses find it dead */
+    t->magic = NBI_MAGIC_DEAD;
+    pthread_mutex_lock(&quarantine_lock);
+    t->in_inline[0] = quarantine;
+    quarantine = t;
+    pthread_mutex_unlock(&quarantine_lock);
+    return;
+  }
   if (spare.n == SPARE_MAX || spare_closed) {
     free(t);
     return;
@@ -55,6 +83,8 @@ static void tensor_free(nb_tensor *t) {
   spare.head = t;
   spare.n++;
 }
+
+static void release(nb_tensor *t);
 
 /* ---- scopes ------------------------------------------------------------------
  * A thread's scopes form a stack of frames; frame 0 is the root. Each frame owns
@@ -130,7 +160,7 @@ void nb_scope_begin(void) {
 enum { SCOPE_KEEP = 4096 };
 static void frame_clear(scope_frame *f, bool free_all) {
   for (size_t i = f->n; i-- > 0;)
-    nb_release(f->items[i]);
+    release(f->items[i]);
   f->n = 0;
   if (free_all || f->cap > SCOPE_KEEP) {
     free(f->items);
@@ -138,15 +168,41 @@ static void frame_clear(scope_frame *f, bool free_all) {
   }
 }
 
+static _Thread_local int scope_floor; /* frames nb_scope_end may not close below */
+
+int nbi_scope_depth(void) { return current_frame() ? n_frames : 0; }
+
+int nbi_scope_floor_set(int floor) {
+  int old = scope_floor;
+  scope_floor = floor;
+  return old;
+}
+
+int nbi_scope_unwind(int depth, nb_tensor *const *keep, int n) {
+  if (n_frames <= depth) return 0;
+  int closed = n_frames - depth;
+  for (int k = 0; k < n; k++)
+    if (keep[k]) NBI_REF_INC(keep[k]);
+  while (n_frames > depth)
+    frame_clear(&frames[--n_frames], false);
+  for (int k = 0; k < n; k++)
+    if (keep[k]) nbi_scope_register(keep[k]); /* the extra reference moves there */
+  return closed;
+}
+
 nb_status nb_scope_end(void) {
   if (n_frames <= 1)
     return nbi_error(NB_ERR_SCOPE, "nb_scope_end: no open scope (begin/end are unbalanced)");
+  if (n_frames <= scope_floor)
+    return nbi_error(NB_ERR_SCOPE,
+                     "nb_scope_end: the scope was begun outside the function body being called "
+                     "(nb_call): the body's nb_scope_begin/nb_scope_end are unbalanced");
   frame_clear(&frames[--n_frames], false);
   return NB_OK;
 }
 
 nb_tensor *nb_keep(nb_tensor *t) {
-  if (!t) return NULL;
+  if (!t || nbi_dead("nb_keep", t, -1)) return NULL;
   if (n_frames <= 1) return t; /* root scope: nothing encloses it */
   if (frame_push(&frames[n_frames - 2], t))
     NBI_REF_INC(t);
@@ -184,6 +240,11 @@ __attribute__((destructor)) static void root_scope_cleanup(void) {
   thread_state_free();
   spare_closed = true;
   spare_drain(&spare);
+  while (quarantine) {
+    nb_tensor *t = quarantine;
+    quarantine = t->in_inline[0];
+    free(t);
+  }
 }
 
 /* ---- lifetime -------------------------------------------------------------------- */
@@ -253,6 +314,7 @@ void nbi_lazy_remove(nb_tensor *t) {
 }
 
 nb_tensor *nb_retain(nb_tensor *t) {
+  if (t && nbi_dead("nb_retain", t, -1)) return NULL;
   if (t) NBI_REF_INC(t);
   return t;
 }
@@ -264,8 +326,32 @@ nbi_shard_hooks nbi_shard_hook;
 
 /* Frees t and, iteratively (deep graphs must not overflow the C stack), every
  * input whose last reference it held. */
+/* Debug mode: whether one of the thread's scopes holds t. */
+static bool scope_holds(const nb_tensor *t) {
+  for (int f = 0; f < n_frames; f++)
+    for (size_t i = 0; i < frames[f].n; i++)
+      if (frames[f].items[i] == t) return true;
+  return false;
+}
+
 void nb_release(nb_tensor *t) {
-  if (!t || NBI_REF_DEC(t) > 0) return;
+  if (!t) return;
+  if (nbi_debug) {
+    if (nbi_dead("nb_release", t, -1)) return;
+    if (t->refcount == 1 && scope_holds(t)) {
+      nbi_error(NB_ERR_SCOPE,
+                "nb_release: tensor %p belongs to a scope (made or nb_keep'd there): release "
+                "only references you took with nb_retain (NABLA_DEBUG)",
+                (void *)t);
+      return;
+    }
+  }
+  release(t);
+}
+
+/* Drops a reference (scopes and nb_release come here). */
+static void release(nb_tensor *t) {
+  if (NBI_REF_DEC(t) > 0) return;
   nb_tensor *local[64], **stack = local;
   size_t n = 0, cap = 64;
   stack[n++] = t;
@@ -277,7 +363,7 @@ void nb_release(nb_tensor *t) {
     for (int s = 0; s < x->n_shards; s++)
       if (x->shards[s].buf) nbi_buffer_release(x->shards[s].buf);
     if (x->shards != &x->shard0) free(x->shards);
-    if (x->grad) nb_release(x->grad); /* a leaf: recursion depth is one */
+    if (x->grad) release(x->grad); /* a leaf: recursion depth is one */
     nbi_payload_release(x->payload);
     tensor_free(x);
     live_tensors--;
@@ -327,7 +413,7 @@ static void tensor_drop_shards(nb_tensor *t, nb_tensor ***stack, size_t *n, size
 /* Drops a realized tensor's graph edges (its value no longer needs them). */
 void nbi_tensor_drop_graph(nb_tensor *t) {
   for (int i = 0; i < t->n_in; i++)
-    nb_release(t->in[i]);
+    release(t->in[i]);
   if (t->in != t->in_inline) free(t->in);
   t->in = t->in_inline;
   t->n_in = 0;
@@ -354,6 +440,7 @@ static nb_tensor *tensor_new(const nb_shape *shape, nb_dtype dt, int op) {
   }
   t->seq = next_seq++;
   t->owner = nbi_thread_id();
+  t->magic = NBI_MAGIC_LIVE;
   t->refcount = 1;
   t->shape = *shape;
   t->dtype = dt;
@@ -465,8 +552,14 @@ nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *con
                       const nbi_attrs *attrs) {
   uint32_t me = nbi_thread_id();
   int foreign = 0;
-  for (int i = 0; i < n_in; i++)
+  for (int i = 0; i < n_in; i++) {
+    if (nbi_debug) {
+      char fn[64];
+      snprintf(fn, sizeof fn, "nb_%s", nbi_op_table[op]->name);
+      if (nbi_dead(fn, in[i], i)) return NULL;
+    }
     foreign += in[i]->owner != me;
+  }
   if (!foreign) return record(op, dt, shape, in, n_in, attrs);
   nb_tensor *local[8], **own = n_in <= 8 ? local : malloc(sizeof *own * (size_t)n_in);
   if (!own) {
@@ -745,6 +838,7 @@ nb_tensor *nbi_readable(const char *fn, nb_tensor *t) {
 /* ---- reading data ------------------------------------------------------------------- */
 static nb_status check_readable(const char *fn, nb_tensor *t) {
   if (!t) return nbi_error(NB_ERR_NULL, "%s: tensor is NULL", fn);
+  if (nbi_dead(fn, t, -1)) return nb_last_status();
   if (t->flags & NBI_T_TRACED)
     return nbi_error(NB_ERR_STATE, "%s: cannot read a traced value; use nb_cond / nb_while_loop",
                      fn);
