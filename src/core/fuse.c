@@ -179,14 +179,9 @@ static int stored_members(const int *last, const bool *held, int first, int i) {
  * (nbi_fuse_supported). */
 enum { EPI_MAX_ALIASES = 4 };
 
-static bool epi_alias(const nb_tensor *t) {
-  return t->op == NBI_OP_IDENTITY || t->op == NBI_OP_STOP_GRADIENT;
-}
+static bool epi_alias(const nb_tensor *t) { return nbi_op_traits[t->op] & NBI_TR_ALIAS; }
 
-static bool epi_act(int op) {
-  return op == NBI_OP_RELU || op == NBI_OP_GELU || op == NBI_OP_TANH || op == NBI_OP_SIGMOID ||
-         op == NBI_OP_SILU;
-}
+static bool epi_act(int op) { return nbi_op_traits[op] & NBI_TR_ACT; }
 
 /* Whether step i's value is read by a step other than `user` or held. */
 static bool epi_used_elsewhere(nb_tensor *const *nodes, int n, int i, int user, const bool *held) {
@@ -303,8 +298,8 @@ int nbi_fuse_group_end(const int *group, int n, int i) {
 }
 
 bool nbi_fuse_view(const nb_tensor *t) {
-  return t->op == NBI_OP_RESHAPE || t->op == NBI_OP_BROADCAST_TO || t->op == NBI_OP_IDENTITY ||
-         t->op == NBI_OP_STOP_GRADIENT;
+  return t->op == NBI_OP_RESHAPE || t->op == NBI_OP_BROADCAST_TO ||
+         (nbi_op_traits[t->op] & NBI_TR_ALIAS);
 }
 
 /* ---- the neutral description (backend.h, "fused groups") ------------------------------- */

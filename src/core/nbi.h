@@ -324,8 +324,24 @@ void nbi_lazy_add(nb_tensor *t);
 void nbi_lazy_remove(nb_tensor *t);
 
 /* ---- op registry ------------------------------------------------------------------ */
+/* Op traits, the fourth column of an ops.def row: what several passes (the
+ * simplifier, fusion, sharding rules) need to know about an op, in one place. */
+enum {
+  NBI_TR_LEAF = 1u << 0,        /* no operands: a value (const, placeholder) */
+  NBI_TR_EW = 1u << 1,          /* elementwise with broadcasting (fusion class) */
+  NBI_TR_REDUCE = 1u << 2,      /* along axes: reductions, softmax, cumsum (row class) */
+  NBI_TR_COMMUTATIVE = 1u << 3, /* two operands swap without changing a bit */
+  NBI_TR_ALIAS = 1u << 4,       /* the value is operand 0's (identity-like) */
+  NBI_TR_ACT = 1u << 5,         /* an activation a GEMM epilogue can apply */
+  /* linearity, for partial sums kept through an op (sharding) */
+  NBI_TR_LIN_UNARY = 1u << 6, /* f(a + b) = f(a) + f(b) of its one operand */
+  NBI_TR_LIN_SUM = 1u << 7,   /* add/sub: partial when all operands are */
+  NBI_TR_LIN_MULTI = 1u << 8, /* mul: partial when exactly one operand is */
+  NBI_TR_LIN_FIRST = 1u << 9, /* div: partial when only operand 0 is */
+};
+
 typedef enum nbi_op {
-#define NB_OP(id, name, arity) NBI_OP_##id,
+#define NB_OP(id, name, arity, traits) NBI_OP_##id,
 #include "../ops/ops.def"
 #undef NB_OP
   NBI_OP_COUNT
@@ -451,10 +467,11 @@ typedef struct nbi_op_def {
 
 /* One record per op, defined next to the op's public function, named
  * nbi_opdef_<ID>; the registry table in src/ops/registry.c points at all. */
-#define NB_OP(id, name, arity) extern const nbi_op_def nbi_opdef_##id;
+#define NB_OP(id, name, arity, traits) extern const nbi_op_def nbi_opdef_##id;
 #include "../ops/ops.def"
 #undef NB_OP
 extern const nbi_op_def *const nbi_op_table[NBI_OP_COUNT];
+extern const uint32_t nbi_op_traits[NBI_OP_COUNT]; /* NBI_TR_*, from ops.def */
 
 /* A new node with t's value (src/ops/identity.c). */
 nb_tensor *nbi_identity(nb_tensor *t);
