@@ -112,6 +112,11 @@ $(TEST_BIN): $(TEST_OBJS) $(LIB_A)
 # crashes a test. The second pass leaves out the suites that assert CPU planning details
 # (fusion and kernel counts, lazy nodes, parallel steps, the CPU's own kernels); it is
 # skipped when TEST_ARGS selects tests.
+# The CPU kernels' instruction-set paths (src/backends/cpu/vmath.h): the suite's
+# first pass runs the best one the CPU has; the numeric suites run again on each
+# lower one (portable; avx2 too where the CPU has AVX-512).
+ISA_PASSES := portable $(shell grep -q -m1 -w avx512f /proc/cpuinfo 2>/dev/null && echo avx2)
+ISA_SUITES := vmath|elementwise|ew_blocks|reduce|rows_large|fusion|nn|gemm_small|gemm_epi|golden|grad_nn
 EMU_SKIP := lazy|fusion|gemm_epi|gemm_small|par_exec|dot|rows_large|graph|jit_exec|simplify|cuda*
 # make test TSAN=1: the thread tests (test/test_threads.c) as a standalone
 # binary (Criterion cannot run under ThreadSanitizer; test/mini_criterion.h).
@@ -131,6 +136,9 @@ test: deps
 	$(TEST_BIN) --jobs 2 $(TEST_ARGS)
 	@if [ -z "$(TEST_ARGS)" ]; then echo "==== the suite on emu:0"; \
 	  NABLA_TEST_DEVICE=emu:0 $(TEST_BIN) --jobs 2 --filter '!($(EMU_SKIP))/*'; fi
+	@if [ -z "$(TEST_ARGS)" ]; then for isa in $(ISA_PASSES); do \
+	  echo "==== the numeric suites with NABLA_ISA=$$isa"; \
+	  NABLA_ISA=$$isa $(TEST_BIN) --jobs 2 --filter '@($(ISA_SUITES))/*' || exit 1; done; fi
 endif
 
 # make CUDA=1 test-cuda-host: the CUDA backend's host-side tests alone (no GPU, and
