@@ -43,7 +43,16 @@ LIBS := -ldnnl -lopenblas -lm
 LDFLAGS_ALL := -fopenmp $(LDSAN) $(LDFLAGS)
 
 SRCS := $(sort $(wildcard src/core/*.c src/ops/*.c src/transforms/*.c src/sharding/*.c \
-                          src/backends/cpu/*.c src/backends/emu/*.c))
+                          src/backends/cpu/*.c src/backends/emu/*.c src/backends/mpi/*.c))
+
+# make MPI=1: the processes of an mpirun job (src/backends/mpi/README.md) through
+# Debian's Open MPI (scripts/deps.sh mpi installs it); without it the job is one
+# process.
+ifeq ($(MPI),1)
+override BUILD := $(BUILD)-mpi
+CFLAGS_ALL += -DNABLA_MPI=1 $(shell pkg-config --cflags ompi-c 2>/dev/null)
+LIBS += $(shell pkg-config --libs ompi-c 2>/dev/null)
+endif
 
 # make CUDA=1: the CUDA backend (src/backends/cuda/README.md) in the same library,
 # in its own build folder. Its libraries (driver API, NVRTC, cuBLASLt) are opened
@@ -68,7 +77,7 @@ TEST_BIN := $(BUILD)/test/nabla_tests
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(sort $(wildcard examples/*.c)))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(sort $(wildcard bench/*.c)))
 
-.PHONY: all deps check-layers test test-cuda-host demo bench bench-loaded bench-smoke install install-check uninstall clean format check-cxx
+.PHONY: all deps check-layers test test-mpi test-cuda-host demo bench bench-loaded bench-smoke install install-check uninstall clean format check-cxx
 
 all: $(LIB_A) $(LIB_SO) $(PC)
 
@@ -124,6 +133,30 @@ THREAD_TEST := $(BUILD)/test/thread_tests
 $(THREAD_TEST): test/test_threads.c test/common.h test/mini_criterion.h $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -DTC_STANDALONE -Itest $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS)
+
+# make MPI=1 test-mpi: the job and its collectives under mpirun, 2 and 4
+# processes (test/mpi/test_mpi.c), and a rank that never arrives: the others
+# must end the job with NB_ERR_DISTRIBUTED within the deadline.
+MPI_TEST := $(BUILD)/test/test_mpi
+MPIRUN := mpirun --allow-run-as-root --oversubscribe
+$(MPI_TEST): test/mpi/test_mpi.c test/common.h test/mini_criterion.h $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Itest $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS)
+
+test-mpi:
+	@if [ "$(MPI)" != 1 ]; then echo "test-mpi: needs make MPI=1 test-mpi"; exit 1; fi
+	@scripts/deps.sh mpi
+	@$(MAKE) --no-print-directory MPI=1 $(MPI_TEST)
+	$(MPIRUN) -np 1 $(MPI_TEST)
+	$(MPIRUN) -np 2 $(MPI_TEST)
+	$(MPIRUN) -np 4 $(MPI_TEST)
+	@echo "==== a rank that never arrives (deadline 3 s)"; start=$$(date +%s); \
+	  if NABLA_COLLECTIVE_TIMEOUT_S=3 $(MPIRUN) -x NABLA_COLLECTIVE_TIMEOUT_S -np 2 \
+	     $(MPI_TEST) deadline > $(BUILD)/test/deadline.log 2>&1; then \
+	    echo "the job did not fail"; cat $(BUILD)/test/deadline.log; exit 1; fi; \
+	  took=$$(( $$(date +%s) - start )); cat $(BUILD)/test/deadline.log | grep nabla; \
+	  grep -q "no word from rank(s) 1" $(BUILD)/test/deadline.log || { echo "no report"; exit 1; }; \
+	  [ $$took -lt 30 ] || { echo "took $$took s"; exit 1; }; echo "ended in $$took s"
 
 ifeq ($(TSAN),1)
 test: deps

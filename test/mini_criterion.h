@@ -4,7 +4,8 @@
  * memory layout). test/common.h includes it instead of <criterion/criterion.h>
  * when TC_STANDALONE is defined; `make test TSAN=1` builds test_threads.c so.
  * Tests run in registration order in one process; a failed assert ends the
- * process with status 1, a failed expect is counted. */
+ * process with status 1, a failed expect is counted. TC_OWN_MAIN: the test
+ * defines main and calls tcm_main(). */
 #ifndef NABLA_MINI_CRITERION_H
 #define NABLA_MINI_CRITERION_H
 
@@ -59,7 +60,7 @@ typedef struct tcm_suite_opts {
 #define cr_assert_lt(a, b, ...) cr_assert((a) < (b), __VA_ARGS__)
 #define cr_expect_eq(a, b, ...) cr_expect((a) == (b), __VA_ARGS__)
 
-int main(void) {
+static inline int tcm_main(void) {
   for (int i = 0; i < tcm_n; i++) {
     if (tcm_init) tcm_init();
     tcm_tests[i].fn();
@@ -69,5 +70,9 @@ int main(void) {
   fprintf(stderr, "%d tests, %d failed expectations\n", tcm_n, tcm_failed_expects);
   return tcm_failed_expects != 0;
 }
+
+#ifndef TC_OWN_MAIN /* a test with its own main calls tcm_main() */
+int main(void) { return tcm_main(); }
+#endif
 
 #endif

@@ -39,6 +39,7 @@ extern "C" {
   X(ERR_SCOPE, "scope misuse")                                                                     \
   X(ERR_STATE, "invalid state")                                                                    \
   X(ERR_SHARDING, "invalid sharding")                                                              \
+  X(ERR_DISTRIBUTED, "distributed job failure")                                                    \
   X(ERR_INTERNAL, "internal error")
 
 typedef enum nb_status {
