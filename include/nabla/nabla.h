@@ -10,5 +10,6 @@
 #include "custom.h"
 #include "sharding.h"
 #include "distributed.h"
+#include "random.h"
 
 #endif

@@ -284,6 +284,10 @@ static inline bool nbi_dead(const char *fn, const nb_tensor *t, int idx) {
 int nbi_scope_depth(void);
 int nbi_scope_floor_set(int floor); /* returns the previous floor */
 int nbi_scope_unwind(int depth, nb_tensor *const *keep, int n); /* scopes it closed */
+/* Traced functions being run by this thread (nbi_trace_run nests them): the
+ * seeded generator refuses to draw inside one (its numbers would be constants
+ * of the trace; keys are the way, include/nabla/random.h). */
+extern _Thread_local int nbi_trace_depth;
 /* The calling thread's number (1, 2, ... in order of first use): tensors
  * record it as their owner. */
 uint32_t nbi_thread_id(void);

@@ -141,7 +141,10 @@ nb_status nbi_trace_run(const char *fn, nb_fn *f, nb_tensor *const *in, nbi_trac
     if (!(tr->x[k] = nbi_identity(in[k]))) return nb_last_status();
     tr->x[k]->flags |= NBI_T_TRACED;
   }
-  return nb_call(f, tr->x, tr->y);
+  nbi_trace_depth++;
+  nb_status st = nb_call(f, tr->x, tr->y);
+  nbi_trace_depth--;
+  return st;
 }
 
 void nbi_trace_free(nbi_trace *tr) {
@@ -169,7 +172,11 @@ nb_status nbi_trace_program(const char *fn, nb_fn *f, const nb_shape *shapes,
   uint64_t seq0 = nbi_next_seq();
   for (int k = 0; k < f->n_in && !st; k++)
     if (!(x[k] = nbi_placeholder(&shapes[k], dtypes[k]))) st = nb_last_status();
-  if (!st) st = nb_call(f, x, y);
+  if (!st) {
+    nbi_trace_depth++;
+    st = nb_call(f, x, y);
+    nbi_trace_depth--;
+  }
   if (!st) st = nbi_program_build(fn, x, f->n_in, y, f->n_out, seq0, prog, capt, n_capt);
   nb_scope_end();
   free(x);
