@@ -10,9 +10,9 @@
  *     step or leaf already has become aliases and do not run, dead steps are
  *     skipped), fused groups of the steps that run (fuse.c), which values to
  *     keep (the memory policy below), per step the buffers that die, and
- *     in-place steps;
- *  4. execute the running steps on the CPU backend (a step reading an alias
- *     reads its source), freeing dead intermediates;
+ *     in-place steps; each fused group's description is built here and kept;
+ *  4. execute the running steps on their devices' backends (a step reading an
+ *     alias reads its source), freeing dead intermediates;
  *  5. kept nodes are marked realized and drop their graph edges (unless
  *     nb_backward still needs them); lazy nodes stay pending.
  * A node is "held from outside" when its refcount exceeds its uses inside the
@@ -50,7 +50,7 @@
  * buffer is unshared (refcount 1), contiguous and starts at offset 0, and
  * allocates otherwise.
  */
-#include "../backends/backend.h"
+#include "fuse.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,6 +124,10 @@ typedef struct plan {
    * outside its group. */
   int *group;
   bool *store;
+  /* Their descriptions (fuse.c), one per group of two or more steps, in the
+   * order the groups run. */
+  nbi_fused *fused;
+  int n_fused;
   /* The memory policy: fate[i] (FATE_*) of step i; inplace[c] = 4 * j + q
    * when run position c's output takes the buffer of its j-th running
    * step's input q (as the run reads it: aliased inputs swapped), else -1. */
@@ -149,6 +153,7 @@ static void plan_clear(plan *p) {
   free(p->free_idx);
   free(p->group);
   free(p->store);
+  free(p->fused);
   free(p->run);
   free(p->alias);
   free(p->swap);
@@ -445,12 +450,10 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
    * of steps and of leaves, on the simplified graph. */
   simplified_view(p, g, cn, true);
   nbi_fuse_plan(cn, n_run, root_run, p->group, p->store);
-  for (int f = 0; f < n_run;) { /* groups a device cannot run become single steps */
-    int e = nbi_fuse_group_end(p->group, n_run, f);
-    if (e > f && !nbi_fuse_supported(cn + f, e - f + 1, p->store + f))
-      for (int k = f; k <= e; k++)
-        p->group[k] = k, p->store[k] = true;
-    f = e + 1;
+  p->fused = nbi_fuse_describe_groups(cn, n_run, p->group, p->store, &p->n_fused);
+  if (!(ok = p->fused != NULL)) {
+    simplified_view(p, g, cn, false);
+    goto done;
   }
   for (int c = 0; c < n_run; c++)
     last[c] = -1;
@@ -530,7 +533,7 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
   for (int c = 0; c < n_run; c++)
     p->inplace[c] = -1;
   simplified_view(p, g, cn, true);
-  for (int f = 0; f < n_run;) {
+  for (int f = 0, gi = 0; f < n_run;) {
     int e = nbi_fuse_group_end(p->group, n_run, f);
     /* a GEMM epilogue's primitive reads its operands (the bias too) while it
      * writes its result, and a row group's members read operands across a
@@ -538,9 +541,9 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
      * GPU kernel recomputes a row per phase): none of their members writes
      * over an input. An elementwise group reads each operand only at the
      * index it writes. */
-    bool no_inplace = e > f && (cn[f]->op == NBI_OP_MATMUL || nbi_fuse_is_rows(cn + f, e - f + 1));
+    bool no_inplace = e > f && p->fused[gi++].g.kind != NBI_GROUP_ELEMENTWISE;
     for (int k = f; k <= e && !no_inplace; k++)
-      if (has[p->run[k]] && nbi_cpu_elementwise_fusible(cn[k]))
+      if (has[p->run[k]] && nbi_fuse_elementwise_step(cn[k]))
         p->inplace[k] = inplace_source(cn, p, spare, last, llast, dying, f, e, k);
     f = e + 1;
   }
@@ -671,10 +674,10 @@ static void count_flags(const graph *g, nb_tensor *const *ts, int n, int *uses, 
     if (ts[r]->mark >= 0) flags[ts[r]->mark] = HELD | ROOT;
 }
 
-/* Runs the fused group cn[f..e] (run positions): stored members with an
- * in-place input take its buffer first (nbi_fuse_run keeps a buffer a member
- * already has). */
-static nb_status run_group(const plan *p, nb_tensor *const *cn, int f, int e) {
+/* Runs the fused group cn[f..e] (run positions) that d describes: stored
+ * members with an in-place input take its buffer first (nbi_fuse_run keeps a
+ * buffer a member already has). */
+static nb_status run_group(const plan *p, nb_tensor *const *cn, int f, int e, const nbi_fused *d) {
   for (int k = f; k <= e; k++) {
     nbi_buffer *b = p->store[k] ? inplace_buffer(p, cn, k) : NULL;
     if (!b) continue;
@@ -683,7 +686,7 @@ static nb_status run_group(const plan *p, nb_tensor *const *cn, int f, int e) {
     t->shard0.offset = 0;
     nbi_contig_strides(&t->shape, t->shard0.strides);
   }
-  return nbi_fuse_run(cn + f, e - f + 1, p->store + f);
+  return nbi_fuse_run(d, cn + f);
 }
 
 /* After run position c: kept aliases of its value take its storage, and the
@@ -710,11 +713,11 @@ static nb_status plan_exec(const plan *p, graph *g, nb_tensor **cn_buf) {
     cn[c] = g->nodes[p->run[c]];
   swap_inputs(p, g, true);
   share_sources(p, g, 0);
-  for (int c = 0; c < p->n_run && !st; c++) {
+  for (int c = 0, gi = 0; c < p->n_run && !st; c++) {
     if (c + 1 < p->n_run && p->group[c + 1] == p->group[c])
       ; /* a member of a fused group that runs at its last step */
     else if (p->group[c] != c)
-      st = run_group(p, cn, p->group[c], c);
+      st = run_group(p, cn, p->group[c], c, &p->fused[gi++]);
     else
       st = run_node(cn[c], inplace_buffer(p, cn, c));
     if (!st) step_done(p, g, c);

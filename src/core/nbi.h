@@ -407,6 +407,7 @@ typedef struct nbi_op_def {
    * shard_map): writes the programs payload p nests to out[0..1] and returns
    * their number (cond: then, else; while: cond, body; the others: one). */
   int (*programs)(const nbi_payload *p, const struct nbi_program **out);
+  uint8_t fuse; /* NBI_FUSE_*: how the op may join a fused group (see "fusion") */
 } nbi_op_def;
 
 /* One record per op, defined next to the op's public function, named
@@ -562,71 +563,40 @@ nb_status nbi_apply_all(nbi_apply *a, nb_status (*node)(void *ctx, nbi_apply *a,
 nb_status nbi_program_run(const char *fn, const nbi_program *p, nb_tensor *const *in,
                           nb_tensor **out);
 
-/* ---- fusion (the CPU backend's fused executors) ------------------------------------
- * The planner (src/core/fuse.c) runs runs of consecutive nodes as one kernel:
- *  - elementwise groups: elementwise nodes of one float dtype (f32, f64) and one
- *    shape, evaluated chunk by chunk;
+/* ---- fusion (src/core/fuse.c) ---------------------------------------------------------
+ * The planner runs runs of consecutive steps as one kernel:
+ *  - elementwise groups: elementwise steps of one dtype and one shape;
  *  - row groups: the same plus reductions of the trailing axes of that "full"
- *    shape F (nbi_cpu_reduce_row_fusible: sum, mean, prod, max, min, var, std;
- *    keepdims or not) and elementwise nodes on the reduced "per-row" shape, whose
- *    values later members broadcast back over F (keepdims shape). Evaluated row
- *    by row: full members in scratch rows, per-row members as scalars. Axis
- *    ops along the last axis (softmax, log_softmax, cumsum) are full members.
- *    A row group may end with global members, computed once after the rows: a
- *    reduction of all rows of a per-row member (a loss's mean over the batch)
- *    and elementwise ops on such single values.
- *  - GEMM epilogues (src/backends/cpu/k_gemm_epi.c): an f32 2-D [matmul, add
- *    row bias, activation] as one oneDNN primitive; the only groups whose
- *    results are not bitwise those of the nodes run one by one.
- * View ops (reshape, broadcast_to, identity, stop_gradient) join a group as
- * copies. Values used only inside a group are never materialized; elementwise
- * and row groups' results are bitwise those of the nodes run one by one. */
-#define NBI_FUSE_MAX 16        /* members of a group; also its outside operands */
-#define NBI_FUSE_OPERANDS 16   /* elementwise groups: stored members + outside operands */
-#define NBI_FUSE_ROW_MAX 16384 /* elements of one row of a row group (scratch per thread) */
+ *    shape F (keepdims or not) and elementwise steps on the reduced "per-row"
+ *    shape, whose values later members broadcast back over F (keepdims shape);
+ *    axis ops along the last axis (softmax, log_softmax, cumsum) are full
+ *    members. A row group may end with global members, computed once after the
+ *    rows: a reduction of all rows of a per-row member (a loss's mean over the
+ *    batch) and elementwise ops on such single values;
+ *  - GEMM epilogues: a 2-D [matmul, add row bias, activation].
+ * View ops join a group as copies. Which ops may join is a trait of the op
+ * (nbi_op_def.fuse); whether a device runs a group, and so how far a group
+ * grows, is the device backend's answer for the group's neutral description
+ * (src/backends/backend.h, "fused groups": group_ok). Values used only inside a
+ * group are never materialized. */
+enum {
+  NBI_FUSE_NONE,        /* never fused */
+  NBI_FUSE_ELEMENTWISE, /* an elementwise formula (ew_formulas.h) or where */
+  NBI_FUSE_ROW_REDUCE,  /* a reduction a row group can hold (sum, mean, prod, max, min, var, std) */
+  NBI_FUSE_ROW_AXIS,    /* an op along one axis a row group can hold along F's last axis
+                           (attrs.i[0] = the axis): softmax, log_softmax, cumsum */
+  NBI_FUSE_VIEW,        /* a copy of its input in a group (reshape, broadcast_to, identity,
+                           stop_gradient); joins a group, never starts one */
+};
+#define NBI_FUSE_MAX 16 /* members of a group; also its operands and its outputs */
 /* On unless the environment sets NABLA_NO_FUSION=1; tests compare both. */
 bool nbi_fusion_enabled(void);
 void nbi_set_fusion(bool on);
-/* src/core/fuse.c. nodes[0..n-1]: a realization's pending nodes in topological
- * order, each node's mark = its index (inputs with mark < 0 are leaves);
- * held[i]: node i's value must be kept after the realization. Writes group[i]
- * (first step of i's group; groups are runs of consecutive steps that run as
- * one kernel at their last step) and store[i] (i's value needs a buffer). */
-/* Whether the group nodes[0..m-1] is a row group (holds a reduction or an axis
- * op along trailing axes). */
-bool nbi_fuse_is_rows(nb_tensor *const *nodes, int m);
-/* The last step of the group step i belongs to (the step that runs it). */
-int nbi_fuse_group_end(const int *group, int n, int i);
-void nbi_fuse_plan(nb_tensor *const *nodes, int n, const bool *held, int *group, bool *store);
-/* Runs the group nodes[0..m-1] (m >= 2): allocates buffers of the stored
- * members, runs the fused kernel; on failure no member keeps a buffer. */
-nb_status nbi_fuse_run(nb_tensor *const *nodes, int m, const bool *store);
-/* Whether the device of group nodes[0..m-1] can run it as one kernel (the CPU
- * always; other devices: the group has a neutral description, backend.h, and
- * the backend's group_ok takes it). The planner splits groups it refuses. */
-bool nbi_fuse_supported(nb_tensor *const *nodes, int m, const bool *store);
-bool nbi_cpu_elementwise_fusible(const nb_tensor *n);
-/* A view op (reshape, broadcast_to, identity, stop_gradient) that may join a
- * group as a copy of its input (src/core/fuse.c). */
-bool nbi_fuse_view(const nb_tensor *n);
-/* A reduction a row group can hold (src/backends/cpu/k_reduce.c). */
-bool nbi_cpu_reduce_row_fusible(const nb_tensor *n);
-/* An axis op a row group can hold as a full member: softmax, log_softmax,
- * cumsum along the last axis (rows of one axis). */
-bool nbi_cpu_axis_row_fusible(const nb_tensor *n);
-/* nodes[0..m-1] in topological order; out[k] is member k's buffer view where
- * store[k] (its value is needed outside the group), else unused. */
-nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *store,
-                                    nbi_view *out);
-/* The same for a row group whose row ops work along axes [ra, ndim) of the
- * full shape (their input's). */
-nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out,
-                             int ra);
 
 /* ---- simplification (src/core/simplify.c) -------------------------------------------
  * Before grouping, the planner finds steps whose value another step or leaf
  * already has (common subexpressions, no-op views and casts); they do not run
- * and share their source's storage. Same arguments as nbi_fuse_plan; writes
+ * and share their source's storage. Same arguments as nbi_fuse_plan (fuse.h); writes
  * alias[i] (the mark of the step or leaf whose value step i has; i when i
  * computes) and needed[i] (held, or read by a needed step that computes).
  * On unless the environment sets NABLA_NO_SIMPLIFY=1; tests compare both. */

@@ -53,11 +53,17 @@ const nbi_op_def nbi_opdef_PLACEHOLDER = {
     .name = "placeholder", .arity = 0, .flags = NBI_OPF_NONDIFF};
 const nbi_op_def nbi_opdef_TUPLE_GET = {.name = "tuple_get", .arity = 1, .view = tuple_get_view};
 
-const nbi_op_def nbi_opdef_IDENTITY = {
-    "identity",           1, NULL, alias_view, .vjp = identity_vjp, .jvp = identity_jvp,
-    .vmap = identity_vmap};
+const nbi_op_def nbi_opdef_IDENTITY = {"identity",
+                                       1,
+                                       NULL,
+                                       alias_view,
+                                       .vjp = identity_vjp,
+                                       .jvp = identity_jvp,
+                                       .vmap = identity_vmap,
+                                       .fuse = NBI_FUSE_VIEW};
 const nbi_op_def nbi_opdef_STOP_GRADIENT = {
-    "stop_gradient", 1, NULL, alias_view, .flags = NBI_OPF_NONDIFF, .vmap = identity_vmap};
+    "stop_gradient",      1, NULL, alias_view, .flags = NBI_OPF_NONDIFF, .vmap = identity_vmap,
+    .fuse = NBI_FUSE_VIEW};
 
 /* ---- device moves ------------------------------------------------------------------
  * TO_DEVICE: the value of its input on another device (attrs.i[0] = the

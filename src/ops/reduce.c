@@ -457,25 +457,29 @@ const nbi_op_def nbi_opdef_REDUCE_SUM = {.name = "reduce_sum",
                                          .cpu = nbi_cpu_reduce,
                                          .vjp = sum_vjp,
                                          .jvp = sum_jvp,
-                                         .vmap = reduction_vmap};
+                                         .vmap = reduction_vmap,
+                                         .fuse = NBI_FUSE_ROW_REDUCE};
 const nbi_op_def nbi_opdef_REDUCE_PROD = {.name = "reduce_prod",
                                           .arity = 1,
                                           .cpu = nbi_cpu_reduce,
                                           .vjp = prod_vjp,
                                           .jvp = prod_jvp,
-                                          .vmap = reduction_vmap};
+                                          .vmap = reduction_vmap,
+                                          .fuse = NBI_FUSE_ROW_REDUCE};
 const nbi_op_def nbi_opdef_REDUCE_MAX = {.name = "reduce_max",
                                          .arity = 1,
                                          .cpu = nbi_cpu_reduce,
                                          .vjp = extreme_vjp,
                                          .jvp = extreme_jvp,
-                                         .vmap = reduction_vmap};
+                                         .vmap = reduction_vmap,
+                                         .fuse = NBI_FUSE_ROW_REDUCE};
 const nbi_op_def nbi_opdef_REDUCE_MIN = {.name = "reduce_min",
                                          .arity = 1,
                                          .cpu = nbi_cpu_reduce,
                                          .vjp = extreme_vjp,
                                          .jvp = extreme_jvp,
-                                         .vmap = reduction_vmap};
+                                         .vmap = reduction_vmap,
+                                         .fuse = NBI_FUSE_ROW_REDUCE};
 const nbi_op_def nbi_opdef_REDUCE_ANY = {.name = "reduce_any",
                                          .arity = 1,
                                          .cpu = nbi_cpu_reduce,
@@ -491,7 +495,8 @@ const nbi_op_def nbi_opdef_REDUCE_VAR = {.name = "reduce_var",
                                          .cpu = nbi_cpu_reduce,
                                          .vjp = var_vjp,
                                          .jvp = var_jvp,
-                                         .vmap = reduction_vmap};
+                                         .vmap = reduction_vmap,
+                                         .fuse = NBI_FUSE_ROW_REDUCE};
 const nbi_op_def nbi_opdef_LOGSUMEXP = {.name = "logsumexp",
                                         .arity = 1,
                                         .cpu = nbi_cpu_reduce,
@@ -513,16 +518,19 @@ const nbi_op_def nbi_opdef_SOFTMAX = {.name = "softmax",
                                       .cpu = nbi_cpu_softmax,
                                       .vjp = softmax_vjp,
                                       .jvp = softmax_jvp,
-                                      .vmap = along_axis_vmap};
+                                      .vmap = along_axis_vmap,
+                                      .fuse = NBI_FUSE_ROW_AXIS};
 const nbi_op_def nbi_opdef_LOG_SOFTMAX = {.name = "log_softmax",
                                           .arity = 1,
                                           .cpu = nbi_cpu_softmax,
                                           .vjp = log_softmax_vjp,
                                           .jvp = log_softmax_jvp,
-                                          .vmap = along_axis_vmap};
+                                          .vmap = along_axis_vmap,
+                                          .fuse = NBI_FUSE_ROW_AXIS};
 const nbi_op_def nbi_opdef_CUMSUM = {.name = "cumsum",
                                      .arity = 1,
                                      .cpu = nbi_cpu_cumsum,
                                      .vjp = cumsum_vjp,
                                      .jvp = cumsum_jvp,
-                                     .vmap = along_axis_vmap};
+                                     .vmap = along_axis_vmap,
+                                     .fuse = NBI_FUSE_ROW_AXIS};

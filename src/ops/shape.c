@@ -212,7 +212,8 @@ const nbi_op_def nbi_opdef_RESHAPE = {.name = "reshape",
                                       .view = reshape_view,
                                       .vjp = reshape_vjp,
                                       .jvp = reshape_jvp,
-                                      .vmap = reshape_vmap};
+                                      .vmap = reshape_vmap,
+                                      .fuse = NBI_FUSE_VIEW};
 
 /* ---- permute ---------------------------------------------------------------------- */
 
@@ -360,7 +361,8 @@ const nbi_op_def nbi_opdef_BROADCAST_TO = {.name = "broadcast_to",
                                            .view = broadcast_view,
                                            .vjp = broadcast_vjp,
                                            .jvp = broadcast_jvp,
-                                           .vmap = broadcast_vmap};
+                                           .vmap = broadcast_vmap,
+                                           .fuse = NBI_FUSE_VIEW};
 
 /* ---- slice ------------------------------------------------------------------------ */
 

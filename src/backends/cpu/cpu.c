@@ -1,6 +1,7 @@
-/* src/backends/cpu/cpu.c — CPU backend: aligned blocks, thread setup, vtable.
- * Tensor buffers come from these blocks through the cache in src/core/alloc.c. */
-#include "../backend.h"
+/* src/backends/cpu/cpu.c — CPU backend: aligned blocks, thread setup, vtable
+ * (fused groups: k_fused.c). Tensor buffers come from these blocks through the
+ * cache in src/core/alloc.c. */
+#include "k_fused.h"
 
 #include <stdlib.h>
 #include <xmmintrin.h>
@@ -44,14 +45,6 @@ static nb_status cpu_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const 
   (void)ctx;
   return nbi_op_table[n->op]->cpu(n, out, in);
 }
-static bool cpu_group_ok(void *ctx, const nbi_group *g) { /* the planner's rules are the CPU's */
-  (void)ctx, (void)g;
-  return true;
-}
-static nb_status cpu_run_group(void *ctx, const nbi_group *g, nbi_view *out, const nbi_view *in) {
-  (void)ctx, (void)g, (void)out, (void)in;
-  return nbi_error(NB_ERR_INTERNAL, "nabla: the CPU runs fused groups from their nodes");
-}
 
 const nbi_backend nbi_cpu_backend = {
     .name = "cpu",
@@ -65,8 +58,8 @@ const nbi_backend nbi_cpu_backend = {
     .sync = cpu_sync,
     .supports = cpu_supports,
     .run_op = cpu_run_op,
-    .group_ok = cpu_group_ok,
-    .run_group = cpu_run_group,
+    .group_ok = nbi_cpu_group_ok,
+    .run_group = nbi_cpu_run_group,
 };
 
 /* Flush-to-zero and denormals-are-zero: denormals cost ~100x per operation on
