@@ -1,5 +1,6 @@
 # nabla — GNU Makefile. `make` builds build/libnabla.{a,so} and build/nabla.pc.
-#   make test        install missing Debian deps, build, run the Criterion suite
+#   make test        install missing Debian deps, check the layering (scripts/check_layers.sh),
+#                    build, run the Criterion suite
 #   make test SAN=1  the same under AddressSanitizer + UBSan (build-san/)
 #   make demo        build and run the examples
 #   make bench       benchmarks (bench/README.md)
@@ -57,12 +58,16 @@ TEST_BIN := $(BUILD)/test/nabla_tests
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(sort $(wildcard examples/*.c)))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(sort $(wildcard bench/*.c)))
 
-.PHONY: all deps test test-cuda-host demo bench bench-smoke install install-check uninstall clean format check-cxx
+.PHONY: all deps check-layers test test-cuda-host demo bench bench-smoke install install-check uninstall clean format check-cxx
 
 all: $(LIB_A) $(LIB_SO) $(PC)
 
 deps:
 	@scripts/deps.sh
+
+# Includes across the layering (ARCHITECTURE.md; the rules are in the script).
+check-layers:
+	@sh scripts/check_layers.sh
 
 $(BUILD)/obj/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
@@ -92,6 +97,7 @@ $(TEST_BIN): $(TEST_SRCS) $(wildcard test/*.h) $(LIB_A)
 # TEST_ARGS selects tests.
 EMU_SKIP := cuda*
 test: deps
+	@sh scripts/check_layers.sh
 	@$(MAKE) --no-print-directory $(TEST_BIN)
 	$(TEST_BIN) --jobs 2 $(TEST_ARGS)
 	@if [ -z "$(TEST_ARGS)" ]; then echo "==== the suite on emu:0"; \

@@ -10,7 +10,7 @@
  *  - __shared__ is `static thread_local`: one object per block (a block runs on one
  *    host thread, blocks of a launch on several); `extern __shared__ T name[];`
  *    (dynamic shared memory) becomes NB_SHIM_DYN_SMEM(name, T) in the fake's
- *    rewrite (test/fake_cuda/fake_module.c): the launch's dynamic shared memory;
+ *    rewrite (test/fake_cuda/fake_host.c): the launch's dynamic shared memory;
  *  - the threads of a block are fibers on one host thread, switched at barriers:
  *    __syncthreads (and _count / _and / _or) waits for every live thread of the
  *    block, __syncwarp and the warp primitives (shuffles, votes) for every live
@@ -374,6 +374,8 @@ static inline void call_(void (*f)(A...), void **p, std::index_sequence<I...>) {
 template <class... A> static inline void call(void (*f)(A...), void *p) {
   call_(f, static_cast<void **>(p), std::index_sequence_for<A...>{});
 }
+/* The number of parameters of kernel f. */
+template <class... A> static constexpr unsigned arity(void (*)(A...)) { return sizeof...(A); }
 
 /* Dynamic shared memory of the running block, as an array of T. */
 template <typename T> struct dyn_array {
@@ -388,9 +390,10 @@ template <typename T> struct dyn_array {
 #define NB_SHIM_DYN_SMEM(name, ...) static const nb_shim::dyn_array<__VA_ARGS__> name
 
 /* The trampoline of kernel `name` (the fake generates one per kernel): one thread with
- * cuLaunchKernel's kernelParams. */
+ * cuLaunchKernel's kernelParams; and the kernel's number of parameters. */
 #define NB_SHIM_KERNEL(name)                                                                       \
-  extern "C" void nb_shim_k_##name(void *params) { nb_shim::call(name, params); }
+  extern "C" void nb_shim_k_##name(void *params) { nb_shim::call(name, params); }                  \
+  extern "C" const unsigned nb_shim_p_##name = nb_shim::arity(name);
 
 extern "C" int nb_shim_abi(void) { return NB_SHIM_ABI; }
 
@@ -429,24 +432,29 @@ extern "C" int nb_shim_exec(const nb_shim_launch *L, nb_shim_worker *W) {
   return rc;
 }
 
-/* A worker of this object for nb_shim_run, made at its first launch; NULL when out of
- * memory. */
+/* The worker of this object for nb_shim_run, made at its first launch (NULL when out of
+ * memory) and unmapped when the object is unloaded. */
+static void *nb_shim_own_mem;
+static const size_t nb_shim_own_stack = (size_t)128 << 10;
+static const size_t nb_shim_own_bytes =
+    NB_SHIM_MAX_THREADS * nb_shim_own_stack + NB_SHIM_DYN_SMEM_MAX + NB_SHIM_SCRATCH;
 static nb_shim_worker *nb_shim_own_worker() {
   static nb_shim_worker w;
-  static void *mem;
-  const size_t stack = (size_t)128 << 10, n = NB_SHIM_MAX_THREADS * stack;
-  const size_t bytes = n + NB_SHIM_DYN_SMEM_MAX + NB_SHIM_SCRATCH;
-  if (!mem) {
-    void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+  if (!nb_shim_own_mem) {
+    void *p = mmap(nullptr, nb_shim_own_bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return nullptr;
-    mem = p;
+    nb_shim_own_mem = p;
+    size_t n = NB_SHIM_MAX_THREADS * nb_shim_own_stack;
     w.stacks = static_cast<char *>(p);
-    w.stack_bytes = stack;
+    w.stack_bytes = nb_shim_own_stack;
     w.smem = w.stacks + n;
     w.scratch = w.stacks + n + NB_SHIM_DYN_SMEM_MAX;
   }
   return &w;
+}
+__attribute__((destructor)) static void nb_shim_own_unmap() {
+  if (nb_shim_own_mem) munmap(nb_shim_own_mem, nb_shim_own_bytes);
 }
 
 /* grid blocks of `block` threads, each running body(arg), on the calling thread;
@@ -606,6 +614,46 @@ static inline unsigned long long __umul64hi(unsigned long long a, unsigned long 
 static inline long long __mul64hi(long long a, long long b) {
   return (long long)(((__int128)a * b) >> 64);
 }
+
+/* ---- rounding-mode intrinsics (the host rounds to nearest even) ---- */
+/* x rounded to float toward zero (dir 0), up (1) or down (-1). */
+static inline float nb_shim_d2f(double x, int dir) {
+  float f = (float)x;
+  if (f != f || (double)f == x) return f;
+  bool above = (double)f > x;
+  if (dir == 0 && above == (x > 0)) return nextafterf(f, 0.0f);
+  if (dir > 0 && !above) return nextafterf(f, INFINITY);
+  if (dir < 0 && above) return nextafterf(f, -INFINITY);
+  return f;
+}
+static inline float __double2float_rn(double x) { return (float)x; }
+static inline float __double2float_rz(double x) { return nb_shim_d2f(x, 0); }
+static inline float __double2float_ru(double x) { return nb_shim_d2f(x, 1); }
+static inline float __double2float_rd(double x) { return nb_shim_d2f(x, -1); }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __frcp_rn(float a) { return 1.0f / a; }
+static inline float __fsqrt_rn(float a) { return sqrtf(a); }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __ddiv_rn(double a, double b) { return a / b; }
+static inline double __dsqrt_rn(double a) { return sqrt(a); }
+static inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
+static inline float rsqrtf(float a) { return 1.0f / sqrtf(a); }
+static inline double rsqrt(double a) { return 1.0 / sqrt(a); }
+static inline float __saturatef(float a) { return a > 1.0f ? 1.0f : a > 0.0f ? a : 0.0f; }
+static inline int __float2int_rz(float a) { return (int)a; }
+static inline int __float2int_rn(float a) { return (int)nearbyintf(a); }
+static inline int __double2int_rz(double a) { return (int)a; }
+static inline long long __float2ll_rz(float a) { return (long long)a; }
+static inline long long __double2ll_rz(double a) { return (long long)a; }
+static inline float __int2float_rn(int a) { return (float)a; }
+static inline float __ll2float_rn(long long a) { return (float)a; }
+static inline double __ll2double_rn(long long a) { return (double)a; }
 
 /* CUDA's min / max take mixed arithmetic types (the usual conversions); over floats
  * they are fmin / fmax (a NaN operand gives the other). */

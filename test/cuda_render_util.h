@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include "../src/backends/cpu/cpu.h"
 #include "../src/backends/cuda/cuda_be.h"
 
 typedef struct cr_rng {
@@ -265,7 +266,7 @@ static inline nb_status cpu_node(int op, nb_dtype dt, const nbi_view *outv, int 
     nbi_copy_view(out, &in[0]);
     return NB_OK;
   }
-  return nbi_op_table[op]->cpu(&node, out, in);
+  return nbi_cpu_run_op(NULL, &node, out, in);
 }
 
 /* val[k] (malloc'd): member k's value, contiguous, member_numel elements. */

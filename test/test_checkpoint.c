@@ -5,6 +5,8 @@
  * passed-through input), captures, errors. */
 #include "grad_check.h"
 
+#include "../src/ops/rule_util.h"
+
 TestSuite(checkpoint, .init = tc_setup, .fini = tc_teardown);
 
 /* ---- functions used below --------------------------------------------------------- */

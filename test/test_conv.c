@@ -4,7 +4,8 @@
  * kernels on strided views, bad inputs. */
 #include "common.h"
 
-#include "../src/backends/cpu/k_nn.h"
+#include "../src/backends/cpu/cpu.h"
+#include "../src/ops/nn.h"
 
 TestSuite(conv, .init = tc_setup, .fini = tc_teardown);
 
@@ -258,7 +259,7 @@ Test(conv, kernels_read_strided_views) {
   nbi_view out = {.data = (char *)y, .dtype = NB_F32, .ndim = 4};
   memcpy(out.dims, so.dims, sizeof out.dims);
   nbi_contig_strides(&so, out.strides);
-  cr_assert_eq(nbi_op_table[NBI_OP_CONV2D]->cpu(node, &out, (nbi_view[]){vx, vw}), NB_OK);
+  cr_assert_eq(nbi_cpu_run_op(NULL, node, &out, (nbi_view[]){vx, vw}), NB_OK);
   for (int64_t i = 0; i < tc_numel(so); i++)
     cr_assert(fabs(y[i] - ref[i]) <= 1e-5 * (1 + fabs(ref[i])), "conv element %lld: %g vs %g",
               (long long)i, y[i], ref[i]);
@@ -271,7 +272,7 @@ Test(conv, kernels_read_strided_views) {
   out = (nbi_view){.data = (char *)z, .dtype = NB_F32, .ndim = 4};
   memcpy(out.dims, so.dims, sizeof out.dims);
   nbi_contig_strides(&so, out.strides);
-  cr_assert_eq(nbi_op_table[NBI_OP_MAX_POOL2D]->cpu(pool, &out, (nbi_view[]){vx}), NB_OK);
+  cr_assert_eq(nbi_cpu_run_op(NULL, pool, &out, (nbi_view[]){vx}), NB_OK);
   for (int64_t i = 0; i < tc_numel(so); i++)
     cr_assert_eq(z[i], (float)ref[i], "pool element %lld: %g vs %g", (long long)i, z[i], ref[i]);
   free(ref);

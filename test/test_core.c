@@ -146,7 +146,7 @@ Test(core, scope_end_without_begin_is_an_error) {
 Test(core, errors_are_sticky_and_name_the_function) {
   cr_assert_null(nb_zeros(NB_SHAPE(-1, 2), NB_F32));
   cr_assert_null(nb_from_data(NULL, NB_SHAPE(2), NB_F32)); /* second error is ignored */
-  tc_assert_error(NB_ERR_SHAPE, "nb_full: negative dimension in shape [-1,2]");
+  tc_assert_error(NB_ERR_SHAPE, "nb_zeros: negative dimension in shape [-1,2]");
   cr_assert_str_eq(nb_last_error(), "");
   cr_assert_null(nb_zeros(NB_SHAPE(1 << 30, 1 << 30, 1 << 30), NB_F32));
   tc_assert_error(NB_ERR_OVERFLOW, "2^48");
@@ -193,3 +193,24 @@ Test(core, print_shows_values_dtype_and_shape) {
   free(buf);
 }
 
+
+/* Shapes: a zero dim does not excuse the others from the size limit (their
+ * strides would overflow int64), a slice's step does not matter on a dim of
+ * one element, and an empty tensor prints once, however long its other dims. */
+Test(core, overflow_audit_of_empty_shapes_slices_and_printing) {
+  cr_assert_null(nb_zeros(NB_SHAPE(0, (int64_t)1 << 40, (int64_t)1 << 40, 8), NB_F32));
+  tc_assert_error(NB_ERR_OVERFLOW, "nb_zeros");
+  double x[6] = {1, 2, 3, 4, 5, 6};
+  nb_tensor *t = tc_tensor(x, NB_SHAPE(2, 3), NB_F64);
+  nb_tensor *s = nb_slice(t, (int64_t[]){1, 2}, (int64_t[]){0, 3},
+                          (int64_t[]){INT64_MIN + 1, INT64_MAX});
+  cr_assert_not_null(s, "%s", nb_last_error());
+  cr_assert_float_eq(nb_item(s), 6.0, 0);
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  nb_fprint(f, nb_zeros(NB_SHAPE((int64_t)1 << 40, 0), NB_F32));
+  fclose(f);
+  cr_expect_str_eq(buf, "[] (f32 [1099511627776,0])\n");
+  free(buf);
+}

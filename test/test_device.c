@@ -8,6 +8,8 @@
  * crashes a test. */
 #include "common.h"
 
+#include "../src/backends/cpu/cpu.h"
+
 #include <signal.h>
 #include <stdlib.h>
 
@@ -107,6 +109,29 @@ Test(device, emu_kernel_errors_are_reported_at_the_next_read) {
   nb_status st = nb_to_host(y, v, sizeof v);
   cr_expect_eq(st, NB_ERR_INDEX, "%s", nb_status_str(st));
   cr_expect(strstr(nb_last_error(), "nb_take") != NULL, "%s", nb_last_error());
+}
+
+/* Recording skips the support question on the CPU (device 0) and for ops that
+ * run no kernel (NBI_OPF_NO_KERNEL) or that core runs (exec): that holds only
+ * while the CPU's table has a kernel for exactly every other op. The emulated
+ * device answers as the CPU does. */
+Test(device, cpu_kernel_table_covers_every_op_that_runs_a_kernel) {
+  int emu = nbi_device_lookup("test", NB_EMU(0));
+  cr_assert_geq(emu, 0);
+  const nbi_device *d = nbi_device_at(emu);
+  for (int op = 0; op < NBI_OP_COUNT; op++) {
+    const nbi_op_def *def = nbi_op_table[op];
+    bool runs = !def->exec && !(def->flags & NBI_OPF_NO_KERNEL);
+    cr_expect_eq(nbi_cpu_kernel_of(op) != NULL, runs, "%s: CPU kernel %s", def->name,
+                 runs ? "missing" : "for an op that runs none");
+    for (int dt = 0; dt < NB_DTYPE_COUNT; dt++) {
+      cr_expect_eq(nbi_cpu_backend.supports(NULL, op, (nb_dtype)dt), runs, "%s", def->name);
+      cr_expect_eq(d->be->supports(d->ctx, op, (nb_dtype)dt), runs, "%s on emu", def->name);
+    }
+  }
+  cr_expect_null(nbi_cpu_kernel_of(-1));
+  cr_expect_null(nbi_cpu_kernel_of(NBI_OP_COUNT));
+  cr_expect(!nbi_cpu_supports(NULL, NBI_OP_ADD, NB_DTYPE_COUNT));
 }
 
 /* An emu buffer's address is not host memory: reading it around the backend faults

@@ -4,6 +4,8 @@
  * laziness and the plan cache. */
 #include "common.h"
 
+#include "../src/backends/cpu/cpu.h" /* NBI_PAR_MIN */
+
 TestSuite(elementwise, .init = tc_setup, .fini = tc_teardown);
 
 #define N_DT NB_DTYPE_COUNT

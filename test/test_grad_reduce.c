@@ -6,6 +6,8 @@
  * zeros, f32 gradients staying f32, integer inputs, and the op table. */
 #include "grad_check.h"
 
+#include "../src/ops/rule_util.h"
+
 TestSuite(grad_reduce, .init = tc_setup, .fini = tc_teardown);
 
 typedef enum red_op {

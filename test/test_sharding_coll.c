@@ -9,6 +9,7 @@
  * sum, ...); jit and vmap; argument errors; no tensor leaks. */
 #include "common.h"
 
+#include "../src/ops/rule_util.h"
 #include "../src/sharding/sharding.h"
 #include "host_blocks.h"
 

@@ -1,4 +1,4 @@
-/* test/test_smap.c — collectives of shard_map bodies (src/ops/collective.c)
+/* test/test_smap.c — collectives of shard_map bodies (src/sharding/coll_ops.c)
  * and the per-device interpreter (src/sharding/smap.c).
  *
  * A body is traced as the shard_map does it (nbi_smap_push, nbi_trace_program

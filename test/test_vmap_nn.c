@@ -13,7 +13,6 @@
  * (nb_vmap(nb_grad(loss))) against a loop of nb_grad; empty batches. */
 #include "grad_check.h"
 
-#include "../src/backends/cpu/k_nn.h"
 #include "../src/ops/nn.h"
 
 TestSuite(vmap_nn, .init = tc_setup, .fini = tc_teardown);

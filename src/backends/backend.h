@@ -159,7 +159,7 @@ typedef struct nbi_backend {
 
   /* Runs node n alone from the backend's own kernel table: in[k] views n's
    * realized inputs (any strides), out is a fresh contiguous buffer of n's
-   * shape and dtype on this device (nbi.h, nbi_cpu_kernel has the contract). */
+   * shape and dtype on this device (nbi.h, nbi_kernel has the contract). */
   nb_status (*run_op)(void *ctx, const nb_tensor *n, nbi_view *out, const nbi_view *in);
 
   /* Fused groups: whether the device can run group g (operand counts, row

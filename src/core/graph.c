@@ -52,6 +52,7 @@
  */
 #include "fuse.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -82,19 +83,21 @@ void nbi_stats_alloc(size_t nbytes) {
   if (stats.live_bytes > stats.peak_bytes) stats.peak_bytes = stats.live_bytes;
 }
 void nbi_stats_free(size_t nbytes) { stats.live_bytes -= nbytes; }
-void nbi_stats_kernel(void) { stats.kernels_run++; }
+/* Counters are bumped from every thread: relaxed atomic adds. */
+#define STAT_ADD(field, v) __atomic_fetch_add(&stats.field, (v), __ATOMIC_RELAXED)
+void nbi_stats_kernel(void) { STAT_ADD(kernels_run, 1); }
 void nbi_stats_collective(int kind, uint64_t bytes) {
   uint64_t *count[] = {&stats.n_all_reduce, &stats.n_all_gather, &stats.n_reduce_scatter,
                        &stats.n_all_to_all, &stats.n_permute};
   if (kind < 0 || kind > NBI_COLL_PERMUTE) return;
-  (*count[kind])++;
-  stats.collective_bytes += bytes;
+  __atomic_fetch_add(count[kind], 1, __ATOMIC_RELAXED);
+  STAT_ADD(collective_bytes, bytes);
 }
 void nbi_stats_jit(bool hit) {
   if (hit)
-    stats.jit_cache_hits++;
+    STAT_ADD(jit_cache_hits, 1);
   else
-    stats.jit_cache_misses++;
+    STAT_ADD(jit_cache_misses, 1);
 }
 
 /* ---- plan cache --------------------------------------------------------------------- */
@@ -145,8 +148,13 @@ enum {
 };
 
 #define PLAN_CACHE_SIZE 64
-static plan plan_cache[PLAN_CACHE_SIZE];
-static uint64_t plan_clock;
+/* Each thread plans with its own cache (threads realize their own tensors, and a
+ * lookup or an eviction must not race another thread's plan in use); a thread's
+ * plans are freed when it exits (plan_cache_key), the main thread's at exit. */
+static _Thread_local plan plan_cache[PLAN_CACHE_SIZE];
+static _Thread_local uint64_t plan_clock;
+static pthread_key_t plan_cache_key;
+static pthread_once_t plan_cache_once = PTHREAD_ONCE_INIT;
 
 static void plan_clear(plan *p) {
   free(p->free_start);
@@ -164,10 +172,14 @@ static void plan_clear(plan *p) {
   *p = (plan){0};
 }
 
-__attribute__((destructor)) static void plan_cache_cleanup(void) {
+static void plan_cache_free(void *unused) {
+  (void)unused;
   for (int i = 0; i < PLAN_CACHE_SIZE; i++)
     plan_clear(&plan_cache[i]);
 }
+static void plan_cache_key_make(void) { (void)pthread_key_create(&plan_cache_key, plan_cache_free); }
+
+__attribute__((destructor)) static void plan_cache_cleanup(void) { plan_cache_free(NULL); }
 
 static plan *plan_cache_lookup(uint64_t h1, uint64_t h2, int n_steps) {
   for (int i = 0; i < PLAN_CACHE_SIZE; i++) {
@@ -181,6 +193,10 @@ static plan *plan_cache_lookup(uint64_t h1, uint64_t h2, int n_steps) {
 }
 
 static plan *plan_cache_slot(void) { /* empty slot, else least recently used */
+  if (!plan_clock) { /* the thread's first plan: free its cache when it exits */
+    pthread_once(&plan_cache_once, plan_cache_key_make);
+    (void)pthread_setspecific(plan_cache_key, &plan_cache_key);
+  }
   plan *victim = &plan_cache[0];
   for (int i = 0; i < PLAN_CACHE_SIZE; i++) {
     if (!plan_cache[i].free_start) return &plan_cache[i];
@@ -776,18 +792,18 @@ static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) 
   hash_i64(&h, nbi_simplify_enabled());
   p = plan_cache_lookup(h.a, h.b, g.n);
   if (p) {
-    stats.plan_cache_hits++;
+    STAT_ADD(plan_cache_hits, 1);
   } else {
-    stats.plan_cache_misses++;
+    STAT_ADD(plan_cache_misses, 1);
     if (!(p = plan_build(&g, flags, dying, h.a, h.b))) {
       st = nbi_error(NB_ERR_OOM, "nb_eval: out of memory planning %d nodes", g.n);
       goto done;
     }
   }
-  stats.realizations++;
+  STAT_ADD(realizations, 1);
   p->pinned++;
   t1 = now_ns();
-  if (!depth) stats.plan_ns += t1 - t0;
+  if (!depth) STAT_ADD(plan_ns, t1 - t0);
   depth++;
   st = plan_exec(p, &g, NULL);
   if (!st) st = plan_check(p);
@@ -835,7 +851,7 @@ done:
   free(uses);
   free(flags);
   graph_unmark_free(&g);
-  if (t1 && !depth) stats.exec_ns += now_ns() - t1;
+  if (t1 && !depth) STAT_ADD(exec_ns, now_ns() - t1);
   return st;
 }
 
@@ -956,7 +972,7 @@ nb_status nbi_exec_run(nbi_exec *x, nb_tensor *const *in, nb_tensor **out) {
   graph_mark(&x->g, true);
   x->busy = true;
   depth++;
-  stats.realizations++;
+  STAT_ADD(realizations, 1);
   nb_status st = plan_exec(&x->p, &x->g, x->cn);
   if (!st) st = plan_check(&x->p);
   depth--;
@@ -976,7 +992,7 @@ nb_status nbi_exec_run(nbi_exec *x, nb_tensor *const *in, nb_tensor **out) {
     nbi_buffer_release(x->slots[k]->shard0.buf);
     x->slots[k]->shard0.buf = NULL;
   }
-  if (t0) stats.exec_ns += now_ns() - t0;
+  if (t0) STAT_ADD(exec_ns, now_ns() - t0);
   return st;
 }
 

@@ -300,10 +300,13 @@ typedef enum nbi_op {
   NBI_OP_COUNT
 } nbi_op;
 
-/* Computes node `n` on the CPU: in[k] views its realized inputs (any strides),
- * out is a freshly allocated contiguous buffer of n's shape and dtype. Returns
- * NB_OK or records an error (e.g. index out of range) and returns its status. */
-typedef nb_status (*nbi_cpu_kernel)(const nb_tensor *n, nbi_view *out, const nbi_view *in);
+/* The kernel contract: computes node `n`: in[k] views its realized inputs (any
+ * strides), out is a freshly allocated contiguous buffer of n's shape and
+ * dtype, all on n's device. Returns NB_OK or records an error (e.g. index out
+ * of range) and returns its status. Each backend keeps its own table of
+ * kernels by op (the CPU's: src/backends/cpu/kernels.c); op records hold only
+ * the kernels core runs itself (nbi_op_def.exec). */
+typedef nb_status (*nbi_kernel)(const nb_tensor *n, nbi_view *out, const nbi_view *in);
 /* Optional zero-copy path: sets out->data/strides to alias in[0]'s memory and
  * returns true, or returns false to fall back to the kernel. */
 typedef bool (*nbi_view_fn)(const nb_tensor *n, const nbi_view *in, nbi_view *out);
@@ -316,7 +319,8 @@ typedef bool (*nbi_view_fn)(const nb_tensor *n, const nbi_view *in, nbi_view *ou
  *
  * VJP: gy has y's shape and dtype. For each k with need[k], set gin[k] to the
  * cotangent of y->in[k], with exactly that input's shape and dtype (sum
- * broadcast dims back and cast: nbi_grad_fit), or leave it NULL for "zero".
+ * broadcast dims back and cast: nbi_grad_fit, src/ops/rule_util.h), or leave
+ * it NULL for "zero".
  * need[k] is false for integer/bool inputs. Return NB_OK, or an error status
  * (an op failed: the error is already recorded).
  * JVP: tin[k] is the tangent of y->in[k] (its shape and dtype) or NULL for
@@ -334,7 +338,7 @@ typedef nb_tensor *(*nbi_jvp_rule)(nb_tensor *y, nb_tensor *const *tin);
  * dtype (src/transforms/vmap.c checks), or NULL with the error recorded.
  * Rules use public ops and work on the whole batch at once (a batched matmul
  * is one matmul): no loop over B, except where documented at the rule.
- * Helpers for rules: nbi_bat_* below. */
+ * Helpers for rules: nbi_bat_* (src/ops/rule_util.h). */
 typedef nb_tensor *(*nbi_vmap_rule)(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
                                     int64_t B);
 
@@ -371,6 +375,11 @@ enum {
    * returns: the error comes from nb_eval, as on the CPU, and no node is
    * marked realized with a value its kernel never wrote. */
   NBI_OPF_CHECKED = 1u << 2,
+  /* No kernel ever computes it: a view that always succeeds (identity,
+   * stop_gradient, tuple_get, sharding constraints), a symbolic trace input
+   * (placeholder) or a data leaf (const). Recording it asks no backend
+   * whether it supports it. */
+  NBI_OPF_NO_KERNEL = 1u << 3,
 };
 
 /* ---- program apply rules ----------------------------------------------------------------
@@ -388,13 +397,13 @@ typedef nb_status (*nbi_apply_rule)(const struct nbi_prog_node *pn, nb_tensor *c
 typedef struct nbi_op_def {
   const char *name;
   int arity; /* -1: variadic (concat) */
-  nbi_cpu_kernel cpu;
   nbi_view_fn view;
   /* Ops core runs itself on any device (control flow, checkpoint, custom
-   * calls, shard_map, device moves): same contract as cpu, views on the
+   * calls, shard_map, device moves): the kernel contract, views on the
    * node's device, data reached only through the host I/O helpers and
-   * nested realizations. Set instead of cpu. */
-  nbi_cpu_kernel exec;
+   * nested realizations. NULL: a backend runs the op from its own kernel
+   * table (run_op), asked first whether it can (supports). */
+  nbi_kernel exec;
   nbi_vjp_rule vjp;
   nbi_jvp_rule jvp;
   uint32_t flags; /* NBI_OPF_* */
@@ -422,42 +431,6 @@ nb_tensor *nbi_identity(nb_tensor *t);
 /* True while a backward sweep builds its graph on this thread: new nodes then
  * record no provenance (torch.no_grad). */
 extern _Thread_local bool nbi_no_grad;
-
-/* ---- helpers for rules (src/ops/grad_util.c) ------------------------------------ */
-/* g summed over the dims that broadcasting added or stretched to reach g's
- * shape from s (s must broadcast to g's shape); returns g itself if equal. */
-nb_tensor *nbi_sum_to(nb_tensor *g, const nb_shape *s);
-/* nbi_sum_to(g, x's shape) cast to x's dtype: a cotangent for input x. */
-nb_tensor *nbi_grad_fit(nb_tensor *g, const nb_tensor *x);
-/* Zeros of x's shape and dtype as a broadcast 0-d constant (no big buffer). */
-nb_tensor *nbi_zeros_like(const nb_tensor *x);
-/* The same for a shape and dtype no tensor at hand has (rows of a scan,
- * outputs of a multi-output pack). */
-nb_tensor *nbi_zeros_of(const nb_shape *s, nb_dtype dt);
-/* Ones of x's shape and dtype, the same way (the seed of a gradient). */
-nb_tensor *nbi_ones_like(const nb_tensor *x);
-/* a + b where either may be NULL (zero); NULL only if both are. */
-nb_tensor *nbi_add_maybe(nb_tensor *a, nb_tensor *b);
-
-/* ---- helpers for batching rules (src/ops/batch_util.c) ----------------------------- */
-/* t with the batch dim: itself if batched, else broadcast (a view) to (B, *shape). */
-nb_tensor *nbi_bat_expand(nb_tensor *t, bool batched, int64_t B);
-/* For broadcasting ops: a batched t whose per-example rank is below rank gets
- * singleton dims after the batch dim, (B, 1.., *shape), so that it broadcasts
- * per example against inputs of that rank. Unbatched t is returned as is
- * (right-aligned broadcasting already does the right thing). */
-nb_tensor *nbi_bat_align(nb_tensor *t, bool batched, int rank);
-/* A per-example axis (negative allowed) of a rank-ndim value -> its axis in
- * the batched value (normalized + 1). The op already validated it. */
-int nbi_bat_axis(int axis, int ndim);
-/* Moves dim `from` of t to position `to` (both normalized), as jnp.moveaxis. */
-nb_tensor *nbi_bat_moveaxis(nb_tensor *t, int from, int to);
-/* Example b of a batched value: t[b] (a view, batch dim dropped). */
-nb_tensor *nbi_bat_index(nb_tensor *t, int64_t b);
-/* The fallback a few rules document: calls apply once per example on
- * (bin[k][b] or bin[k]) and stacks the results on a new dim 0. */
-nb_tensor *nbi_bat_loop(nb_tensor *y, nb_tensor *const *bin, const bool *batched, int64_t B,
-                        nb_tensor *(*apply)(nb_tensor *y, nb_tensor *const *in));
 
 /* ---- multi-output nodes (src/core/program.c) -------------------------------------- */
 /* The payload header of every multi-output op (embed it first). */
@@ -654,6 +627,14 @@ void nbi_exec_free(nbi_exec *x);
  * write over dst's buffer (if the realization then fails, dst keeps its
  * buffer but its values are unspecified). */
 nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val);
+/* nb_assign's rebind of a single-device dst (src/core/assign.c): realizes
+ * val with dst's pending readers (nbi_realize_assign), then dst becomes a
+ * realized leaf sharing val's storage, keeping only its requires-grad flag
+ * (its graph edges are dropped, it leaves the lazy set). dst and val have no
+ * mesh and one shape and dtype, and are untraced (nb_assign checks; the
+ * sharding layer calls it per physical tensor). Error status on failure
+ * (dst then keeps its buffer, as nbi_realize_assign says). */
+nb_status nbi_assign_rebind(nb_tensor *dst, nb_tensor *val);
 void nbi_stats_jit(bool hit);
 /* One collective of kind NBI_COLL_* sending bytes (summed over devices). */
 enum {
@@ -671,11 +652,5 @@ void nbi_stats_kernel(void);
 /* ---- threads ------------------------------------------------------------------ */
 /* Called once before the first kernel: OpenMP pool, FTZ/DAZ in every thread. */
 void nbi_cpu_init(void);
-/* Elements below which a loop stays single-threaded. */
-#define NBI_PAR_MIN 32768
-/* Multiply-adds below which a GEMM runs on the calling thread: an OpenMP
- * region's fork and barrier cost more than half of such a product's work, and
- * far more when other processes hold the CPUs (gemm.c, k_gemm_epi.c). */
-#define NBI_GEMM_SERIAL_MACS (1 << 20)
 
 #endif

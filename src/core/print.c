@@ -65,6 +65,12 @@ void nb_fprint(FILE *f, nb_tensor *t) {
      * on a device */
     nbi_view v = nbi_tensor_view(r);
     size_t nbytes = (size_t)nbi_numel(&r->shape) * nb_dtype_size(r->dtype);
+    if (nbytes == 0) { /* empty: one "[]", however long its other dims (NumPy's form) */
+      char b[160];
+      fprintf(f, "[] (%s %s)\n", nb_dtype_name(t->dtype), nb_shape_str(t->shape, b, sizeof b));
+      nb_scope_end();
+      return;
+    }
     void *host = malloc(nbytes ? nbytes : 1);
     if (!host || nbi_host_read(r->device, &v, host, r->dtype)) {
       fprintf(f, "<error: %s>\n", host ? nb_last_error() : "out of memory");

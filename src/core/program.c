@@ -455,7 +455,8 @@ nb_status nbi_program_build(const char *fn, nb_tensor *const *x, int n_x, nb_ten
   free(b.map.key);
   free(b.map.val);
   if (st) {
-    for (int i = 0; i < b.n; i++) {
+    /* the nodes are still the builder's, or already the program's (moved) */
+    for (int i = 0; i < b.n && b.nodes; i++) {
       nbi_payload_release(b.nodes[i].payload);
       free(b.nodes[i].in);
     }

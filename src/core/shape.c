@@ -3,19 +3,22 @@
 
 #include <stdio.h>
 
+/* The product of the non-zero dims must stay within NBI_MAX_NUMEL too, also
+ * when a zero dim makes the tensor empty: strides (products of trailing dims,
+ * nbi_contig_strides) and offsets are then bounded for every accepted shape. */
 int64_t nbi_numel(const nb_shape *s) {
   bool zero = false;
-  for (int i = 0; i < s->ndim; i++) {
-    if (s->dims[i] < 0) return -1;
-    if (s->dims[i] == 0) zero = true;
-  }
-  if (zero) return 0;
   int64_t n = 1;
   for (int i = 0; i < s->ndim; i++) {
+    if (s->dims[i] < 0) return -1;
+    if (s->dims[i] == 0) {
+      zero = true;
+      continue;
+    }
     if (s->dims[i] > NBI_MAX_NUMEL / n) return -1;
     n *= s->dims[i];
   }
-  return n;
+  return zero ? 0 : n;
 }
 
 char *nb_shape_str(nb_shape s, char *buf, size_t cap) {

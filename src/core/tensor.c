@@ -67,12 +67,23 @@ typedef struct scope_frame {
 static _Thread_local scope_frame *frames;
 static _Thread_local int n_frames, cap_frames;
 
+/* A thread's state dies with it: a worker thread that exits releases what its
+ * scopes (the root one too) still hold and frees its lazy set (thread_exit,
+ * through a key armed when the thread first registers a tensor). The main
+ * thread's goes at process exit (root_scope_cleanup). */
+static pthread_key_t exit_key;
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+static void thread_exit(void *unused);
+static void exit_key_make(void) { (void)pthread_key_create(&exit_key, thread_exit); }
+
 static scope_frame *current_frame(void) {
   if (n_frames == 0) {
     frames = calloc(8, sizeof *frames);
     if (!frames) return NULL;
     cap_frames = 8;
     n_frames = 1;
+    pthread_once(&exit_once, exit_key_make);
+    (void)pthread_setspecific(exit_key, &exit_key); /* any non-NULL value arms it */
   }
   return &frames[n_frames - 1];
 }
@@ -144,11 +155,13 @@ nb_tensor *nb_keep(nb_tensor *t) {
   return t;
 }
 
-static nb_tensor **lazy_slot;
-static size_t lazy_cap, lazy_n; /* lazy_cap: 0 or a power of two */
+/* The lazy set is the thread's: its nodes belong to the thread that realized
+ * them (tensors belong to the thread that made them). */
+static _Thread_local nb_tensor **lazy_slot;
+static _Thread_local size_t lazy_cap, lazy_n; /* lazy_cap: 0 or a power of two */
 
-/* Empties the main thread's root scope at exit so leak checkers see no leaks. */
-__attribute__((destructor)) static void root_scope_cleanup(void) {
+/* Releases the calling thread's scopes (root included) and frees its lazy set. */
+static void thread_state_free(void) {
   while (n_frames > 1)
     frame_clear(&frames[--n_frames], true);
   for (int i = 0; i < cap_frames; i++)
@@ -156,15 +169,25 @@ __attribute__((destructor)) static void root_scope_cleanup(void) {
   free(frames);
   frames = NULL;
   n_frames = cap_frames = 0;
-  spare_closed = true;
-  spare_drain(&spare);
   free(lazy_slot); /* lazy nodes still alive leave it unchecked from now on */
   lazy_slot = NULL;
   lazy_cap = lazy_n = 0;
 }
 
+static void thread_exit(void *unused) {
+  (void)unused;
+  thread_state_free();
+}
+
+/* Empties the main thread's root scope at exit so leak checkers see no leaks. */
+__attribute__((destructor)) static void root_scope_cleanup(void) {
+  thread_state_free();
+  spare_closed = true;
+  spare_drain(&spare);
+}
+
 /* ---- lifetime -------------------------------------------------------------------- */
-static uint64_t live_tensors;
+static _Atomic uint64_t live_tensors; /* every thread's */
 
 /* ---- the lazy set ------------------------------------------------------------------
  * Held nodes a realization left pending (NBI_T_LAZY): nb_assign must find
@@ -393,7 +416,9 @@ static int record_device(int op, nb_dtype dt, nb_tensor *const *in, int n_in,
       return -1;
     }
   const nbi_op_def *def = nbi_op_table[op];
-  if (dev != 0 && def->cpu) { /* an op with a kernel (others are views or run by core) */
+  /* The CPU runs every op with a kernel; elsewhere, an op that runs a kernel
+   * (not one core runs itself, not a view that never copies) asks the backend. */
+  if (dev != 0 && !def->exec && !(def->flags & NBI_OPF_NO_KERNEL)) {
     const nbi_device *d = nbi_device_at(dev);
     if (!d->be->supports(d->ctx, op, dt)) {
       nbi_error(NB_ERR_DEVICE, "nb_%s: not supported on %s for %s results", def->name, d->name,
@@ -588,13 +613,20 @@ nb_tensor *nbi_full_on(int dev, const nb_shape *s, double value, nb_dtype dt) {
   return full_on("nb_full", dev, s, value, dt);
 }
 
+
 nb_tensor *nb_full(nb_shape s, double value, nb_dtype dt) {
   return full_on("nb_full", nbi_default_device(), &s, value, dt);
 }
 
-nb_tensor *nb_zeros(nb_shape s, nb_dtype dt) { return nb_full(s, 0.0, dt); }
-nb_tensor *nb_ones(nb_shape s, nb_dtype dt) { return nb_full(s, 1.0, dt); }
-nb_tensor *nb_scalar(double value, nb_dtype dt) { return nb_full(NB_SCALAR_SHAPE, value, dt); }
+nb_tensor *nb_zeros(nb_shape s, nb_dtype dt) {
+  return full_on("nb_zeros", nbi_default_device(), &s, 0.0, dt);
+}
+nb_tensor *nb_ones(nb_shape s, nb_dtype dt) {
+  return full_on("nb_ones", nbi_default_device(), &s, 1.0, dt);
+}
+nb_tensor *nb_scalar(double value, nb_dtype dt) {
+  return full_on("nb_scalar", nbi_default_device(), &NB_SCALAR_SHAPE, value, dt);
+}
 
 nb_tensor *nb_arange(double start, double stop, double step, nb_dtype dt) {
   if (step == 0 || step != step || start != start || stop != stop) {

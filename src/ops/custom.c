@@ -12,6 +12,7 @@
  * errors naming the op.
  */
 #include "../core/nbi.h"
+#include "rule_util.h"
 
 #include <ctype.h>
 #include <pthread.h>

@@ -36,9 +36,11 @@
  * - Batching (vmap): one rule for every op, cast included, after them: the same
  *   node on the batched inputs.
  */
-#include "../backends/cpu/k_elementwise.h"
+#include "../core/nbi.h"
 
 #include <math.h>
+
+#include "rule_util.h"
 
 /* ---- records ------------------------------------------------------------------------ */
 /* attrs.i[0] of every op but CAST: the compute dtype. */
@@ -68,7 +70,6 @@ static nb_tensor *ew_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batch
 #define DEF_DIFF_RECORD(ID, nm, ar)                                                                \
   const nbi_op_def nbi_opdef_##ID = {.name = nm,                                                   \
                                      .arity = ar,                                                  \
-                                     .cpu = nbi_cpu_elementwise,                                   \
                                      .vjp = ew_vjp,                                                \
                                      .jvp = ew_jvp,                                                \
                                      .vmap = ew_vmap,                                              \
@@ -76,7 +77,6 @@ static nb_tensor *ew_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batch
 #define DEF_NONDIFF_RECORD(ID, nm, ar)                                                             \
   const nbi_op_def nbi_opdef_##ID = {.name = nm,                                                   \
                                      .arity = ar,                                                  \
-                                     .cpu = nbi_cpu_elementwise,                                   \
                                      .flags = NBI_OPF_NONDIFF,                                     \
                                      .vmap = ew_vmap,                                              \
                                      .fuse = NBI_FUSE_ELEMENTWISE};
@@ -85,13 +85,8 @@ EW_NONDIFF_RECORDS(DEF_NONDIFF_RECORD)
 #undef DEF_DIFF_RECORD
 #undef DEF_NONDIFF_RECORD
 
-const nbi_op_def nbi_opdef_CAST = {.name = "cast",
-                                   .arity = 1,
-                                   .cpu = nbi_cpu_cast,
-                                   .view = cast_view,
-                                   .vjp = ew_vjp,
-                                   .jvp = ew_jvp,
-                                   .vmap = ew_vmap};
+const nbi_op_def nbi_opdef_CAST = {
+    .name = "cast", .arity = 1, .view = cast_view, .vjp = ew_vjp, .jvp = ew_jvp, .vmap = ew_vmap};
 
 /* ---- dtype rules ------------------------------------------------------------------------ */
 /* Ops with no integer meaning: integer and bool inputs compute in f32. */

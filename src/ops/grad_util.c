@@ -1,6 +1,6 @@
 /* src/ops/grad_util.c — small helpers shared by the VJP/JVP rules of every op
  * family (declared in nbi.h). Built from public ops, so they differentiate. */
-#include "../core/nbi.h"
+#include "rule_util.h"
 
 nb_tensor *nbi_sum_to(nb_tensor *g, const nb_shape *s) {
   if (!g) return NULL;
@@ -10,6 +10,7 @@ nb_tensor *nbi_sum_to(nb_tensor *g, const nb_shape *s) {
   for (int d = 0; d < g->shape.ndim; d++)
     if (d < lead || (s->dims[d - lead] == 1 && g->shape.dims[d] != 1)) ax.v[ax.n++] = d;
   nb_tensor *r = ax.n ? nb_sum(g, ax, false) : g;
+  if (!r) return NULL; /* out of memory: the error is recorded */
   return nbi_shape_eq(&r->shape, s) ? r : nb_reshape(r, *s);
 }
 

@@ -50,20 +50,24 @@ static nb_tensor *identity_vmap(nb_tensor *y, nb_tensor *const *bin, const bool 
 }
 
 const nbi_op_def nbi_opdef_PLACEHOLDER = {
-    .name = "placeholder", .arity = 0, .flags = NBI_OPF_NONDIFF};
-const nbi_op_def nbi_opdef_TUPLE_GET = {.name = "tuple_get", .arity = 1, .view = tuple_get_view};
+    .name = "placeholder", .arity = 0, .flags = NBI_OPF_NONDIFF | NBI_OPF_NO_KERNEL};
+const nbi_op_def nbi_opdef_TUPLE_GET = {
+    .name = "tuple_get", .arity = 1, .view = tuple_get_view, .flags = NBI_OPF_NO_KERNEL};
 
-const nbi_op_def nbi_opdef_IDENTITY = {"identity",
-                                       1,
-                                       NULL,
-                                       alias_view,
+const nbi_op_def nbi_opdef_IDENTITY = {.name = "identity",
+                                       .arity = 1,
+                                       .view = alias_view,
                                        .vjp = identity_vjp,
                                        .jvp = identity_jvp,
+                                       .flags = NBI_OPF_NO_KERNEL,
                                        .vmap = identity_vmap,
                                        .fuse = NBI_FUSE_VIEW};
-const nbi_op_def nbi_opdef_STOP_GRADIENT = {
-    "stop_gradient",      1, NULL, alias_view, .flags = NBI_OPF_NONDIFF, .vmap = identity_vmap,
-    .fuse = NBI_FUSE_VIEW};
+const nbi_op_def nbi_opdef_STOP_GRADIENT = {.name = "stop_gradient",
+                                            .arity = 1,
+                                            .view = alias_view,
+                                            .flags = NBI_OPF_NONDIFF | NBI_OPF_NO_KERNEL,
+                                            .vmap = identity_vmap,
+                                            .fuse = NBI_FUSE_VIEW};
 
 /* ---- device moves ------------------------------------------------------------------
  * TO_DEVICE: the value of its input on another device (attrs.i[0] = the

@@ -15,8 +15,7 @@
  * example b's data (see along_views); no index arithmetic, so out-of-range
  * indices still fail at realization as they do unbatched. */
 #include "index.h"
-
-#include "../backends/cpu/k_index.h"
+#include "rule_util.h"
 
 #define SHAPE_STR_CAP 160
 
@@ -319,40 +318,32 @@ static nb_tensor *one_hot_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *
 }
 
 const nbi_op_def nbi_opdef_TAKE = {.name = "take",
- .flags = NBI_OPF_CHECKED,
+                                   .flags = NBI_OPF_CHECKED,
                                    .arity = 2,
-                                   .cpu = nbi_cpu_take,
                                    .view = NULL,
                                    .vjp = take_vjp,
                                    .jvp = take_jvp,
                                    .vmap = take_vmap};
 const nbi_op_def nbi_opdef_TAKE_ALONG_AXIS = {.name = "take_along_axis",
- .flags = NBI_OPF_CHECKED,
+                                              .flags = NBI_OPF_CHECKED,
                                               .arity = 2,
-                                              .cpu = nbi_cpu_take_along_axis,
                                               .view = NULL,
                                               .vjp = take_along_vjp,
                                               .jvp = take_along_jvp,
                                               .vmap = take_along_vmap};
 const nbi_op_def nbi_opdef_SCATTER_ADD = {.name = "scatter_add",
- .flags = NBI_OPF_CHECKED,
+                                          .flags = NBI_OPF_CHECKED,
                                           .arity = 3,
-                                          .cpu = nbi_cpu_scatter_add,
                                           .view = NULL,
                                           .vjp = scatter_vjp,
                                           .jvp = scatter_jvp,
                                           .vmap = scatter_vmap};
 const nbi_op_def nbi_opdef_SCATTER_ADD_ALONG_AXIS = {.name = "scatter_add_along_axis",
- .flags = NBI_OPF_CHECKED,
+                                                     .flags = NBI_OPF_CHECKED,
                                                      .arity = 3,
-                                                     .cpu = nbi_cpu_scatter_add_along_axis,
                                                      .view = NULL,
                                                      .vjp = scatter_along_vjp,
                                                      .jvp = scatter_along_jvp,
                                                      .vmap = scatter_along_vmap};
-const nbi_op_def nbi_opdef_ONE_HOT = {.name = "one_hot",
-                                      .arity = 1,
-                                      .cpu = nbi_cpu_one_hot,
-                                      .view = NULL,
-                                      .flags = NBI_OPF_NONDIFF,
-                                      .vmap = one_hot_vmap};
+const nbi_op_def nbi_opdef_ONE_HOT = {
+    .name = "one_hot", .arity = 1, .view = NULL, .flags = NBI_OPF_NONDIFF, .vmap = one_hot_vmap};

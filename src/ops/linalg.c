@@ -1,5 +1,7 @@
 /* src/ops/linalg.c — linear algebra: matmul. */
-#include "../backends/cpu/k_linalg.h"
+#include "../core/nbi.h"
+
+#include "rule_util.h"
 
 /* Records "nb_matmul: <what>: [a] @ [b]" as a shape error; returns NULL. */
 static nb_tensor *matmul_shape_error(const char *what, nb_shape sa, nb_shape sb) {
@@ -132,7 +134,6 @@ static nb_tensor *matmul_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *b
 
 const nbi_op_def nbi_opdef_MATMUL = {.name = "matmul",
                                      .arity = 2,
-                                     .cpu = nbi_cpu_matmul,
                                      .view = NULL,
                                      .vjp = matmul_vjp,
                                      .jvp = matmul_jvp,

@@ -1,14 +1,33 @@
-/* src/ops/nn.h — internal NN primitives behind the derivatives of conv2d and
- * max_pool2d (src/ops/nn_conv.c). They are lazy ops with CPU kernels and rules
- * of their own, written with conv2d and these, so every derivative order works.
- * `conv` / `pool` are the attrs of a CONV2D / MAX_POOL2D node (slots in
- * src/backends/cpu/k_nn.h); only their geometry slots are read. Each returns a
- * new lazy tensor, or NULL with an error naming the function on inconsistent
- * shapes or NULL inputs. */
+/* src/ops/nn.h — the NN primitives' attribute slots, and the internal NN
+ * primitives behind the derivatives of conv2d and max_pool2d (src/ops/nn_conv.c).
+ * Backends include this header for the slots' meanings (the ops layer includes
+ * no backend). */
 #ifndef NABLA_OPS_NN_H
 #define NABLA_OPS_NN_H
 
 #include "../core/nbi.h"
+
+/* Attribute slots (nbi_attrs.i) of CONV2D: stride h/w, padding h/w, dilation
+ * h/w, groups; CONV2D_BWD_DATA adds the input's H/W, CONV2D_BWD_FILTER the
+ * kernel's KH/KW (same slot). MAX_POOL2D and its two derivative ops: kernel
+ * h/w, stride h/w, padding h/w. */
+enum {
+  NBI_CONV_STRIDE = 0,
+  NBI_CONV_PAD = 2,
+  NBI_CONV_DILATION = 4,
+  NBI_CONV_GROUPS = 6,
+  NBI_CONV_IN_HW = 7,
+  NBI_CONV_KERNEL_HW = 7,
+  NBI_POOL_KERNEL = 0,
+  NBI_POOL_STRIDE = 2,
+  NBI_POOL_PAD = 4,
+};
+
+/* The internal primitives are lazy ops with kernels and rules of their own,
+ * written with conv2d and these, so every derivative order works. `conv` /
+ * `pool` are the attrs of a CONV2D / MAX_POOL2D node (slots above); only their
+ * geometry slots are read. Each returns a new lazy tensor, or NULL with an
+ * error naming the function on inconsistent shapes or NULL inputs. */
 
 /* The gradient of conv2d's input: dy [N, O, OH, OW] and w [O, C/G, KH, KW] ->
  * dx [N, C, h, width], the transpose of x -> conv2d(x, w) for an input of

@@ -13,8 +13,7 @@
  * pool_bwd and pool_select are linear in their second argument and transposes
  * of each other; their x only picks the routes (zero derivative). */
 #include "nn.h"
-
-#include "../backends/cpu/k_nn.h"
+#include "rule_util.h"
 
 #include <limits.h>
 
@@ -584,39 +583,27 @@ static nb_tensor *pool_select_vmap(nb_tensor *y, nb_tensor *const *bin, const bo
                     y, B);
 }
 
-const nbi_op_def nbi_opdef_CONV2D = {.name = "conv2d",
-                                     .arity = -1,
-                                     .cpu = nbi_cpu_conv2d,
-                                     .vjp = conv2d_vjp,
-                                     .jvp = conv2d_jvp,
-                                     .vmap = conv2d_vmap};
+const nbi_op_def nbi_opdef_CONV2D = {
+    .name = "conv2d", .arity = -1, .vjp = conv2d_vjp, .jvp = conv2d_jvp, .vmap = conv2d_vmap};
 const nbi_op_def nbi_opdef_CONV2D_BWD_DATA = {.name = "conv2d_bwd_data",
                                               .arity = 2,
-                                              .cpu = nbi_cpu_conv2d_bwd_data,
                                               .vjp = bwd_data_vjp,
                                               .jvp = bwd_data_jvp,
                                               .vmap = bwd_data_vmap};
 const nbi_op_def nbi_opdef_CONV2D_BWD_FILTER = {.name = "conv2d_bwd_filter",
                                                 .arity = 2,
-                                                .cpu = nbi_cpu_conv2d_bwd_filter,
                                                 .vjp = bwd_filter_vjp,
                                                 .jvp = bwd_filter_jvp,
                                                 .vmap = bwd_filter_vmap};
-const nbi_op_def nbi_opdef_MAX_POOL2D = {.name = "max_pool2d",
-                                         .arity = 1,
-                                         .cpu = nbi_cpu_max_pool2d,
-                                         .vjp = pool_vjp,
-                                         .jvp = pool_jvp,
-                                         .vmap = pool_vmap};
+const nbi_op_def nbi_opdef_MAX_POOL2D = {
+    .name = "max_pool2d", .arity = 1, .vjp = pool_vjp, .jvp = pool_jvp, .vmap = pool_vmap};
 const nbi_op_def nbi_opdef_MAX_POOL2D_BWD = {.name = "max_pool2d_bwd",
                                              .arity = 2,
-                                             .cpu = nbi_cpu_max_pool2d_bwd,
                                              .vjp = pool_bwd_vjp,
                                              .jvp = pool_bwd_jvp,
                                              .vmap = pool_bwd_vmap};
 const nbi_op_def nbi_opdef_MAX_POOL2D_SELECT = {.name = "max_pool2d_select",
                                                 .arity = 2,
-                                                .cpu = nbi_cpu_max_pool2d_select,
                                                 .vjp = pool_select_vjp,
                                                 .jvp = pool_select_jvp,
                                                 .vmap = pool_select_vmap};

@@ -1,7 +1,8 @@
 /* src/ops/registry.c — the op table, generated from ops.def. */
 #include "../core/nbi.h"
 
-const nbi_op_def nbi_opdef_CONST = {.name = "const", .arity = 0, .cpu = NULL, .view = NULL};
+/* Data leaves: never recorded, never computed. */
+const nbi_op_def nbi_opdef_CONST = {.name = "const", .arity = 0, .flags = NBI_OPF_NO_KERNEL};
 
 const nbi_op_def *const nbi_op_table[NBI_OP_COUNT] = {
 #define NB_OP(id, name, arity) [NBI_OP_##id] = &nbi_opdef_##id,

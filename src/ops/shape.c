@@ -15,9 +15,11 @@
  * 0, nbi.h) with its per-example arguments moved past the batch dim: shapes
  * get B in front, axes +1, permutations keep 0 first, slices and pads take the
  * whole batch dim, concat expands its unbatched parts. */
-#include "../backends/cpu/k_shape.h"
+#include "../core/nbi.h"
 
 #include <stdlib.h>
+
+#include "rule_util.h"
 
 #define SHAPE_STR_CAP 160
 
@@ -208,7 +210,6 @@ static nb_tensor *reshape_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *
 
 const nbi_op_def nbi_opdef_RESHAPE = {.name = "reshape",
                                       .arity = 1,
-                                      .cpu = nbi_cpu_reshape,
                                       .view = reshape_view,
                                       .vjp = reshape_vjp,
                                       .jvp = reshape_jvp,
@@ -297,7 +298,6 @@ static nb_tensor *permute_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *
 
 const nbi_op_def nbi_opdef_PERMUTE = {.name = "permute",
                                       .arity = 1,
-                                      .cpu = nbi_cpu_view_copy,
                                       .view = permute_view,
                                       .vjp = permute_vjp,
                                       .jvp = permute_jvp,
@@ -357,7 +357,6 @@ static nb_tensor *broadcast_vmap(nb_tensor *y, nb_tensor *const *bin, const bool
 
 const nbi_op_def nbi_opdef_BROADCAST_TO = {.name = "broadcast_to",
                                            .arity = 1,
-                                           .cpu = nbi_cpu_view_copy,
                                            .view = broadcast_view,
                                            .vjp = broadcast_vjp,
                                            .jvp = broadcast_jvp,
@@ -387,7 +386,9 @@ static nb_tensor *record_slice(nb_tensor *t, const int64_t *starts, const int64_
   bool empty = nbi_numel(&s) == 0;
   for (int d = 0; d < s.ndim; d++) {
     at.i[d] = empty ? 0 : starts[d];
-    at.i[NB_MAX_DIMS + d] = steps[d];
+    /* a dim of at most one element never steps: step 1 keeps its stride (and
+     * stride * step) within the input's extent, whatever step was asked */
+    at.i[NB_MAX_DIMS + d] = counts[d] <= 1 ? 1 : steps[d];
   }
   return nbi_record(NBI_OP_SLICE, t->dtype, &s, &t, 1, &at);
 }
@@ -548,7 +549,6 @@ static nb_tensor *slice_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *ba
 
 const nbi_op_def nbi_opdef_SLICE = {.name = "slice",
                                     .arity = 1,
-                                    .cpu = nbi_cpu_view_copy,
                                     .view = slice_view,
                                     .vjp = slice_vjp,
                                     .jvp = slice_jvp,
@@ -605,7 +605,6 @@ static nb_tensor *flip_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *bat
 
 const nbi_op_def nbi_opdef_FLIP = {.name = "flip",
                                    .arity = 1,
-                                   .cpu = nbi_cpu_view_copy,
                                    .view = flip_view,
                                    .vjp = flip_vjp,
                                    .jvp = flip_jvp,
@@ -760,7 +759,6 @@ done:
 
 const nbi_op_def nbi_opdef_CONCAT = {.name = "concat",
                                      .arity = -1,
-                                     .cpu = nbi_cpu_concat,
                                      .view = NULL,
                                      .vjp = concat_vjp,
                                      .jvp = concat_jvp,
@@ -818,13 +816,8 @@ static nb_tensor *pad_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batc
   return nb_pad(bin[0], pads, y->attrs.f[0]);
 }
 
-const nbi_op_def nbi_opdef_PAD = {.name = "pad",
-                                  .arity = 1,
-                                  .cpu = nbi_cpu_pad,
-                                  .view = NULL,
-                                  .vjp = pad_vjp,
-                                  .jvp = pad_jvp,
-                                  .vmap = pad_vmap};
+const nbi_op_def nbi_opdef_PAD = {
+    .name = "pad", .arity = 1, .view = NULL, .vjp = pad_vjp, .jvp = pad_jvp, .vmap = pad_vmap};
 
 /* ---- repeat, tile ------------------------------------------------------------------ */
 

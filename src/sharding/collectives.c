@@ -41,6 +41,8 @@
 
 #include "sharding.h"
 
+#include "../ops/rule_util.h"
+
 /* ---- groups ------------------------------------------------------------------ */
 
 typedef struct groups {

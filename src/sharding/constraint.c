@@ -19,6 +19,8 @@
  * constraint with an unsharded batch dimension prepended. */
 #include "sharding.h"
 
+#include "../ops/rule_util.h"
+
 #include <stdlib.h>
 
 static _Thread_local nb_mesh *trace_mesh;
@@ -182,11 +184,13 @@ const nbi_op_def nbi_opdef_SHARD_CONSTRAINT = {.name = "sharding_constraint",
                                                .vjp = constraint_vjp,
                                                .jvp = constraint_jvp,
                                                .vmap = constraint_vmap,
-                                               .apply = constraint_apply};
+                                               .apply = constraint_apply,
+                                               .flags = NBI_OPF_NO_KERNEL};
 const nbi_op_def nbi_opdef_SHARD_LIKE = {.name = "shard_like",
                                          .arity = 2,
                                          .view = alias_view,
                                          .vjp = like_vjp,
                                          .jvp = like_jvp,
                                          .vmap = like_vmap,
-                                         .apply = like_apply};
+                                         .apply = like_apply,
+                                         .flags = NBI_OPF_NO_KERNEL};

@@ -27,7 +27,7 @@
  *   each tensor its own need-replication factor. */
 #include "sharding.h"
 
-#include "../backends/cpu/k_nn.h"
+#include "../ops/nn.h"
 
 /* A rule under construction; bad is set when the op's shapes or attrs do not
  * fit the rule, or the rule exceeds the struct's limits. */

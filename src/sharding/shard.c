@@ -409,7 +409,7 @@ nb_status nbi_sharded_assign(nb_tensor *dst, nb_tensor *val) {
       bool seen = false;
       for (int e = 0; e < d && !seen; e++)
         seen = dst->phys[e] == dst->phys[d];
-      if (!seen) st = nb_assign(dst->phys[d], v->phys[d]);
+      if (!seen) st = nbi_assign_rebind(dst->phys[d], v->phys[d]);
     }
   } else if (!st) {
     for (int d = 0; d < m->n_dev; d++) {

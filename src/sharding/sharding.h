@@ -238,14 +238,14 @@ const nbi_sharding *nbi_sharding_of(const nb_tensor *t);
 /* ---- shard_map bodies (smap.c) ---------------------------------------------
  * While an nb_shard_map body is traced (or a transform of it: its VJP, JVP,
  * batching), its mesh is pushed on this thread's stack; the collective ops
- * (src/ops/collective.c) record only inside one and name axes of it. */
+ * (coll_ops.c) record only inside one and name axes of it. */
 nb_status nbi_smap_push(const char *fn, nb_mesh *m); /* NB_ERR_SHARDING when full: no pop */
 void nbi_smap_pop(void);
 nb_mesh *nbi_smap_mesh(void); /* the innermost, or NULL */
 
-/* A collective node's group (src/ops/collective.c owns the attribute
- * layout): its mesh axis indices, major first, into ax (at most
- * NBI_MESH_MAX_AXES); returns their number. */
+/* A collective node's group (coll_ops.c owns the attribute layout): its
+ * mesh axis indices, major first, into ax (at most NBI_MESH_MAX_AXES);
+ * returns their number. */
 int nbi_coll_group(const nbi_attrs *a, int *ax);
 /* Runs collective node (op, attrs a, payload) across m's devices: phys[d] is
  * device d's input (ignored by axis_index), out[d] its result, as the

@@ -8,7 +8,7 @@
  * computation stays one graph. Multi-output packs and their TUPLE_GETs are
  * ordinary nodes too. A collective node runs as the nbi_coll_* collective
  * over its group (counted in nb_stats); axis_index gives per-device int32
- * constants (collective.c, nbi_coll_run).
+ * constants (coll_ops.c, nbi_coll_run).
  *
  * Before anything runs, two checks:
  *  - variance: per value, the set of mesh axes it may vary over (a bitmask;

@@ -17,6 +17,7 @@
 
 #include <stdlib.h>
 
+#include "../ops/rule_util.h"
 #include "../sharding/sharding.h"
 
 enum kind { K_VJP, K_JVP, K_GRAD, K_VALUE_AND_GRAD, K_JACREV, K_JACFWD };

@@ -9,6 +9,7 @@
  * forward graph is freed as soon as nothing else holds it. */
 #include "transforms.h"
 
+#include "../ops/rule_util.h"
 #include "../sharding/sharding.h"
 
 #include <stdlib.h>
@@ -308,23 +309,7 @@ nb_status nb_assign(nb_tensor *dst, nb_tensor *src) {
     return st;
   }
   if (!st && val->mesh && !(val = nbi_readable(fn, val))) st = nb_last_status();
-  /* Realize val and every pending tensor that reads dst first: nothing
-   * computed before the assign may see dst's new value. dst's old value dies
-   * there, so an elementwise update (w - lr * g) may write over it. */
-  if (!st) st = nbi_realize_assign(dst, val);
-  if (!st && val->shard0.buf) {
-    nbi_buffer *b = val->shard0.buf;
-    nbi_buffer_retain(b);
-    for (int sh = 0; sh < dst->n_shards; sh++)
-      if (dst->shards[sh].buf) nbi_buffer_release(dst->shards[sh].buf);
-    dst->shard0 = val->shard0;
-    dst->shard0.buf = b;
-    nbi_tensor_drop_graph(dst);
-    nbi_lazy_remove(dst);
-    dst->op = NBI_OP_CONST;
-    dst->attrs = (nbi_attrs){0};
-    dst->flags = (dst->flags & NBI_T_REQUIRES_GRAD) | NBI_T_REALIZED;
-  }
+  if (!st) st = nbi_assign_rebind(dst, val);
   nb_scope_end();
   return st;
 }

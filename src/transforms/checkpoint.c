@@ -18,6 +18,8 @@
  */
 #include "transforms.h"
 
+#include "../ops/rule_util.h"
+
 #include <stdlib.h>
 
 static const char *FN = "nb_checkpoint";
@@ -113,47 +115,6 @@ nb_fn *nb_checkpoint(nb_fn *f) {
 }
 
 /* ---- rules ------------------------------------------------------------------------------ */
-/* An nb_fn giving outputs idx[0..n-1] of f (transforms.h). */
-typedef struct select_fn {
-  nb_fn *f;
-  int n;
-  int idx[];
-} select_fn;
-
-static nb_status select_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out,
-                             int n_out) {
-  (void)n_in;
-  const select_fn *s = user;
-  nb_tensor *local[16],
-      **all = s->f->n_out <= 16 ? local : malloc(sizeof *all * (size_t)s->f->n_out);
-  if (!all) return nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
-  nb_status st = nb_call(s->f, in, all);
-  for (int i = 0; i < n_out && !st; i++)
-    out[i] = all[s->idx[i]];
-  if (all != local) free(all);
-  return st;
-}
-
-static void select_destroy(void *user) {
-  select_fn *s = user;
-  nb_fn_release(s->f);
-  free(s);
-}
-
-nb_fn *nbi_select_fn(const char *fn, nb_fn *g, const int *idx, int n) {
-  if (!g) return NULL;
-  select_fn *s = malloc(sizeof *s + sizeof(int) * (size_t)(n + 1));
-  if (!s) {
-    nb_fn_release(g);
-    nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
-    return NULL;
-  }
-  s->f = g;
-  s->n = n;
-  memcpy(s->idx, idx, sizeof(int) * (size_t)n);
-  return nbi_fn_make(fn, select_body, s, select_destroy, g->n_in, n);
-}
-
 /* Zeros of output j's type (a cotangent the sweep left NULL). */
 static nb_tensor *zeros_of_output(const nb_tensor *p, int j) {
   const nbi_multi *m = nbi_multi_of(p);

@@ -28,6 +28,8 @@
  * own captures); scan body (carries, x rows, captures). */
 #include "transforms.h"
 
+#include "../ops/rule_util.h"
+
 #include <stdlib.h>
 
 typedef struct ctl {

@@ -1,4 +1,7 @@
-/* src/transforms/fn.c — nb_fn handles, nb_call, and tracing. */
+/* src/transforms/fn.c — nb_fn handles, nb_call, tracing, and programs as
+ * functions (nbi_trace_program, nbi_program_fn). It calls nothing else of
+ * this folder: the transforms of programs (vjp / jvp / vmap of a body) are
+ * program_xform.c's, above autodiff.c and vmap.c. */
 #include "transforms.h"
 
 #include <stdlib.h>
@@ -192,19 +195,6 @@ static void program_destroy(void *user) { nbi_program_release(user); }
 
 nb_fn *nbi_program_fn(const char *fn, nbi_program *p) {
   return nbi_fn_make(fn, program_body, nbi_program_retain(p), program_destroy, p->n_in, p->n_out);
-}
-
-nb_fn *nbi_program_xform(const char *fn, nbi_program *p, int kind, const int *in_axes,
-                         const int *idx, int n) {
-  nb_fn *pf = nbi_program_fn(fn, p), *g = NULL;
-  if (kind == NBI_XF_PLAIN)
-    g = pf;
-  else if (pf)
-    g = kind == NBI_XF_VJP   ? nb_vjp_fn(pf)
-        : kind == NBI_XF_JVP ? nb_jvp_fn(pf)
-                             : nb_vmap(pf, in_axes, NULL);
-  if (g != pf) nb_fn_release(pf);
-  return idx ? nbi_select_fn(fn, g, idx, n) : g;
 }
 
 void nbi_release_all(nb_tensor **ts, int n) {

@@ -36,6 +36,7 @@
  * - batching: shard_map(vmap(body)), the batch dimension unsharded.
  * Every rule's shard_map records a new SHARD_MAP node, so they nest.
  */
+#include "../ops/rule_util.h"
 #include "../sharding/sharding.h"
 #include "transforms.h"
 

@@ -5,6 +5,8 @@
  * derivatives. Node indices live in nb_tensor.aux while a sweep is alive. */
 #include "transforms.h"
 
+#include "../ops/rule_util.h"
+
 #include <stdlib.h>
 
 static bool grow(void **arr, int *cap, int need, size_t elem) {

@@ -94,7 +94,10 @@ void nbi_trace_free(nbi_trace *tr);
  * node with t's value, else t. */
 nb_tensor *nbi_trace_result(const nbi_trace *tr, nb_tensor *t);
 
-/* ---- programs as functions ----------------------------------------------------------- */
+/* ---- programs as functions -----------------------------------------------------------
+ * fn.c: tracing into programs and a program as an nb_fn (core only below it);
+ * program_xform.c: nbi_select_fn and nbi_program_xform, above autodiff.c and
+ * vmap.c. */
 /* Traces f on placeholders of the given types (n = f->n_in) into a program
  * whose inputs are f's inputs then the tensors f captured (returned retained
  * in *capt, *n_capt; see nbi_program_build). */

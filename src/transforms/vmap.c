@@ -10,6 +10,8 @@
  */
 #include "transforms.h"
 
+#include "../ops/rule_util.h"
+
 #include <stdlib.h>
 
 typedef struct vmap_fn {

@@ -132,8 +132,8 @@ FK_EXPORT cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t des
 }
 
 FK_EXPORT cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *layout,
-                                                    cudaDataType type, uint64_t rows,
-                                                    uint64_t cols, int64_t ld) {
+                                                    cudaDataType type, uint64_t rows, uint64_t cols,
+                                                    int64_t ld) {
   if (!layout) return CUBLAS_STATUS_INVALID_VALUE;
   fk_layout *l = calloc(1, sizeof *l);
   if (!l) return CUBLAS_STATUS_ALLOC_FAILED;
@@ -274,10 +274,14 @@ static cublasStatus_t problem_make(cublasLtMatmulDesc_t op, cublasLtMatrixLayout
     bool ab = tab == CUDA_R_32F || tab == CUDA_R_16F || tab == CUDA_R_16BF;
     if (!ab || (tcd != tab && tcd != CUDA_R_32F) || d->scale != CUDA_R_32F)
       return CUBLAS_STATUS_NOT_SUPPORTED;
-    if (d->compute == CUBLAS_COMPUTE_32F_FAST_TF32) p->input = 'T';
-    else if (d->compute == CUBLAS_COMPUTE_32F_FAST_16F) p->input = 'h';
-    else if (d->compute == CUBLAS_COMPUTE_32F_FAST_16BF) p->input = 'b';
-    else if (d->compute != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (d->compute == CUBLAS_COMPUTE_32F_FAST_TF32)
+      p->input = 'T';
+    else if (d->compute == CUBLAS_COMPUTE_32F_FAST_16F)
+      p->input = 'h';
+    else if (d->compute == CUBLAS_COMPUTE_32F_FAST_16BF)
+      p->input = 'b';
+    else if (d->compute != CUBLAS_COMPUTE_32F)
+      return CUBLAS_STATUS_NOT_SUPPORTED;
     if (tab != CUDA_R_32F) p->input = 0; /* 16-bit inputs are already that narrow */
   }
   uint32_t e = d->epilogue;
@@ -324,8 +328,9 @@ FK_EXPORT cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
 /* f16 / bf16 bits to float and float to their bits (to nearest even; NaN stays NaN). */
 static float f16_to_f32(uint16_t h) {
   uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = h >> 10 & 0x1fu, m = h & 0x3ffu;
-  float f = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY)
-                                                    : ldexpf((float)(m | 0x400u), (int)e - 25);
+  float f = e == 0    ? ldexpf((float)m, -24)
+            : e == 31 ? (m ? NAN : INFINITY)
+                      : ldexpf((float)(m | 0x400u), (int)e - 25);
   return s ? -f : f;
 }
 
@@ -416,6 +421,37 @@ static bool aligned(const void *p, const fk_layout *l, uint64_t align) {
   return (bits & (align - 1)) == 0;
 }
 
+/* One batch item's product in progress: op(A)'s rows ra, op(B)'s columns rb (doubles),
+ * and what completes each element of D. */
+typedef struct gemm_job {
+  const problem *p;
+  const double *ra, *rb;
+  const void *C;
+  void *D;
+  double al, be;
+  bool use_c, bias, relu;
+  int64_t bi;
+} gemm_job;
+
+/* Column j of D in batch item job->bi: sums, alpha, beta C, bias, relu, the store. */
+static void gemm_column(void *arg, unsigned long long j) {
+  const gemm_job *g = arg;
+  const problem *p = g->p;
+  const fk_layout *lc = p->l[2], *ld = p->l[3];
+  int64_t k = p->k;
+  for (int64_t i = 0; i < p->m; i++) {
+    double acc = 0;
+    const double *x = g->ra + i * k, *y = g->rb + (int64_t)j * k;
+    for (int64_t q = 0; q < k; q++)
+      acc += x[q] * y[q];
+    double v = g->al * acc;
+    if (g->use_c) v += g->be * load(g->C, lc->type, g->bi * lc->stride + (int64_t)j * lc->ld + i);
+    if (g->bias) v += load(p->d->bias, p->bias_type, i);
+    if (g->relu) v = v > 0 ? v : 0;
+    store(g->D, ld->type, g->bi * ld->stride + (int64_t)j * ld->ld + i, v);
+  }
+}
+
 FK_EXPORT cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
                                         const void *alpha, const void *A,
                                         cublasLtMatrixLayout_t adesc, const void *B,
@@ -432,7 +468,8 @@ FK_EXPORT cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulD
   problem p;
   cublasStatus_t s = problem_make(op, adesc, bdesc, cdesc, ddesc, &p);
   if (s != CUBLAS_STATUS_SUCCESS) return s;
-  if (!alpha || !beta || !D || (algo && algo->data[0] != FK_ALGO)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!alpha || !beta || !D || (algo && algo->data[0] != FK_ALGO))
+    return CUBLAS_STATUS_INVALID_VALUE;
   const void *ops[4] = {A, B, C, D};
   for (int i = 0; i < 4 && algo; i++)
     if (!aligned(ops[i], p.l[i], algo->data[1 + i])) return CUBLAS_STATUS_INVALID_VALUE;
@@ -454,8 +491,18 @@ FK_EXPORT cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulD
     free(rb);
     return CUBLAS_STATUS_ALLOC_FAILED;
   }
-  const fk_layout *la = p.l[0], *lb = p.l[1], *lc = p.l[2], *ld = p.l[3];
+  const fk_layout *la = p.l[0], *lb = p.l[1];
   bool ta = p.d->transa != CUBLAS_OP_N, tb = p.d->transb != CUBLAS_OP_N;
+  gemm_job job = {.p = &p,
+                  .ra = ra,
+                  .rb = rb,
+                  .C = C,
+                  .D = D,
+                  .al = al,
+                  .be = be,
+                  .use_c = use_c,
+                  .bias = has_bias,
+                  .relu = relu};
   for (int64_t bi = 0; bi < p.batch; bi++) {
     /* ra[i][q] = op(A)(i, q), rb[j][q] = op(B)(q, j): rows of the product's dot products */
     for (int64_t i = 0; i < m; i++)
@@ -466,19 +513,13 @@ FK_EXPORT cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulD
       for (int64_t q = 0; q < k; q++)
         rb[j * k + q] = narrow(
             load(B, lb->type, bi * lb->stride + (tb ? q * lb->ld + j : j * lb->ld + q)), p.input);
-#pragma omp parallel for if (m * n * k > (1 << 16)) schedule(static)
-    for (int64_t j = 0; j < n; j++)
-      for (int64_t i = 0; i < m; i++) {
-        double acc = 0;
-        const double *x = ra + i * k, *y = rb + j * k;
-        for (int64_t q = 0; q < k; q++)
-          acc += x[q] * y[q];
-        double v = al * acc;
-        if (use_c) v += be * load(C, lc->type, bi * lc->stride + j * lc->ld + i);
-        if (has_bias) v += load(p.d->bias, p.bias_type, i);
-        if (relu) v = v > 0 ? v : 0;
-        store(D, ld->type, bi * ld->stride + j * ld->ld + i, v);
-      }
+    job.bi = bi;
+    if (m * n * k > ((int64_t)1 << 18)) {
+      fk_parallel_for((unsigned long long)n, gemm_column, &job);
+    } else {
+      for (int64_t j = 0; j < n; j++)
+        gemm_column(&job, (unsigned long long)j);
+    }
   }
   free(ra);
   free(rb);

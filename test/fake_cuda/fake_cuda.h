@@ -30,9 +30,9 @@
 #define FK_CC_MINOR 0
 #define FK_ARCH (FK_CC_MAJOR * 10 + FK_CC_MINOR)
 #define FK_SM_COUNT 132
-#define FK_SMEM_STATIC ((size_t)48 << 10)  /* a block's shared memory without opting in */
-#define FK_SMEM_OPTIN ((size_t)227 << 10)  /* and the most it may opt in to */
-#define FK_MAX_THREADS 1024                /* per block */
+#define FK_SMEM_STATIC ((size_t)48 << 10)   /* a block's shared memory without opting in */
+#define FK_SMEM_OPTIN ((size_t)227 << 10)   /* and the most it may opt in to */
+#define FK_MAX_THREADS 1024                 /* per block */
 #define FK_DEFAULT_MEMORY ((size_t)8 << 30) /* device memory unless NABLA_FAKE_CUDA_MEM says */
 
 /* CUDA_SUCCESS when cuInit ran and the calling thread's current context is the
@@ -72,6 +72,10 @@ char *fk_image_make(const char *src, bool ptx, int arch, const char *std, size_t
  * NULL on success, else the compiler's log (malloc'd; a message when it could not
  * run). Writes the library's path (PATH_MAX bytes) when path is not NULL. */
 char *fk_host_compile(const char *src, const char *std, char *path);
+
+/* Runs fn(arg, i) for i < n on the launch pool's host threads and the calling one (in
+ * no given order; one such job or launch at a time); returns when all are done. */
+void fk_parallel_for(unsigned long long n, void (*fn)(void *arg, unsigned long long i), void *arg);
 
 /* ---- NVRTC's own (fake_nvrtc.c) ---------------------------------------------------------- */
 /* Whether NVRTC compiles for arch (a real sm_XX the fake lists). */

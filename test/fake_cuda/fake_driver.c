@@ -341,8 +341,8 @@ FK_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
   if (r != CUDA_SUCCESS) return r;
   if (!ms) return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&lock);
-  bool ok = handle_live(start, 'e') && handle_live(end, 'e') && start->recorded &&
-            end->recorded && !((start->flags | end->flags) & CU_EVENT_DISABLE_TIMING);
+  bool ok = handle_live(start, 'e') && handle_live(end, 'e') && start->recorded && end->recorded &&
+            !((start->flags | end->flags) & CU_EVENT_DISABLE_TIMING);
   if (ok) *ms = (float)(end->ms - start->ms);
   pthread_mutex_unlock(&lock);
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
@@ -364,8 +364,10 @@ static size_t block_after(uintptr_t p) {
   size_t lo = 0, hi = n_blocks;
   while (lo < hi) {
     size_t mid = (lo + hi) / 2;
-    if (blocks[mid].base <= p) lo = mid + 1;
-    else hi = mid;
+    if (blocks[mid].base <= p)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -469,8 +471,7 @@ FK_EXPORT CUresult cuMemGetInfo(size_t *free_bytes, size_t *total) {
 }
 
 /* A copy of n bytes whose device sides (dst_dev, src_dev) are checked. */
-static CUresult copy(void *dst, bool dst_dev, const void *src, bool src_dev, size_t n,
-                     CUstream s) {
+static CUresult copy(void *dst, bool dst_dev, const void *src, bool src_dev, size_t n, CUstream s) {
   CUresult r = need_stream(s);
   if (r != CUDA_SUCCESS) return r;
   if (n == 0) return CUDA_SUCCESS;
@@ -539,7 +540,8 @@ typedef struct err_name {
   const char *name, *text;
 } err_name;
 
-#define FK_ERR(code, text) {code, #code, text}
+#define FK_ERR(code, text)                                                                         \
+  { code, #code, text }
 static const err_name errors[] = {
     FK_ERR(CUDA_SUCCESS, "no error"),
     FK_ERR(CUDA_ERROR_INVALID_VALUE, "invalid argument"),
@@ -551,7 +553,8 @@ static const err_name errors[] = {
     FK_ERR(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid"),
     FK_ERR(CUDA_ERROR_INVALID_CONTEXT, "invalid device context"),
     FK_ERR(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed"),
-    FK_ERR(CUDA_ERROR_NO_BINARY_FOR_GPU, "no kernel image is available for execution on the device"),
+    FK_ERR(CUDA_ERROR_NO_BINARY_FOR_GPU,
+           "no kernel image is available for execution on the device"),
     FK_ERR(CUDA_ERROR_INVALID_PTX, "a PTX JIT compilation failed"),
     FK_ERR(CUDA_ERROR_INVALID_SOURCE, "device kernel image is invalid"),
     FK_ERR(CUDA_ERROR_FILE_NOT_FOUND, "file not found"),

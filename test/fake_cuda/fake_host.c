@@ -279,7 +279,9 @@ static const char *next_token(const char **p, size_t *len) {
   return s;
 }
 
-static bool tok_is(const char *t, size_t n, const char *s) { return n == strlen(s) && !memcmp(t, s, n); }
+static bool tok_is(const char *t, size_t n, const char *s) {
+  return n == strlen(s) && !memcmp(t, s, n);
+}
 
 /* The kernels of preprocessed text pre (marked by the scan's shim) into ks (at most
  * max); their count. A kernel counts when declared extern "C" (or inside extern "C"
@@ -371,19 +373,13 @@ static void remove_build(const char *tmp) {
 #define MAX_KERNELS 512
 
 /* The compile's options after -std (part of every cache key). */
-static const char *const compile_flags[] = {"-O1",
-                                            "-fPIC",
-                                            "-shared",
-                                            "-pthread",
-                                            "-ffp-contract=off",
-                                            "-fno-strict-aliasing",
-                                            "-w",
-                                            NULL};
+static const char *const compile_flags[] = {
+    "-O1", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-strict-aliasing", "-w", NULL};
 
 /* Builds src (rewritten) with std into tmp/k.so; NULL or the failure's log. */
 static char *build(const char *tmp, const char *src, const char *std) {
-  char scan_cpp[PATH_MAX], scan_ii[PATH_MAX], scan_log[PATH_MAX], k_cpp[PATH_MAX],
-      k_so[PATH_MAX], k_log[PATH_MAX], stdopt[32], head[PATH_MAX + 64];
+  char scan_cpp[PATH_MAX], scan_ii[PATH_MAX], scan_log[PATH_MAX], k_cpp[PATH_MAX], k_so[PATH_MAX],
+      k_log[PATH_MAX], stdopt[32], head[PATH_MAX + 64];
   path_join(scan_cpp, tmp, "scan.cpp");
   path_join(scan_ii, tmp, "scan.ii");
   path_join(scan_log, tmp, "scan.log");

@@ -19,7 +19,8 @@
  * serialized. A launch whose threads deadlock at barriers fails with
  * CUDA_ERROR_LAUNCH_FAILED (the reason on stderr); a kernel that faults crashes the
  * process, where a debugger shows the kernel's frame. Parameters are taken from
- * kernelParams only (`extra`, the packed form, is CUDA_ERROR_NOT_SUPPORTED). */
+ * kernelParams only (NULL for a kernel with parameters is CUDA_ERROR_INVALID_VALUE;
+ * `extra`, the packed form, is CUDA_ERROR_NOT_SUPPORTED). */
 #include "fake_cuda.h"
 
 #include <dlfcn.h>
@@ -85,6 +86,7 @@ struct CUfunc_st {
   CUmodule mod; /* NULL once its module is unloaded */
   void (*body)(void *);
   unsigned bounds; /* __launch_bounds__, 0: none */
+  unsigned params; /* how many parameters it takes */
   int max_dyn;     /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */
   char name[];
 };
@@ -116,8 +118,10 @@ FK_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *img) {
   char path[PATH_MAX];
   char *log = fk_host_compile(im.src, im.std, path);
   if (log) {
-    fprintf(stderr, "nabla fake CUDA: cuModuleLoadData: the image's source does not compile "
-                    "for the host:\n%s\n", log);
+    fprintf(stderr,
+            "nabla fake CUDA: cuModuleLoadData: the image's source does not compile "
+            "for the host:\n%s\n",
+            log);
     free(log);
     return im.ptx ? CUDA_ERROR_INVALID_PTX : CUDA_ERROR_INVALID_IMAGE;
   }
@@ -196,11 +200,14 @@ FK_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule m, const char
       void *body = dlsym(m->so, sym);
       snprintf(sym, len + 16, "nb_shim_b_%s", name);
       const unsigned *bounds = dlsym(m->so, sym);
+      snprintf(sym, len + 16, "nb_shim_p_%s", name);
+      const unsigned *params = dlsym(m->so, sym);
       f = body ? calloc(1, sizeof *f + len + 1) : NULL;
       r = !body ? CUDA_ERROR_NOT_FOUND : !f ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
       if (f) {
         memcpy(&f->body, &body, sizeof body);
         f->bounds = bounds ? *bounds : 0;
+        f->params = params ? *params : 0;
         f->mod = m;
         memcpy(f->name, name, len + 1);
         f->next = m->fns;
@@ -230,8 +237,10 @@ FK_EXPORT CUresult cuFuncSetAttribute(CUfunction f, CUfunction_attribute attrib,
   if (!function_live(f)) {
     r = CUDA_ERROR_INVALID_HANDLE;
   } else if (attrib == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
-    if (value < 0 || (size_t)value > FK_SMEM_OPTIN) r = CUDA_ERROR_INVALID_VALUE;
-    else f->max_dyn = value;
+    if (value < 0 || (size_t)value > FK_SMEM_OPTIN)
+      r = CUDA_ERROR_INVALID_VALUE;
+    else
+      f->max_dyn = value;
   } else if (attrib == CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT) {
     if (value < -1 || value > 100) r = CUDA_ERROR_INVALID_VALUE;
   } else {
@@ -270,8 +279,8 @@ static bool worker_map(worker *w) {
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
   size_t stacks = NB_SHIM_MAX_THREADS * STACK_BYTES;
   size_t bytes = stacks + NB_SHIM_DYN_SMEM_MAX + NB_SHIM_SCRATCH;
-  char *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
+  char *p =
+      mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return false;
   for (size_t i = 0; i < NB_SHIM_MAX_THREADS; i++)
     (void)mprotect(p + i * STACK_BYTES, page, PROT_NONE);
@@ -350,6 +359,38 @@ static int pool_run(nb_shim_exec_fn exec, const nb_shim_launch *L, unsigned long
   return rc;
 }
 
+/* ---- host work on the pool ------------------------------------------------------------ */
+typedef struct par_job {
+  void (*fn)(void *arg, unsigned long long i);
+  void *arg;
+  unsigned long long n;
+} par_job;
+
+/* An exec of the pool that runs a par_job's items (L->arg) instead of blocks. */
+static int par_exec(const nb_shim_launch *L, nb_shim_worker *W) {
+  (void)W;
+  const par_job *j = L->arg;
+  for (;;) {
+    unsigned long long i = __atomic_fetch_add(L->next, 1ull, __ATOMIC_RELAXED);
+    if (i >= j->n) return 0;
+    j->fn(j->arg, i);
+  }
+}
+
+void fk_parallel_for(unsigned long long n, void (*fn)(void *arg, unsigned long long i), void *arg) {
+  par_job job = {fn, arg, n};
+  unsigned long long next = 0;
+  nb_shim_launch L = {.arg = &job, .next = &next};
+  pthread_mutex_lock(&launch_lock);
+  if (pool_ready()) {
+    pool_run(par_exec, &L, n);
+  } else {
+    for (unsigned long long i = 0; i < n; i++)
+      fn(arg, i);
+  }
+  pthread_mutex_unlock(&launch_lock);
+}
+
 /* ---- launches ------------------------------------------------------------------------------ */
 FK_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                   unsigned int bx, unsigned int by, unsigned int bz,
@@ -361,11 +402,12 @@ FK_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy
   pthread_mutex_lock(&mod_lock);
   bool live = function_live(f);
   void (*body)(void *) = live ? f->body : NULL;
-  unsigned bounds = live ? f->bounds : 0;
+  unsigned bounds = live ? f->bounds : 0, n_params = live ? f->params : 0;
   int max_dyn = live ? f->max_dyn : 0;
   nb_shim_exec_fn exec = live ? f->mod->exec : NULL;
   pthread_mutex_unlock(&mod_lock);
   if (!live) return CUDA_ERROR_INVALID_HANDLE;
+  if (n_params > 0 && !params) return CUDA_ERROR_INVALID_VALUE;
   unsigned long long threads = (unsigned long long)bx * by * bz;
   if (!gx || !gy || !gz || !bx || !by || !bz || gx > 0x7fffffffu || gy > 65535 || gz > 65535 ||
       bx > 1024 || by > 1024 || bz > 64 || threads > FK_MAX_THREADS)
@@ -387,8 +429,8 @@ FK_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy
   pthread_mutex_unlock(&launch_lock);
   if (rc == -2) return CUDA_ERROR_OUT_OF_MEMORY;
   if (rc != 0) {
-    fprintf(stderr, "nabla fake CUDA: kernel %s (grid %ux%ux%u, block %ux%ux%u): %s\n", f->name,
-            gx, gy, gz, bx, by, bz, err[0] ? err : "failed");
+    fprintf(stderr, "nabla fake CUDA: kernel %s (grid %ux%ux%u, block %ux%ux%u): %s\n", f->name, gx,
+            gy, gz, bx, by, bz, err[0] ? err : "failed");
     return CUDA_ERROR_LAUNCH_FAILED;
   }
   return CUDA_SUCCESS;

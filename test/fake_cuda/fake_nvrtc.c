@@ -46,7 +46,7 @@ bool fk_nvrtc_arch(int arch) {
 
 struct _nvrtcProgram {
   char *src, *name;
-  char *log;   /* the last compile's log ("" before) */
+  char *log;  /* the last compile's log ("" before) */
   char *code; /* after a successful compile: the source with the -D / -U lines */
   bool ptx;   /* the target was compute_XX */
   int arch;
@@ -140,13 +140,23 @@ static void set_log(struct _nvrtcProgram *p, const char *text) {
 
 /* ---- options ---------------------------------------------------------------------------- */
 /* The options that are flags, and those that take =value (any value). */
-static const char *const flag_options[] = {
-    "-default-device", "--device-as-default-execution-space", "-lineinfo", "--generate-line-info",
-    "-G", "--device-debug", "-w", "--disable-warnings", "--use_fast_math", "-use_fast_math",
-    "-restrict", "--restrict", "-extra-device-vectorization", "--extra-device-vectorization"};
-static const char *const value_options[] = {"--fmad=", "-fmad=", "--ftz=", "-ftz=",
-                                            "--prec-div=", "-prec-div=", "--prec-sqrt=",
-                                            "-prec-sqrt=", "--dopt=", "-dopt="};
+static const char *const flag_options[] = {"-default-device",
+                                           "--device-as-default-execution-space",
+                                           "-lineinfo",
+                                           "--generate-line-info",
+                                           "-G",
+                                           "--device-debug",
+                                           "-w",
+                                           "--disable-warnings",
+                                           "--use_fast_math",
+                                           "-use_fast_math",
+                                           "-restrict",
+                                           "--restrict",
+                                           "-extra-device-vectorization",
+                                           "--extra-device-vectorization"};
+static const char *const value_options[] = {
+    "--fmad=",    "-fmad=",       "--ftz=",      "-ftz=",   "--prec-div=",
+    "-prec-div=", "--prec-sqrt=", "-prec-sqrt=", "--dopt=", "-dopt="};
 
 /* What the options say: target, dialect and the #define / #undef lines (malloc'd). */
 typedef struct options {
@@ -218,11 +228,15 @@ static nvrtcResult parse_options(int n, const char *const *opts, options *o, cha
       snprintf(o->std, sizeof o->std, "%s", s);
       continue;
     }
-    const char *def = !strncmp(a, "--define-macro=", 15) ? a + 15 : !strncmp(a, "-D", 2) ? a + 2 : NULL;
-    const char *undef =
-        !strncmp(a, "--undefine-macro=", 17) ? a + 17 : !strncmp(a, "-U", 2) ? a + 2 : NULL;
+    const char *def = !strncmp(a, "--define-macro=", 15) ? a + 15
+                      : !strncmp(a, "-D", 2)             ? a + 2
+                                                         : NULL;
+    const char *undef = !strncmp(a, "--undefine-macro=", 17) ? a + 17
+                        : !strncmp(a, "-U", 2)               ? a + 2
+                                                             : NULL;
     if ((def && def[0]) || (undef && undef[0])) {
-      if (!add_define(o, def ? "define" : "undef", def ? def : undef)) return NVRTC_ERROR_OUT_OF_MEMORY;
+      if (!add_define(o, def ? "define" : "undef", def ? def : undef))
+        return NVRTC_ERROR_OUT_OF_MEMORY;
       continue;
     }
     snprintf(msg, msg_n, "nvrtc: error: unrecognized option %s\n", a);
@@ -274,8 +288,10 @@ static void load_real(void) {
               real_sym(lib, "nvrtcGetProgramLog", &real.log) &&
               real_sym(lib, "nvrtcDestroyProgram", &real.destroy) &&
               real.version(&real.major, &real.minor) == NVRTC_SUCCESS;
-    if (ok) real.lib = lib;
-    else dlclose(lib);
+    if (ok)
+      real.lib = lib;
+    else
+      dlclose(lib);
   }
 }
 

@@ -1,6 +1,6 @@
 /* src/backends/cpu/cpu.c — CPU backend: aligned blocks, thread setup, vtable
- * (fused groups: k_fused.c). Tensor buffers come from these blocks through the
- * cache in src/core/alloc.c. */
+ * (its kernel table: kernels.c; fused groups: k_fused.c). Tensor buffers come
+ * from these blocks through the cache in src/core/alloc.c. */
 #include "k_fused.h"
 
 #include <stdlib.h>
@@ -37,14 +37,6 @@ static nb_status cpu_sync(void *ctx) { /* kernels run synchronously and report a
   (void)ctx;
   return NB_OK;
 }
-static bool cpu_supports(void *ctx, int op, nb_dtype dt) {
-  (void)ctx, (void)dt;
-  return op >= 0 && op < NBI_OP_COUNT && nbi_op_table[op]->cpu != NULL;
-}
-static nb_status cpu_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const nbi_view *in) {
-  (void)ctx;
-  return nbi_op_table[n->op]->cpu(n, out, in);
-}
 
 const nbi_backend nbi_cpu_backend = {
     .name = "cpu",
@@ -56,8 +48,8 @@ const nbi_backend nbi_cpu_backend = {
     .copy = cpu_copy,
     .fill = cpu_fill,
     .sync = cpu_sync,
-    .supports = cpu_supports,
-    .run_op = cpu_run_op,
+    .supports = nbi_cpu_supports,
+    .run_op = nbi_cpu_run_op,
     .group_ok = nbi_cpu_group_ok,
     .run_group = nbi_cpu_run_group,
 };

@@ -1,10 +1,32 @@
-/* src/backends/cpu/cpu.h — helpers shared by CPU kernels. */
+/* src/backends/cpu/cpu.h — the CPU backend's kernel table, its threading
+ * thresholds, and helpers shared by CPU kernels. */
 #ifndef NABLA_CPU_H
 #define NABLA_CPU_H
 
 #include "../backend.h"
 
-/* Row iteration over views that share one index space (broadcast them first
+/* ---- the kernel table (kernels.c) ---------------------------------------------------------
+ * The CPU kernel of op (nbi_kernel contract), or NULL when the CPU has none:
+ * constants, placeholders, views that always succeed, the ops core runs itself
+ * (exec), and ops out of range. Every other op of ops.def has one. */
+nbi_kernel nbi_cpu_kernel_of(int op);
+/* The vtable's supports and run_op (ctx unused, NULL allowed): whether op has
+ * a kernel (for every valid result dtype dt), and running node n's kernel,
+ * which requires that it has one. The emulated device (src/backends/emu)
+ * answers and runs as the CPU does, on translated views. */
+bool nbi_cpu_supports(void *ctx, int op, nb_dtype dt);
+nb_status nbi_cpu_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const nbi_view *in);
+
+/* ---- threads ------------------------------------------------------------------------------ */
+/* Elements below which a loop stays single-threaded. */
+#define NBI_PAR_MIN 32768
+/* Multiply-adds below which a GEMM runs on the calling thread: an OpenMP
+ * region's fork and barrier cost more than half of such a product's work, and
+ * far more when other processes hold the CPUs (gemm.c, k_gemm_epi.c). */
+#define NBI_GEMM_SERIAL_MACS (1 << 20)
+
+/* ---- row iteration ------------------------------------------------------------------------
+ * Row iteration over views that share one index space (broadcast them first
  * with nbi_view_broadcast). Dims that are contiguous for every operand are
  * merged and size-1 dims dropped, so the last dim is the longest inner run.
  * A row is one pass over the last dim; rows are independent, so kernels

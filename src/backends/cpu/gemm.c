@@ -5,7 +5,7 @@
  * multiply-adds, which is what nbi_cpu_gemm_batch_parallel relies on).
  * f32 products below NBI_GEMM_SERIAL_MACS run on the calling thread: sgemm
  * would open a two-thread OpenMP region for them. */
-#include "../backend.h"
+#include "cpu.h"
 
 #include <cblas.h>
 #include <limits.h>

@@ -363,7 +363,7 @@ static nb_status run_unfused(const epi_group *eg, bool aliases_only) {
     for (int a = 0; a < NBI_GROUP_ATTRS; a++)
       t.attrs.i[a] = e->ai[a];
     t.attrs.f[0] = e->af[0], t.attrs.f[1] = e->af[1];
-    if (!st) st = nbi_cpu_backend.run_op(NULL, &t, &v[k], in);
+    if (!st) st = nbi_cpu_run_op(NULL, &t, &v[k], in);
   }
   for (int k = 0; k < g->n_members; k++)
     nbi_cpu_scratch_free(tmp[k]);

@@ -1,5 +1,5 @@
 /* src/backends/cpu/k_shape.h — CPU kernels of the shape family (src/ops/shape.c).
- * Every kernel follows nbi_cpu_kernel: in[k] are views with any strides, out is
+ * Every kernel follows nbi_kernel: in[k] are views with any strides, out is
  * a fresh contiguous buffer of the node's shape and dtype. */
 #ifndef NABLA_K_SHAPE_H
 #define NABLA_K_SHAPE_H

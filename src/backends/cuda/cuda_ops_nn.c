@@ -18,21 +18,10 @@
  * cover each pixel, in the CPU's order. */
 #include "cuda_be.h"
 
+#include "../../ops/nn.h" /* the nodes' attribute slots: NBI_CONV_*, NBI_POOL_* */
+
 #include <stdint.h>
 #include <stdlib.h>
-
-/* Attribute slots (nbi_attrs.i) of the CONV2D and MAX_POOL2D families, as the
- * op records write them (src/ops/nn_conv.c; declared for the CPU kernels in
- * ../cpu/k_nn.h, which a backend may not include). */
-enum {
-  CONV_STRIDE = 0,   /* [2] h, w */
-  CONV_PAD = 2,      /* [2] */
-  CONV_DILATION = 4, /* [2] */
-  CONV_GROUPS = 6,
-  POOL_KERNEL = 0, /* [2] */
-  POOL_STRIDE = 2, /* [2] */
-  POOL_PAD = 4,    /* [2] */
-};
 
 /* ---- kernel source ------------------------------------------------------------------------- */
 /* clang-format off */
@@ -380,12 +369,12 @@ static conv_geom conv_geom_of(const nb_tensor *n, const int64_t *x, const int64_
                      .w = x[3],
                      .kh = w[2],
                      .kw = w[3],
-                     .sh = at[CONV_STRIDE],
-                     .sw = at[CONV_STRIDE + 1],
-                     .ph = at[CONV_PAD],
-                     .pw = at[CONV_PAD + 1],
-                     .dh = at[CONV_DILATION],
-                     .dw = at[CONV_DILATION + 1],
+                     .sh = at[NBI_CONV_STRIDE],
+                     .sw = at[NBI_CONV_STRIDE + 1],
+                     .ph = at[NBI_CONV_PAD],
+                     .pw = at[NBI_CONV_PAD + 1],
+                     .dh = at[NBI_CONV_DILATION],
+                     .dw = at[NBI_CONV_DILATION + 1],
                      .oh = y[2],
                      .ow = y[3]};
 }
@@ -439,7 +428,7 @@ static nb_status gemm_grid(nbi_cuda_ctx *c, nb_dtype dt, bool ta, bool tb, int64
  * with the node's stride, padding, dilation and groups, plus bias. Per chunk
  * of images: im2col, then y[n, g] (O/G, P) = w[g] (O/G, C/G*KH*KW) @ col[n, g]. */
 nb_status nbi_cuda_conv2d(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out, const nbi_view *in) {
-  int64_t N = out->dims[0], O = out->dims[1], G = n->attrs.i[CONV_GROUPS];
+  int64_t N = out->dims[0], O = out->dims[1], G = n->attrs.i[NBI_CONV_GROUPS];
   conv_geom g = conv_geom_of(n, in[0].dims, in[1].dims, out->dims);
   int64_t P = g.oh * g.ow, og = O / G, ksz = g.c / G * g.kh * g.kw, col_img = G * ksz * P;
   if (N * O * P == 0) return NB_OK;
@@ -484,7 +473,7 @@ nb_status nbi_cuda_conv2d(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out, co
  * gather (each pixel sums its entries in a fixed order: deterministic). */
 nb_status nbi_cuda_conv2d_bwd_data(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
                                    const nbi_view *in) {
-  int64_t N = out->dims[0], O = in[0].dims[1], G = n->attrs.i[CONV_GROUPS];
+  int64_t N = out->dims[0], O = in[0].dims[1], G = n->attrs.i[NBI_CONV_GROUPS];
   conv_geom g = conv_geom_of(n, out->dims, in[1].dims, in[0].dims);
   int64_t P = g.oh * g.ow, og = O / G, ksz = g.c / G * g.kh * g.kw, col_img = G * ksz * P;
   if (nbi_cuda_view_numel(out) == 0) return NB_OK;
@@ -524,7 +513,7 @@ nb_status nbi_cuda_conv2d_bwd_data(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view
  * dimension cnt*P; several chunks give partial sums added in chunk order. */
 nb_status nbi_cuda_conv2d_bwd_filter(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
                                      const nbi_view *in) {
-  int64_t N = in[0].dims[0], O = out->dims[0], G = n->attrs.i[CONV_GROUPS];
+  int64_t N = in[0].dims[0], O = out->dims[0], G = n->attrs.i[NBI_CONV_GROUPS];
   conv_geom g = conv_geom_of(n, in[0].dims, out->dims, in[1].dims);
   int64_t P = g.oh * g.ow, og = O / G, ksz = g.c / G * g.kh * g.kw, numel = O * ksz;
   if (numel == 0) return NB_OK;
@@ -577,12 +566,12 @@ static conv_geom pool_geom(const nb_tensor *n, const int64_t *x, const int64_t *
   return (conv_geom){.c = x[1],
                      .h = x[2],
                      .w = x[3],
-                     .kh = at[POOL_KERNEL],
-                     .kw = at[POOL_KERNEL + 1],
-                     .sh = at[POOL_STRIDE],
-                     .sw = at[POOL_STRIDE + 1],
-                     .ph = at[POOL_PAD],
-                     .pw = at[POOL_PAD + 1],
+                     .kh = at[NBI_POOL_KERNEL],
+                     .kw = at[NBI_POOL_KERNEL + 1],
+                     .sh = at[NBI_POOL_STRIDE],
+                     .sw = at[NBI_POOL_STRIDE + 1],
+                     .ph = at[NBI_POOL_PAD],
+                     .pw = at[NBI_POOL_PAD + 1],
                      .dh = 1,
                      .dw = 1,
                      .oh = y[2],

@@ -365,8 +365,8 @@ void cr_emit_params(cr_buf *b, const cr_layout *L) {
   cr_put(b, "};\n");
 }
 
-/* Magic word of 32-bit division by d (preamble: nb_udiv): floor(2^32 (2^s - d) / d) + 1
- * in the low half, s = ceil(log2 d) in the high half. */
+/* Magic word of 32-bit division by d >= 1 (preamble: nb_udiv): floor(2^32 (2^s - d) / d)
+ * + 1 in the low half, s = ceil(log2 d) in the high half. */
 static uint64_t udiv_word(uint32_t d) {
   uint32_t s = 0;
   while (s < 32 && ((uint64_t)1 << s) < d)
@@ -461,7 +461,15 @@ static nb_status ew_layout(const nbi_group *g, const nbi_view *out, const nbi_vi
       nd++;
     }
   }
-  if (nd == 0) { /* one element (or F is 0-d) */
+  if (L->n == 0) {
+    /* no element: one empty contiguous dim. A kept zero-size dim would reach
+     * udiv_word (a division by zero, SIGFPE) when an operand's strides make the
+     * layout general (an empty reversed slice); the kernel is never launched. */
+    L->dims[0] = 0;
+    for (int r = 0; r < nref; r++)
+      st[r][0] = 1;
+    nd = 1;
+  } else if (nd == 0) { /* one element (or F is 0-d) */
     L->dims[0] = 1;
     for (int r = 0; r < nref; r++)
       st[r][0] = 1;

@@ -10,6 +10,7 @@
  * (group_ok), its executors on translated views, so a program groups and runs
  * here as on the CPU. */
 #include "../backend.h"
+#include "../cpu/cpu.h" /* the CPU kernel table */
 
 #include <pthread.h>
 #include <stdio.h>
@@ -81,9 +82,10 @@ static nb_status emu_sync(void *ctx) {
   return st ? nbi_error(st, "%s", msg) : NB_OK;
 }
 
+/* The CPU's kernel table (src/backends/cpu/kernels.c) answers. */
 static bool emu_supports(void *ctx, int op, nb_dtype dt) {
-  (void)ctx, (void)dt;
-  return op >= 0 && op < NBI_OP_COUNT && nbi_op_table[op]->cpu != NULL;
+  (void)ctx;
+  return nbi_cpu_supports(NULL, op, dt);
 }
 
 /* The thread's error before a kernel runs, restored after it (defer). */
@@ -122,7 +124,7 @@ static nb_status emu_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const 
   for (int k = 0; k < n->n_in; k++)
     r[k] = real_view(&in[k]);
   emu_saved before = save_error();
-  nb_status st = nbi_op_table[n->op]->cpu(n, &o, r);
+  nb_status st = nbi_cpu_run_op(NULL, n, &o, r);
   if (r != local) free(r);
   return defer(ctx, st, &before);
 }

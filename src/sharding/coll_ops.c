@@ -1,5 +1,12 @@
-/* src/ops/collective.c — collectives of nb_shard_map bodies (contract:
- * include/nabla/sharding.h "Collectives"; rows in collective.def).
+/* src/sharding/coll_ops.c — collectives of nb_shard_map bodies as ops
+ * (contract: include/nabla/sharding.h "Collectives"; their rows are in
+ * src/ops/collective.def, the one op list; the records nbi_opdef_ALL_REDUCE
+ * ... live here, linked by name from src/ops/registry.c).
+ *
+ * They sit in the sharding layer, not in src/ops: their public functions
+ * parse axes against the mesh of the body being traced (smap.c) and the
+ * interpreter's glue (nbi_coll_run) runs them as the collectives of
+ * collectives.c, so ops would otherwise depend on sharding and back.
  *
  * A collective is recorded only while a shard_map body (or a transform of
  * one) is traced, i.e. while nbi_smap_mesh() names the body's mesh; the group
@@ -31,7 +38,9 @@
  * by one; the collectives act on every example at once. */
 #include <stdlib.h>
 
-#include "../sharding/sharding.h"
+#include "sharding.h"
+
+#include "../ops/rule_util.h"
 
 enum {
   A_N_AXES = 2,
