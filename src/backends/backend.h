@@ -108,10 +108,6 @@ typedef struct nbi_group {
   nbi_group_member m[NBI_FUSE_MAX];
   nbi_group_operand operand[NBI_FUSE_MAX];
   uint64_t key[2]; /* structural hash of everything above */
-  /* Read by no executor (every backend runs a group from the fields above and
-   * its views): always NULL, left until src/backends/cuda/cuda_ops.c stops
-   * clearing it. */
-  nb_tensor *const *nodes;
 } nbi_group;
 
 /* ---- the backend vtable --------------------------------------------------------------- */

@@ -247,11 +247,12 @@ static uint8_t read_level(uint8_t r) {
 }
 
 /* Describes the group nodes[0..m-1] (store[k]: member k gets a buffer) into
- * d; false when it has no description: too many operands, or a row group's
- * reshape of an outside value that is not one value per row (it reads the
- * value by its own linear index, which a view over F's row axes cannot
- * express). */
-static bool describe(nb_tensor *const *nodes, int m, const bool *store, nbi_fused *d) {
+ * d, its structural key too when keyed (the planner's trial descriptions, for
+ * group_ok only, skip it); false when it has no description: too many
+ * operands, or a row group's reshape of an outside value that is not one value
+ * per row (it reads the value by its own linear index, which a view over F's
+ * row axes cannot express). */
+static bool describe(nb_tensor *const *nodes, int m, const bool *store, bool keyed, nbi_fused *d) {
   nbi_group *g = &d->g;
   const nb_tensor *ext[NBI_FUSE_MAX];
   memset(d, 0, sizeof *d);
@@ -315,6 +316,7 @@ static bool describe(nb_tensor *const *nodes, int m, const bool *store, nbi_fuse
       e->src[q] = (int16_t)(-1 - s);
     }
   }
+  if (!keyed) return true;
   uint64_t a = 0x9e3779b97f4a7c15ull, b = 0xcbf29ce484222325ull;
   const uint64_t *w = (const uint64_t *)(const void *)g;
   for (size_t i = 0; i < offsetof(nbi_group, key) / 8; i++)
@@ -335,7 +337,7 @@ static bool fits(nb_tensor *const *nodes, int f, int e, const bool *store, const
   for (int k = 0; k <= e - f; k++)
     s[k] = store[f + k] || !last || last[f + k] > e || f + k == also;
   nbi_fused d;
-  if (!describe(nodes + f, e - f + 1, s, &d)) return false;
+  if (!describe(nodes + f, e - f + 1, s, false, &d)) return false;
   const nbi_device *dev = nbi_device_at(nodes[f]->device);
   return dev->be->group_ok(dev->ctx, &d.g);
 }
@@ -415,7 +417,8 @@ nbi_fused *nbi_fuse_describe_groups(nb_tensor *const *nodes, int n, int *group, 
     int e = nbi_fuse_group_end(group, n, f);
     if (e > f) {
       const nbi_device *dev = nbi_device_at(nodes[f]->device);
-      if (describe(nodes + f, e - f + 1, store + f, &d[k]) && dev->be->group_ok(dev->ctx, &d[k].g))
+      if (describe(nodes + f, e - f + 1, store + f, true, &d[k]) &&
+          dev->be->group_ok(dev->ctx, &d[k].g))
         k++;
       else
         for (int c = f; c <= e; c++)
