@@ -45,7 +45,7 @@ nbi_fused *nbi_fuse_describe_groups(nb_tensor *const *nodes, int n, int *group, 
 nb_status nbi_fuse_run(const nbi_fused *d, nb_tensor *const *nodes);
 /* Whether step t is an elementwise op computing in its own dtype, f32 or f64:
  * its kernel (alone or in an elementwise group) reads each operand element
- * only to write the element at the same index (graph.c, "in place"). */
+ * only to write the element at the same index (plan.c, "In place"). */
 bool nbi_fuse_elementwise_step(const nb_tensor *t);
 
 #endif

@@ -162,7 +162,7 @@ enum {
   NBI_T_GRAD_PATH = 1u << 3,     /* depends on a leaf: keeps its graph edges
                                     (provenance) even when realized */
   NBI_T_GRAD_FREED = 1u << 4,    /* provenance freed by a backward */
-  /* A held node a realization left pending (src/core/graph.c, "memory
+  /* A held node a realization left pending (src/core/plan.c, "Memory
    * policy"); tracked in the lazy set while it lives (src/core/tensor.c). */
   NBI_T_LAZY = 1u << 5,
 };
@@ -619,7 +619,7 @@ nbi_exec *nbi_exec_build(nb_tensor *const *slots, int n_slots, nb_tensor *const 
 bool nbi_exec_fits(const nbi_exec *x, nb_tensor *const *in);
 nb_status nbi_exec_run(nbi_exec *x, nb_tensor *const *in, nb_tensor **out);
 void nbi_exec_free(nbi_exec *x);
-/* nb_assign's realization (src/core/graph.c): realizes val together with every
+/* nb_assign's realization (src/core/assign.c): realizes val together with every
  * pending tensor held by the thread's scopes that reads dst (transitively), so
  * none of them can see dst's next value; lazy readers read a leaf sharing
  * dst's current buffer instead (or run too, while nb_backward may still need

@@ -94,7 +94,7 @@ static inline double dm_softplus(double x) { return (x > 0 ? x : 0) + log1p(exp(
  * same operations run in every variant (no FMA contraction), so results do not
  * depend on the ISA.
  * Aliasing: o may be the very buffer of a unit-stride operand (an in-place
- * step, graph.c "in place"), never a partial overlap. Element i is read only
+ * step, src/core/plan.c "In place"), never a partial overlap. Element i is read only
  * to write element i, so the reorderings restrict allows (later loads hoisted
  * above earlier stores) see no changed value. Strictly, C11 makes such
  * same-index aliasing of restrict pointers undefined: keep every row function
