@@ -90,6 +90,7 @@ bool nbi_exec_fits(const nbi_exec *x, nb_tensor *const *in) {
 
 nb_status nbi_exec_run(nbi_exec *x, nb_tensor *const *in, nb_tensor **out) {
   uint64_t t0 = nbi_realize_depth() ? 0 : nbi_now_ns();
+  nbi_cpu_init(); /* this thread's FP mode and kernel threads, as realize does */
   for (int r = 0; r < x->n_roots; r++)
     out[r] = NULL;
   for (int k = 0; k < x->n_slots; k++) { /* bind: the slots share the inputs' storage */

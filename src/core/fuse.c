@@ -162,14 +162,9 @@ static bool joins(const fgroup *g, nb_tensor *const *nodes, int i, bool ew, int 
  * takes (the CPU: f32). */
 enum { EPI_MAX_ALIASES = 4 };
 
-static bool epi_alias(const nb_tensor *t) {
-  return t->op == NBI_OP_IDENTITY || t->op == NBI_OP_STOP_GRADIENT;
-}
+static bool epi_alias(const nb_tensor *t) { return nbi_op_traits[t->op] & NBI_TR_ALIAS; }
 
-static bool epi_act(int op) {
-  return op == NBI_OP_RELU || op == NBI_OP_GELU || op == NBI_OP_TANH || op == NBI_OP_SIGMOID ||
-         op == NBI_OP_SILU;
-}
+static bool epi_act(int op) { return nbi_op_traits[op] & NBI_TR_ACT; }
 
 /* Whether step i's value is read by a step other than `user` or held. */
 static bool epi_used_elsewhere(nb_tensor *const *nodes, int n, int i, int user, const bool *held) {

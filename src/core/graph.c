@@ -84,7 +84,10 @@ static nbi_buffer *inplace_buffer(const nbi_plan *p, nb_tensor *const *cn, int c
   if (p->inplace[c] < 0) return NULL;
   const nb_tensor *x = cn[p->inplace[c] / 4]->in[p->inplace[c] % 4];
   nbi_buffer *b = x->shard0.buf;
-  if (!b || x->n_shards != 1 || b->refcount != 1 || x->shard0.offset != 0) return NULL;
+  /* 1: only this realization holds it (no other thread can retain it then) */
+  if (!b || x->n_shards != 1 || __atomic_load_n(&b->refcount, __ATOMIC_ACQUIRE) != 1 ||
+      x->shard0.offset != 0)
+    return NULL;
   nbi_view v = nbi_tensor_view(x);
   if (!nbi_view_is_contiguous(&v)) return NULL;
   nbi_buffer_retain(b);

@@ -41,6 +41,13 @@ static inline void nbi_hash_mix(uint64_t *a, uint64_t *b, uint64_t w) {
   *b ^= *b >> 29;
 }
 
+/* ---- reference counts -------------------------------------------------------
+ * Every refcount (tensors, buffers, payloads, programs, functions, meshes) is
+ * changed atomically: a jitted function, its program and its captures are
+ * shared by the threads that call it. */
+#define NBI_REF_INC(x) ((void)__atomic_fetch_add(&(x)->refcount, 1, __ATOMIC_RELAXED))
+#define NBI_REF_DEC(x) __atomic_sub_fetch(&(x)->refcount, 1, __ATOMIC_ACQ_REL) /* new count */
+
 /* ---- shapes ----------------------------------------------------------------- */
 #define NBI_MAX_NUMEL ((int64_t)1 << 48) /* larger requests are NB_ERR_OVERFLOW */
 /* numel of s, or -1 on overflow past NBI_MAX_NUMEL / negative dims. */
@@ -174,6 +181,8 @@ struct nb_tensor {
   nb_dtype dtype;
   int op;       /* NBI_OP_* that produces it (NBI_OP_CONST for data leaves) */
   int device;   /* device table index (src/backends/backend.h): where its data lives */
+  uint32_t owner; /* the thread that made it (nbi_thread_id); see nbi_record */
+  uint32_t magic; /* NBI_MAGIC_LIVE; NBI_MAGIC_DEAD once released (NABLA_DEBUG) */
   uint64_t seq; /* creation order (process-wide, increasing): a node can only
                    depend on nodes with a smaller seq */
   int32_t mark; /* scratch for graph passes (realization); -1 when idle */
@@ -256,6 +265,28 @@ const char *nbi_device_name(int i);
  * kernels (CUDA: the CUstream; NULL elsewhere). */
 nb_device nbi_device_public(int i);
 void *nbi_device_native_stream(int i);
+/* NABLA_DEBUG=1 (read at load): released handles are quarantined, never
+ * reused, and marked dead, so a use after release (nb_release, or the end of
+ * the owning scope) is an error naming the function and the handle instead of
+ * memory corruption; nb_release of a reference a scope owns is refused. */
+enum { NBI_MAGIC_LIVE = 0x6e61626c, NBI_MAGIC_DEAD = 0x64656164 };
+extern bool nbi_debug;
+bool nbi_dead_report(const char *fn, const nb_tensor *t, int idx);
+/* True (error recorded) when t is a released handle: debug mode only. idx: the
+ * input's position, or -1. */
+static inline bool nbi_dead(const char *fn, const nb_tensor *t, int idx) {
+  return nbi_debug && t->magic != NBI_MAGIC_LIVE && nbi_dead_report(fn, t, idx);
+}
+/* Scope depth and floor around a user function body (nb_call): the body may
+ * not end a scope it did not begin (nb_scope_end below the floor is
+ * NB_ERR_SCOPE); scopes it left open are closed by nbi_scope_unwind, which
+ * keeps keep[0..n) alive in the scope left current. */
+int nbi_scope_depth(void);
+int nbi_scope_floor_set(int floor); /* returns the previous floor */
+int nbi_scope_unwind(int depth, nb_tensor *const *keep, int n); /* scopes it closed */
+/* The calling thread's number (1, 2, ... in order of first use): tensors
+ * record it as their owner. */
+uint32_t nbi_thread_id(void);
 /* Registers t (refcount already 1) in the current scope. */
 void nbi_scope_register(nb_tensor *t);
 /* Releases a tensor's graph inputs (after realization, when nothing needs them). */
@@ -293,8 +324,24 @@ void nbi_lazy_add(nb_tensor *t);
 void nbi_lazy_remove(nb_tensor *t);
 
 /* ---- op registry ------------------------------------------------------------------ */
+/* Op traits, the fourth column of an ops.def row: what several passes (the
+ * simplifier, fusion, sharding rules) need to know about an op, in one place. */
+enum {
+  NBI_TR_LEAF = 1u << 0,        /* no operands: a value (const, placeholder) */
+  NBI_TR_EW = 1u << 1,          /* elementwise with broadcasting (fusion class) */
+  NBI_TR_REDUCE = 1u << 2,      /* along axes: reductions, softmax, cumsum (row class) */
+  NBI_TR_COMMUTATIVE = 1u << 3, /* two operands swap without changing a bit */
+  NBI_TR_ALIAS = 1u << 4,       /* the value is operand 0's (identity-like) */
+  NBI_TR_ACT = 1u << 5,         /* an activation a GEMM epilogue can apply */
+  /* linearity, for partial sums kept through an op (sharding) */
+  NBI_TR_LIN_UNARY = 1u << 6, /* f(a + b) = f(a) + f(b) of its one operand */
+  NBI_TR_LIN_SUM = 1u << 7,   /* add/sub: partial when all operands are */
+  NBI_TR_LIN_MULTI = 1u << 8, /* mul: partial when exactly one operand is */
+  NBI_TR_LIN_FIRST = 1u << 9, /* div: partial when only operand 0 is */
+};
+
 typedef enum nbi_op {
-#define NB_OP(id, name, arity) NBI_OP_##id,
+#define NB_OP(id, name, arity, traits) NBI_OP_##id,
 #include "../ops/ops.def"
 #undef NB_OP
   NBI_OP_COUNT
@@ -421,10 +468,11 @@ typedef struct nbi_op_def {
 
 /* One record per op, defined next to the op's public function, named
  * nbi_opdef_<ID>; the registry table in src/ops/registry.c points at all. */
-#define NB_OP(id, name, arity) extern const nbi_op_def nbi_opdef_##id;
+#define NB_OP(id, name, arity, traits) extern const nbi_op_def nbi_opdef_##id;
 #include "../ops/ops.def"
 #undef NB_OP
 extern const nbi_op_def *const nbi_op_table[NBI_OP_COUNT];
+extern const uint32_t nbi_op_traits[NBI_OP_COUNT]; /* NBI_TR_*, from ops.def */
 
 /* A new node with t's value (src/ops/identity.c). */
 nb_tensor *nbi_identity(nb_tensor *t);

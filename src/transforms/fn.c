@@ -37,12 +37,12 @@ nb_fn *nb_fn_create(nb_fn_body body, void *user, int n_in, int n_out) {
 }
 
 nb_fn *nb_fn_retain(nb_fn *f) {
-  if (f) f->refcount++;
+  if (f) NBI_REF_INC(f);
   return f;
 }
 
 void nb_fn_release(nb_fn *f) {
-  if (!f || --f->refcount > 0) return;
+  if (!f || NBI_REF_DEC(f) > 0) return;
   if (f->destroy) f->destroy(f->user);
   free(f);
 }
@@ -98,10 +98,21 @@ nb_status nb_call(nb_fn *f, nb_tensor *const *in, nb_tensor **out) {
   if (!tmp) return nbi_error(NB_ERR_OOM, "nb_call: out of memory");
   for (int k = 0; k < f->n_out; k++)
     tmp[k] = NULL;
+  for (int k = 0; k < f->n_in; k++)
+    if (nbi_dead("nb_call", in[k], k)) {
+      if (tmp != local) free(tmp);
+      return nb_last_status();
+    }
   nb_scope_begin();
+  /* the body may not end the caller's scopes; scopes it leaves open are closed */
+  int depth = nbi_scope_depth(), floor = nbi_scope_floor_set(depth);
   nb_status st = !f->user_body && any_sharded(in, f->n_in)
                      ? call_sharded(f, in, tmp)
                      : f->body(f->user, in, f->n_in, tmp, f->n_out);
+  nbi_scope_floor_set(floor);
+  int left_open = nbi_scope_unwind(depth, tmp, f->n_out);
+  if (left_open && !st)
+    st = nbi_error(NB_ERR_SCOPE, "nb_call: the function body left %d scope(s) open", left_open);
   if (st == NB_OK)
     for (int k = 0; k < f->n_out && !st; k++)
       if (!tmp[k]) {

@@ -38,7 +38,8 @@
 
 /* Hot row and column loops are compiled twice, for AVX2 and for the baseline
  * ISA, and picked at load time (ifunc): the build targets plain x86-64. */
-#if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(NBI_NO_CLONES) /* a ThreadSanitizer build: the default clone */
 #define HOT __attribute__((target_clones("avx2", "default")))
 #else
 #define HOT

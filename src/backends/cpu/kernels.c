@@ -124,7 +124,7 @@
 /* clang-format on */
 
 static const nbi_kernel table[] = {
-#define NB_OP(id, name, arity) [NBI_OP_##id] = K_##id,
+#define NB_OP(id, name, arity, traits) [NBI_OP_##id] = K_##id,
 #include "../../ops/ops.def"
 #undef NB_OP
 };

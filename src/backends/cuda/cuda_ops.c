@@ -522,7 +522,7 @@ typedef struct op_route {
 /* clang-format on */
 
 static const op_route routes[] = {
-#define NB_OP(id, name, arity) [NBI_OP_##id] = ROUTE_##id,
+#define NB_OP(id, name, arity, traits) [NBI_OP_##id] = ROUTE_##id,
 #include "../../ops/ops.def"
 #undef NB_OP
 };
