@@ -5,8 +5,8 @@
  * A group is a run of consecutive steps (topological order): elementwise
  * steps of one shape, a row group (elementwise steps, reductions and axis
  * ops along trailing axes, per-row and global values), or a GEMM epilogue
- * (matmul, bias add, activation); nbi.h, "fusion". What may join is the op's
- * trait (nbi_op_def.fuse) and the graph's structure; whether the device runs
+ * (matmul, bias add, activation); nbi.h, "fusion". What may join is read
+ * from the op's traits (ops.def) and the graph's structure; whether the device runs
  * the group is its backend's answer for the group's description (group_ok,
  * asked each time a step would join, so a group stops growing where the
  * device's limits are: the CPU's operand counts, row lengths and dtypes).
@@ -31,7 +31,24 @@ bool nbi_fusion_enabled(void) {
 }
 void nbi_set_fusion(bool on) { fusion = on; }
 
-static int fuse_class(const nb_tensor *t) { return nbi_op_table[t->op]->fuse; }
+/* How an op may join a group, from its traits (ops.def): the planner proposes
+ * every such op; which ones a device runs (dtypes, reductions it can fold)
+ * is its backend's answer. */
+enum {
+  FUSE_NONE,        /* never fused */
+  FUSE_ELEMENTWISE, /* elementwise (NBI_TR_EW) */
+  FUSE_ROW_REDUCE,  /* a reduction of the axes of its mask (NBI_TR_REDUCE) */
+  FUSE_ROW_AXIS,    /* along one axis, a row op along F's last (NBI_TR_REDUCE | NBI_TR_AXIS) */
+  FUSE_VIEW,        /* a copy of its operand in a group (NBI_TR_ALIAS, NBI_TR_VIEW); joins a
+                       group, never starts one */
+};
+
+static int fuse_class(const nb_tensor *t) {
+  uint32_t tr = nbi_op_traits[t->op];
+  if (tr & NBI_TR_EW) return FUSE_ELEMENTWISE;
+  if (tr & NBI_TR_REDUCE) return tr & NBI_TR_AXIS ? FUSE_ROW_AXIS : FUSE_ROW_REDUCE;
+  return tr & (NBI_TR_ALIAS | NBI_TR_VIEW) ? FUSE_VIEW : FUSE_NONE;
+}
 
 /* Groups consecutive fusible steps (nbi.h, "fusion"): elementwise steps of one
  * dtype and one full shape F, and, once a row op along F's trailing axes
@@ -79,10 +96,10 @@ static bool per_row(const fgroup *g, const nb_shape *s, bool bcast) {
  * not be empty; how long a row may be is the device's answer. */
 static int row_op(const nb_tensor *t) {
   int cls = fuse_class(t);
-  if (cls != NBI_FUSE_ROW_REDUCE && cls != NBI_FUSE_ROW_AXIS) return -1;
+  if (cls != FUSE_ROW_REDUCE && cls != FUSE_ROW_AXIS) return -1;
   const nb_shape *s = &t->in[0]->shape;
   int ra = s->ndim;
-  if (cls == NBI_FUSE_ROW_AXIS) {
+  if (cls == FUSE_ROW_AXIS) {
     if (t->attrs.i[0] != t->shape.ndim - 1) return -1; /* along the last axis only */
     ra = s->ndim - 1;
   } else {
@@ -112,9 +129,9 @@ static bool global_member(const fgroup *g, nb_tensor *const *nodes, int i, bool 
   if (rows < 2) return false;
   const nb_tensor *x = t->in[0];
   bool member = x->mark >= g->first && x->mark < i;
-  if (fuse_class(t) == NBI_FUSE_ROW_REDUCE) /* of a per-row member */
+  if (fuse_class(t) == FUSE_ROW_REDUCE) /* of a per-row member */
     return member && !((g->global >> (x->mark - g->first)) & 1u) && per_row(g, &x->shape, false);
-  if (!ew && !(fuse_class(t) == NBI_FUSE_VIEW && x->dtype == t->dtype)) return false;
+  if (!ew && !(fuse_class(t) == FUSE_VIEW && x->dtype == t->dtype)) return false;
   int n_member = 0; /* every member input is global, at least one unless already after the rows */
   for (int k = 0; k < t->n_in; k++) {
     int c = t->in[k]->mark;
@@ -135,7 +152,7 @@ static bool joins(const fgroup *g, nb_tensor *const *nodes, int i, bool ew, int 
   if (global || g->global) return global; /* after the first global member, only those */
   if (ra >= 0) /* works along F's trailing axes, as the group's others do */
     return nbi_shape_eq(&t->in[0]->shape, &g->full) && (g->ra < 0 || g->ra == ra);
-  if (fuse_class(t) == NBI_FUSE_VIEW) { /* a reshape only between per-row shapes (or to its own) */
+  if (fuse_class(t) == FUSE_VIEW) { /* a reshape only between per-row shapes (or to its own) */
     if (t->in[0]->dtype != t->dtype) return false;
     if (t->op == NBI_OP_RESHAPE && !nbi_shape_eq(&t->shape, &t->in[0]->shape) &&
         !(g->ra >= 0 && per_row(g, &t->shape, false)))
@@ -282,10 +299,10 @@ static bool describe(nb_tensor *const *nodes, int m, const bool *store, bool key
     if (ra < 0)
       e->role = NBI_ROLE_FULL;
     else if (g->rows >= 2 && nbi_numel(&t->shape) == 1)
-      e->role = cls == NBI_FUSE_ROW_REDUCE ? NBI_ROLE_GLOBAL_REDUCE : NBI_ROLE_GLOBAL;
-    else if (cls == NBI_FUSE_ROW_AXIS)
+      e->role = cls == FUSE_ROW_REDUCE ? NBI_ROLE_GLOBAL_REDUCE : NBI_ROLE_GLOBAL;
+    else if (cls == FUSE_ROW_AXIS)
       e->role = NBI_ROLE_AXIS;
-    else if (cls == NBI_FUSE_ROW_REDUCE)
+    else if (cls == FUSE_ROW_REDUCE)
       e->role = NBI_ROLE_ROW_REDUCE;
     else
       e->role = nbi_shape_eq(&t->shape, &g->full) ? NBI_ROLE_FULL : NBI_ROLE_PER_ROW;
@@ -361,11 +378,11 @@ void nbi_fuse_plan(nb_tensor *const *nodes, int n_nodes, const bool *held, int *
       continue;
     }
     const nb_tensor *t = nodes[i];
-    int cls = on ? fuse_class(t) : NBI_FUSE_NONE, ra = on ? row_op(t) : -1;
-    bool ew = cls == NBI_FUSE_ELEMENTWISE;
+    int cls = on ? fuse_class(t) : FUSE_NONE, ra = on ? row_op(t) : -1;
+    bool ew = cls == FUSE_ELEMENTWISE;
     bool global = g.first >= 0 && global_member(&g, nodes, i, ew);
     /* a joining global reduction reads all rows of its input after the row loop */
-    int reread = global && cls == NBI_FUSE_ROW_REDUCE ? t->in[0]->mark : -1;
+    int reread = global && cls == FUSE_ROW_REDUCE ? t->in[0]->mark : -1;
     if (g.first >= 0 && joins(&g, nodes, i, ew, ra, global) &&
         fits(nodes, g.first, i, store, last, reread)) {
       group[i] = g.first;
@@ -425,9 +442,10 @@ nbi_fused *nbi_fuse_describe_groups(nb_tensor *const *nodes, int n, int *group, 
   return d;
 }
 
+/* attrs.i[0] is an elementwise op's compute dtype (a cast has none). */
 bool nbi_fuse_elementwise_step(const nb_tensor *t) {
-  return fuse_class(t) == NBI_FUSE_ELEMENTWISE && (t->dtype == NB_F32 || t->dtype == NB_F64) &&
-         t->attrs.i[0] == t->dtype;
+  return fuse_class(t) == FUSE_ELEMENTWISE && t->op != NBI_OP_CAST &&
+         (t->dtype == NB_F32 || t->dtype == NB_F64) && t->attrs.i[0] == t->dtype;
 }
 
 /* Operand k's view (of F's dims, backend.h) for its tensor x: broadcast to F,

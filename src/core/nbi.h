@@ -329,7 +329,8 @@ void nbi_lazy_remove(nb_tensor *t);
 enum {
   NBI_TR_LEAF = 1u << 0,        /* no operands: a value (const, placeholder) */
   NBI_TR_EW = 1u << 1,          /* elementwise with broadcasting (fusion class) */
-  NBI_TR_REDUCE = 1u << 2,      /* along axes: reductions, softmax, cumsum (row class) */
+  NBI_TR_REDUCE = 1u << 2,      /* along axes: reductions of the axes of mask attrs.i[0],
+                                   and with NBI_TR_AXIS softmax, cumsum (row class) */
   NBI_TR_COMMUTATIVE = 1u << 3, /* two operands swap without changing a bit */
   NBI_TR_ALIAS = 1u << 4,       /* the value is operand 0's (identity-like) */
   NBI_TR_ACT = 1u << 5,         /* an activation a GEMM epilogue can apply */
@@ -338,6 +339,13 @@ enum {
   NBI_TR_LIN_SUM = 1u << 7,   /* add/sub: partial when all operands are */
   NBI_TR_LIN_MULTI = 1u << 8, /* mul: partial when exactly one operand is */
   NBI_TR_LIN_FIRST = 1u << 9, /* div: partial when only operand 0 is */
+  /* with NBI_TR_REDUCE: along the one axis attrs.i[0], the result shaped as its
+   * operand (softmax, log_softmax, cumsum) */
+  NBI_TR_AXIS = 1u << 10,
+  /* operand 0's elements in row-major order under another shape (reshape) or
+   * repeated (broadcast_to), nothing computed: a fused group copies it, as it
+   * does an NBI_TR_ALIAS op */
+  NBI_TR_VIEW = 1u << 11,
 };
 
 typedef enum nbi_op {
@@ -463,7 +471,6 @@ typedef struct nbi_op_def {
    * shard_map): writes the programs payload p nests to out[0..1] and returns
    * their number (cond: then, else; while: cond, body; the others: one). */
   int (*programs)(const nbi_payload *p, const struct nbi_program **out);
-  uint8_t fuse; /* NBI_FUSE_*: how the op may join a fused group (see "fusion") */
 } nbi_op_def;
 
 /* One record per op, defined next to the op's public function, named
@@ -595,20 +602,12 @@ nb_status nbi_program_run(const char *fn, const nbi_program *p, nb_tensor *const
  *    rows: a reduction of all rows of a per-row member (a loss's mean over the
  *    batch) and elementwise ops on such single values;
  *  - GEMM epilogues: a 2-D [matmul, add row bias, activation].
- * View ops join a group as copies. Which ops may join is a trait of the op
- * (nbi_op_def.fuse); whether a device runs a group, and so how far a group
- * grows, is the device backend's answer for the group's neutral description
- * (src/backends/backend.h, "fused groups": group_ok). Values used only inside a
- * group are never materialized. */
-enum {
-  NBI_FUSE_NONE,        /* never fused */
-  NBI_FUSE_ELEMENTWISE, /* an elementwise formula (ew_formulas.h) or where */
-  NBI_FUSE_ROW_REDUCE,  /* a reduction a row group can hold (sum, mean, prod, max, min, var, std) */
-  NBI_FUSE_ROW_AXIS,    /* an op along one axis a row group can hold along F's last axis
-                           (attrs.i[0] = the axis): softmax, log_softmax, cumsum */
-  NBI_FUSE_VIEW,        /* a copy of its input in a group (reshape, broadcast_to, identity,
-                           stop_gradient); joins a group, never starts one */
-};
+ * View ops join a group as copies. Which ops may join is read from the op's
+ * traits (ops.def: NBI_TR_EW, NBI_TR_REDUCE with or without NBI_TR_AXIS,
+ * NBI_TR_ALIAS / NBI_TR_VIEW); whether a device runs a group, and so how far a
+ * group grows, is the device backend's answer for the group's neutral
+ * description (src/backends/backend.h, "fused groups": group_ok). Values used
+ * only inside a group are never materialized. */
 #define NBI_FUSE_MAX 16 /* members of a group; also its operands and its outputs */
 /* On unless the environment sets NABLA_NO_FUSION=1; tests compare both. */
 bool nbi_fusion_enabled(void);

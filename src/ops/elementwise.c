@@ -68,18 +68,11 @@ static nb_tensor *ew_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batch
 /* clang-format on */
 
 #define DEF_DIFF_RECORD(ID, nm, ar)                                                                \
-  const nbi_op_def nbi_opdef_##ID = {.name = nm,                                                   \
-                                     .arity = ar,                                                  \
-                                     .vjp = ew_vjp,                                                \
-                                     .jvp = ew_jvp,                                                \
-                                     .vmap = ew_vmap,                                              \
-                                     .fuse = NBI_FUSE_ELEMENTWISE};
+  const nbi_op_def nbi_opdef_##ID = {                                                              \
+      .name = nm, .arity = ar, .vjp = ew_vjp, .jvp = ew_jvp, .vmap = ew_vmap};
 #define DEF_NONDIFF_RECORD(ID, nm, ar)                                                             \
-  const nbi_op_def nbi_opdef_##ID = {.name = nm,                                                   \
-                                     .arity = ar,                                                  \
-                                     .flags = NBI_OPF_NONDIFF,                                     \
-                                     .vmap = ew_vmap,                                              \
-                                     .fuse = NBI_FUSE_ELEMENTWISE};
+  const nbi_op_def nbi_opdef_##ID = {                                                              \
+      .name = nm, .arity = ar, .flags = NBI_OPF_NONDIFF, .vmap = ew_vmap};
 EW_DIFF_RECORDS(DEF_DIFF_RECORD)
 EW_NONDIFF_RECORDS(DEF_NONDIFF_RECORD)
 #undef DEF_DIFF_RECORD

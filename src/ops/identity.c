@@ -60,14 +60,12 @@ const nbi_op_def nbi_opdef_IDENTITY = {.name = "identity",
                                        .vjp = identity_vjp,
                                        .jvp = identity_jvp,
                                        .flags = NBI_OPF_NO_KERNEL,
-                                       .vmap = identity_vmap,
-                                       .fuse = NBI_FUSE_VIEW};
+                                       .vmap = identity_vmap};
 const nbi_op_def nbi_opdef_STOP_GRADIENT = {.name = "stop_gradient",
                                             .arity = 1,
                                             .view = alias_view,
                                             .flags = NBI_OPF_NONDIFF | NBI_OPF_NO_KERNEL,
-                                            .vmap = identity_vmap,
-                                            .fuse = NBI_FUSE_VIEW};
+                                            .vmap = identity_vmap};
 
 /* ---- device moves ------------------------------------------------------------------
  * TO_DEVICE: the value of its input on another device (attrs.i[0] = the

@@ -454,61 +454,38 @@ static nb_tensor *along_axis_vmap(nb_tensor *y, nb_tensor *const *bin, const boo
   return rebatch(y, bin, B, y->attrs.i[0] + 1);
 }
 
-const nbi_op_def nbi_opdef_REDUCE_SUM = {.name = "reduce_sum",
-                                         .arity = 1,
-                                         .vjp = sum_vjp,
-                                         .jvp = sum_jvp,
-                                         .vmap = reduction_vmap,
-                                         .fuse = NBI_FUSE_ROW_REDUCE};
-const nbi_op_def nbi_opdef_REDUCE_PROD = {.name = "reduce_prod",
-                                          .arity = 1,
-                                          .vjp = prod_vjp,
-                                          .jvp = prod_jvp,
-                                          .vmap = reduction_vmap,
-                                          .fuse = NBI_FUSE_ROW_REDUCE};
+const nbi_op_def nbi_opdef_REDUCE_SUM = {
+    .name = "reduce_sum", .arity = 1, .vjp = sum_vjp, .jvp = sum_jvp, .vmap = reduction_vmap};
+const nbi_op_def nbi_opdef_REDUCE_PROD = {
+    .name = "reduce_prod", .arity = 1, .vjp = prod_vjp, .jvp = prod_jvp, .vmap = reduction_vmap};
 const nbi_op_def nbi_opdef_REDUCE_MAX = {.name = "reduce_max",
                                          .arity = 1,
                                          .vjp = extreme_vjp,
                                          .jvp = extreme_jvp,
-                                         .vmap = reduction_vmap,
-                                         .fuse = NBI_FUSE_ROW_REDUCE};
+                                         .vmap = reduction_vmap};
 const nbi_op_def nbi_opdef_REDUCE_MIN = {.name = "reduce_min",
                                          .arity = 1,
                                          .vjp = extreme_vjp,
                                          .jvp = extreme_jvp,
-                                         .vmap = reduction_vmap,
-                                         .fuse = NBI_FUSE_ROW_REDUCE};
+                                         .vmap = reduction_vmap};
 const nbi_op_def nbi_opdef_REDUCE_ANY = {
     .name = "reduce_any", .arity = 1, .flags = NBI_OPF_NONDIFF, .vmap = reduction_vmap};
 const nbi_op_def nbi_opdef_REDUCE_ALL = {
     .name = "reduce_all", .arity = 1, .flags = NBI_OPF_NONDIFF, .vmap = reduction_vmap};
-const nbi_op_def nbi_opdef_REDUCE_VAR = {.name = "reduce_var",
-                                         .arity = 1,
-                                         .vjp = var_vjp,
-                                         .jvp = var_jvp,
-                                         .vmap = reduction_vmap,
-                                         .fuse = NBI_FUSE_ROW_REDUCE};
+const nbi_op_def nbi_opdef_REDUCE_VAR = {
+    .name = "reduce_var", .arity = 1, .vjp = var_vjp, .jvp = var_jvp, .vmap = reduction_vmap};
 const nbi_op_def nbi_opdef_LOGSUMEXP = {
     .name = "logsumexp", .arity = 1, .vjp = lse_vjp, .jvp = lse_jvp, .vmap = reduction_vmap};
 const nbi_op_def nbi_opdef_ARGMAX = {
     .name = "argmax", .arity = 1, .flags = NBI_OPF_NONDIFF, .vmap = reduction_vmap};
 const nbi_op_def nbi_opdef_ARGMIN = {
     .name = "argmin", .arity = 1, .flags = NBI_OPF_NONDIFF, .vmap = reduction_vmap};
-const nbi_op_def nbi_opdef_SOFTMAX = {.name = "softmax",
-                                      .arity = 1,
-                                      .vjp = softmax_vjp,
-                                      .jvp = softmax_jvp,
-                                      .vmap = along_axis_vmap,
-                                      .fuse = NBI_FUSE_ROW_AXIS};
+const nbi_op_def nbi_opdef_SOFTMAX = {
+    .name = "softmax", .arity = 1, .vjp = softmax_vjp, .jvp = softmax_jvp, .vmap = along_axis_vmap};
 const nbi_op_def nbi_opdef_LOG_SOFTMAX = {.name = "log_softmax",
                                           .arity = 1,
                                           .vjp = log_softmax_vjp,
                                           .jvp = log_softmax_jvp,
-                                          .vmap = along_axis_vmap,
-                                          .fuse = NBI_FUSE_ROW_AXIS};
-const nbi_op_def nbi_opdef_CUMSUM = {.name = "cumsum",
-                                     .arity = 1,
-                                     .vjp = cumsum_vjp,
-                                     .jvp = cumsum_jvp,
-                                     .vmap = along_axis_vmap,
-                                     .fuse = NBI_FUSE_ROW_AXIS};
+                                          .vmap = along_axis_vmap};
+const nbi_op_def nbi_opdef_CUMSUM = {
+    .name = "cumsum", .arity = 1, .vjp = cumsum_vjp, .jvp = cumsum_jvp, .vmap = along_axis_vmap};

@@ -213,8 +213,7 @@ const nbi_op_def nbi_opdef_RESHAPE = {.name = "reshape",
                                       .view = reshape_view,
                                       .vjp = reshape_vjp,
                                       .jvp = reshape_jvp,
-                                      .vmap = reshape_vmap,
-                                      .fuse = NBI_FUSE_VIEW};
+                                      .vmap = reshape_vmap};
 
 /* ---- permute ---------------------------------------------------------------------- */
 
@@ -360,8 +359,7 @@ const nbi_op_def nbi_opdef_BROADCAST_TO = {.name = "broadcast_to",
                                            .view = broadcast_view,
                                            .vjp = broadcast_vjp,
                                            .jvp = broadcast_jvp,
-                                           .vmap = broadcast_vmap,
-                                           .fuse = NBI_FUSE_VIEW};
+                                           .vmap = broadcast_vmap};
 
 /* ---- slice ------------------------------------------------------------------------ */
 

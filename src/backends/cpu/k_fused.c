@@ -26,13 +26,12 @@ enum { ROW_MAX = 16384 };
 /* What a member of an elementwise or row group does. */
 typedef enum member_kind { M_VIEW, M_WHERE, M_UNARY, M_BINARY, M_REDUCE, M_AXIS } member_kind;
 
+/* By the op's traits (ops.def); member_ok says whether this file has its kernel. */
 static member_kind kind_of(const nbi_group_member *e) {
-  switch (nbi_op_table[e->op]->fuse) {
-  case NBI_FUSE_VIEW: return M_VIEW;
-  case NBI_FUSE_ROW_REDUCE: return M_REDUCE;
-  case NBI_FUSE_ROW_AXIS: return M_AXIS;
-  default: return e->op == NBI_OP_WHERE ? M_WHERE : e->n_in == 1 ? M_UNARY : M_BINARY;
-  }
+  uint32_t tr = nbi_op_traits[e->op];
+  if (tr & (NBI_TR_ALIAS | NBI_TR_VIEW)) return M_VIEW;
+  if (tr & NBI_TR_REDUCE) return tr & NBI_TR_AXIS ? M_AXIS : M_REDUCE;
+  return e->op == NBI_OP_WHERE ? M_WHERE : e->n_in == 1 ? M_UNARY : M_BINARY;
 }
 
 /* The dtype of input q of member k: another member's or an operand's. */
@@ -55,16 +54,18 @@ static bool member_ok(const nbi_group *g, int k) {
     if (e->src[q] >= k || -1 - e->src[q] >= g->n_operands) return false;
   bool rows = g->kind == NBI_GROUP_ROWS;
   nb_dtype in0 = input_dtype(g, k, 0);
-  switch (nbi_op_table[op]->fuse) {
-  case NBI_FUSE_VIEW: return e->n_in == 1 && in0 == e->dtype;
-  case NBI_FUSE_ROW_REDUCE: return rows && e->n_in == 1 && nbi_cpu_reduce_row_ok(op, e->dtype, in0);
-  case NBI_FUSE_ROW_AXIS:
+  switch (kind_of(e)) {
+  case M_VIEW: return e->n_in == 1 && in0 == e->dtype;
+  case M_REDUCE: return rows && e->n_in == 1 && nbi_cpu_reduce_row_ok(op, e->dtype, in0);
+  case M_AXIS:
     return rows && e->n_in == 1 && e->ai[0] == e->shape.ndim - 1 &&
            nbi_cpu_axis_row_ok(op, e->dtype, in0);
-  case NBI_FUSE_ELEMENTWISE: break;
-  default: return false;
+  default: break;
   }
-  if (nbi_ew_is_pred[op] || e->ai[0] != e->dtype) return false;
+  /* elementwise: computing in its own dtype (attrs.i[0]; a cast has none) */
+  if (!(nbi_op_traits[op] & NBI_TR_EW) || op == NBI_OP_CAST || nbi_ew_is_pred[op] ||
+      e->ai[0] != e->dtype)
+    return false;
   if (op == NBI_OP_WHERE) return e->n_in == 3;
   const ew_rows *rt = &nbi_ew_rows_by_isa[NBI_ISA_PORTABLE];
   domain dom = domain_of(e->dtype);
