@@ -118,15 +118,15 @@ $(TEST_BIN): $(TEST_OBJS) $(LIB_A)
 
 # The suite runs twice: on the CPU, then with the emulated device NB_EMU(0) as every
 # thread's default (docs/devices.md), so any host access that bypasses the device seam
-# crashes a test. The second pass leaves out the suites that assert CPU planning details
-# (fusion and kernel counts, lazy nodes, parallel steps, the CPU's own kernels); it is
-# skipped when TEST_ARGS selects tests.
+# crashes a test. The emulated device plans and fuses as the CPU does (same groups, same
+# kernel counts), so the second pass leaves out only the CUDA suites; it is skipped when
+# TEST_ARGS selects tests.
 # The CPU kernels' instruction-set paths (src/backends/cpu/vmath.h): the suite's
 # first pass runs the best one the CPU has; the numeric suites run again on each
 # lower one (portable; avx2 too where the CPU has AVX-512).
 ISA_PASSES := portable $(shell grep -q -m1 -w avx512f /proc/cpuinfo 2>/dev/null && echo avx2)
 ISA_SUITES := vmath|elementwise|ew_blocks|reduce|rows_large|fusion|nn|gemm_small|gemm_epi|golden|grad_nn
-EMU_SKIP := lazy|fusion|gemm_epi|gemm_small|par_exec|dot|rows_large|graph|jit_exec|simplify|cuda*
+EMU_SKIP := cuda*
 # make test TSAN=1: the thread tests (test/test_threads.c) as a standalone
 # binary (Criterion cannot run under ThreadSanitizer; test/mini_criterion.h).
 THREAD_TEST := $(BUILD)/test/thread_tests

@@ -381,7 +381,8 @@ Test(simplify, jit_drops_exact_unit_operations_only) {
 
 /* The op traits of ops.def rows (NBI_TR_*) that passes rely on hold: ops the
  * simplifier may swap the operands of commute bit for bit (with NaNs and
- * signed zeros), linear ones are linear, families match their .def files. */
+ * signed zeros), linear ones are linear, families match their .def files,
+ * fusion's axis and view traits sit on ops of the right shape. */
 Test(simplify, op_traits_hold) {
   static const double xa[] = {1.5, -0.0, NAN, 3.0, -2.25, 0.0, 1e30, -7.0};
   static const double xb[] = {-2.0, 0.0, 1.0, NAN, -2.25, -0.0, 1e-30, 7.0};
@@ -423,6 +424,10 @@ Test(simplify, op_traits_hold) {
     cr_assert(!((t & NBI_TR_EW) && (t & NBI_TR_REDUCE)), "%s", nbi_op_table[op]->name);
     cr_assert(!(t & NBI_TR_LEAF) || nbi_op_table[op]->arity == 0, "%s", nbi_op_table[op]->name);
     cr_assert(!(t & NBI_TR_ALIAS) || nbi_op_table[op]->arity == 1, "%s", nbi_op_table[op]->name);
+    /* fusion classes: an axis op is a reduce-family op; a view one operand, no alias */
+    cr_assert(!(t & NBI_TR_AXIS) || (t & NBI_TR_REDUCE), "%s", nbi_op_table[op]->name);
+    cr_assert(!(t & NBI_TR_VIEW) || (nbi_op_table[op]->arity == 1 && !(t & NBI_TR_ALIAS)), "%s",
+              nbi_op_table[op]->name);
   }
   /* the elementwise family is exactly elementwise.def, the reductions reduce.def */
   int ew[] =

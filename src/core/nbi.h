@@ -169,7 +169,7 @@ enum {
   NBI_T_GRAD_PATH = 1u << 3,     /* depends on a leaf: keeps its graph edges
                                     (provenance) even when realized */
   NBI_T_GRAD_FREED = 1u << 4,    /* provenance freed by a backward */
-  /* A held node a realization left pending (src/core/graph.c, "memory
+  /* A held node a realization left pending (src/core/plan.c, "Memory
    * policy"); tracked in the lazy set while it lives (src/core/tensor.c). */
   NBI_T_LAZY = 1u << 5,
 };
@@ -333,7 +333,8 @@ void nbi_lazy_remove(nb_tensor *t);
 enum {
   NBI_TR_LEAF = 1u << 0,        /* no operands: a value (const, placeholder) */
   NBI_TR_EW = 1u << 1,          /* elementwise with broadcasting (fusion class) */
-  NBI_TR_REDUCE = 1u << 2,      /* along axes: reductions, softmax, cumsum (row class) */
+  NBI_TR_REDUCE = 1u << 2,      /* along axes: reductions of the axes of mask attrs.i[0],
+                                   and with NBI_TR_AXIS softmax, cumsum (row class) */
   NBI_TR_COMMUTATIVE = 1u << 3, /* two operands swap without changing a bit */
   NBI_TR_ALIAS = 1u << 4,       /* the value is operand 0's (identity-like) */
   NBI_TR_ACT = 1u << 5,         /* an activation a GEMM epilogue can apply */
@@ -342,6 +343,13 @@ enum {
   NBI_TR_LIN_SUM = 1u << 7,   /* add/sub: partial when all operands are */
   NBI_TR_LIN_MULTI = 1u << 8, /* mul: partial when exactly one operand is */
   NBI_TR_LIN_FIRST = 1u << 9, /* div: partial when only operand 0 is */
+  /* with NBI_TR_REDUCE: along the one axis attrs.i[0], the result shaped as its
+   * operand (softmax, log_softmax, cumsum) */
+  NBI_TR_AXIS = 1u << 10,
+  /* operand 0's elements in row-major order under another shape (reshape) or
+   * repeated (broadcast_to), nothing computed: a fused group copies it, as it
+   * does an NBI_TR_ALIAS op */
+  NBI_TR_VIEW = 1u << 11,
 };
 
 typedef enum nbi_op {
@@ -587,71 +595,32 @@ nb_status nbi_apply_all(nbi_apply *a, nb_status (*node)(void *ctx, nbi_apply *a,
 nb_status nbi_program_run(const char *fn, const nbi_program *p, nb_tensor *const *in,
                           nb_tensor **out);
 
-/* ---- fusion (the CPU backend's fused executors) ------------------------------------
- * The planner (src/core/fuse.c) runs runs of consecutive nodes as one kernel:
- *  - elementwise groups: elementwise nodes of one float dtype (f32, f64) and one
- *    shape, evaluated chunk by chunk;
+/* ---- fusion (src/core/fuse.c) ---------------------------------------------------------
+ * The planner runs runs of consecutive steps as one kernel:
+ *  - elementwise groups: elementwise steps of one dtype and one shape;
  *  - row groups: the same plus reductions of the trailing axes of that "full"
- *    shape F (nbi_cpu_reduce_row_fusible: sum, mean, prod, max, min, var, std;
- *    keepdims or not) and elementwise nodes on the reduced "per-row" shape, whose
- *    values later members broadcast back over F (keepdims shape). Evaluated row
- *    by row: full members in scratch rows, per-row members as scalars. Axis
- *    ops along the last axis (softmax, log_softmax, cumsum) are full members.
- *    A row group may end with global members, computed once after the rows: a
- *    reduction of all rows of a per-row member (a loss's mean over the batch)
- *    and elementwise ops on such single values.
- *  - GEMM epilogues (src/backends/cpu/k_gemm_epi.c): an f32 2-D [matmul, add
- *    row bias, activation] as one oneDNN primitive; the only groups whose
- *    results are not bitwise those of the nodes run one by one.
- * View ops (reshape, broadcast_to, identity, stop_gradient) join a group as
- * copies. Values used only inside a group are never materialized; elementwise
- * and row groups' results are bitwise those of the nodes run one by one. */
-#define NBI_FUSE_MAX 16        /* members of a group; also its outside operands */
-#define NBI_FUSE_OPERANDS 16   /* elementwise groups: stored members + outside operands */
-#define NBI_FUSE_ROW_MAX 16384 /* elements of one row of a row group (scratch per thread) */
+ *    shape F (keepdims or not) and elementwise steps on the reduced "per-row"
+ *    shape, whose values later members broadcast back over F (keepdims shape);
+ *    axis ops along the last axis (softmax, log_softmax, cumsum) are full
+ *    members. A row group may end with global members, computed once after the
+ *    rows: a reduction of all rows of a per-row member (a loss's mean over the
+ *    batch) and elementwise ops on such single values;
+ *  - GEMM epilogues: a 2-D [matmul, add row bias, activation].
+ * View ops join a group as copies. Which ops may join is read from the op's
+ * traits (ops.def: NBI_TR_EW, NBI_TR_REDUCE with or without NBI_TR_AXIS,
+ * NBI_TR_ALIAS / NBI_TR_VIEW); whether a device runs a group, and so how far a
+ * group grows, is the device backend's answer for the group's neutral
+ * description (src/backends/backend.h, "fused groups": group_ok). Values used
+ * only inside a group are never materialized. */
+#define NBI_FUSE_MAX 16 /* members of a group; also its operands and its outputs */
 /* On unless the environment sets NABLA_NO_FUSION=1; tests compare both. */
 bool nbi_fusion_enabled(void);
 void nbi_set_fusion(bool on);
-/* src/core/fuse.c. nodes[0..n-1]: a realization's pending nodes in topological
- * order, each node's mark = its index (inputs with mark < 0 are leaves);
- * held[i]: node i's value must be kept after the realization. Writes group[i]
- * (first step of i's group; groups are runs of consecutive steps that run as
- * one kernel at their last step) and store[i] (i's value needs a buffer). */
-/* Whether the group nodes[0..m-1] is a row group (holds a reduction or an axis
- * op along trailing axes). */
-bool nbi_fuse_is_rows(nb_tensor *const *nodes, int m);
-/* The last step of the group step i belongs to (the step that runs it). */
-int nbi_fuse_group_end(const int *group, int n, int i);
-void nbi_fuse_plan(nb_tensor *const *nodes, int n, const bool *held, int *group, bool *store);
-/* Runs the group nodes[0..m-1] (m >= 2): allocates buffers of the stored
- * members, runs the fused kernel; on failure no member keeps a buffer. */
-nb_status nbi_fuse_run(nb_tensor *const *nodes, int m, const bool *store);
-/* Whether the device of group nodes[0..m-1] can run it as one kernel (the CPU
- * always; other devices: the group has a neutral description, backend.h, and
- * the backend's group_ok takes it). The planner splits groups it refuses. */
-bool nbi_fuse_supported(nb_tensor *const *nodes, int m, const bool *store);
-bool nbi_cpu_elementwise_fusible(const nb_tensor *n);
-/* A view op (reshape, broadcast_to, identity, stop_gradient) that may join a
- * group as a copy of its input (src/core/fuse.c). */
-bool nbi_fuse_view(const nb_tensor *n);
-/* A reduction a row group can hold (src/backends/cpu/k_reduce.c). */
-bool nbi_cpu_reduce_row_fusible(const nb_tensor *n);
-/* An axis op a row group can hold as a full member: softmax, log_softmax,
- * cumsum along the last axis (rows of one axis). */
-bool nbi_cpu_axis_row_fusible(const nb_tensor *n);
-/* nodes[0..m-1] in topological order; out[k] is member k's buffer view where
- * store[k] (its value is needed outside the group), else unused. */
-nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *store,
-                                    nbi_view *out);
-/* The same for a row group whose row ops work along axes [ra, ndim) of the
- * full shape (their input's). */
-nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out,
-                             int ra);
 
 /* ---- simplification (src/core/simplify.c) -------------------------------------------
  * Before grouping, the planner finds steps whose value another step or leaf
  * already has (common subexpressions, no-op views and casts); they do not run
- * and share their source's storage. Same arguments as nbi_fuse_plan; writes
+ * and share their source's storage. Same arguments as nbi_fuse_plan (fuse.h); writes
  * alias[i] (the mark of the step or leaf whose value step i has; i when i
  * computes) and needed[i] (held, or read by a needed step that computes).
  * On unless the environment sets NABLA_NO_SIMPLIFY=1; tests compare both. */
@@ -701,7 +670,7 @@ nbi_exec *nbi_exec_build(nb_tensor *const *slots, int n_slots, nb_tensor *const 
 bool nbi_exec_fits(const nbi_exec *x, nb_tensor *const *in);
 nb_status nbi_exec_run(nbi_exec *x, nb_tensor *const *in, nb_tensor **out);
 void nbi_exec_free(nbi_exec *x);
-/* nb_assign's realization (src/core/graph.c): realizes val together with every
+/* nb_assign's realization (src/core/assign.c): realizes val together with every
  * pending tensor held by the thread's scopes that reads dst (transitively), so
  * none of them can see dst's next value; lazy readers read a leaf sharing
  * dst's current buffer instead (or run too, while nb_backward may still need

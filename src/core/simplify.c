@@ -3,7 +3,7 @@
  *
  * The pass is a function of the graph's structure (ops, dtypes, shapes,
  * attrs, edges, which nodes are held), so its result is plan data, computed
- * once per structure and cached with the plan (src/core/graph.c). It writes
+ * once per structure and cached with the plan (src/core/plan.c). It writes
  *  - alias[i]: the mark of the step (>= 0, earlier than i) or leaf (<= -3)
  *    whose value step i has, or i itself when i computes its own value;
  *  - needed[i]: step i's value is wanted (held, or read by a needed step

@@ -1,7 +1,7 @@
 /* src/backends/cpu/cpu.c — CPU backend: aligned blocks, thread setup, vtable
- * (its kernel table: kernels.c). Tensor buffers come from these blocks through
- * the cache in src/core/alloc.c. */
-#include "cpu.h"
+ * (its kernel table: kernels.c; fused groups: k_fused.c). Tensor buffers come
+ * from these blocks through the cache in src/core/alloc.c. */
+#include "k_fused.h"
 
 #include <cblas.h>
 #include <stdatomic.h>
@@ -39,14 +39,6 @@ static nb_status cpu_sync(void *ctx) { /* kernels run synchronously and report a
   (void)ctx;
   return NB_OK;
 }
-static bool cpu_group_ok(void *ctx, const nbi_group *g) { /* the planner's rules are the CPU's */
-  (void)ctx, (void)g;
-  return true;
-}
-static nb_status cpu_run_group(void *ctx, const nbi_group *g, nbi_view *out, const nbi_view *in) {
-  (void)ctx, (void)g, (void)out, (void)in;
-  return nbi_error(NB_ERR_INTERNAL, "nabla: the CPU runs fused groups from their nodes");
-}
 
 const nbi_backend nbi_cpu_backend = {
     .name = "cpu",
@@ -60,8 +52,8 @@ const nbi_backend nbi_cpu_backend = {
     .sync = cpu_sync,
     .supports = nbi_cpu_supports,
     .run_op = nbi_cpu_run_op,
-    .group_ok = cpu_group_ok,
-    .run_group = cpu_run_group,
+    .group_ok = nbi_cpu_group_ok,
+    .run_group = nbi_cpu_run_group,
 };
 
 /* Flush-to-zero and denormals-are-zero: denormals cost ~100x per operation on

@@ -196,7 +196,6 @@ static void group_one(nbi_group *g, uint8_t kind, const nb_tensor *n, const nbi_
   if (ai0 >= 0) m->ai[0] = ai0;
   m->af[0] = n->attrs.f[0];
   m->af[1] = n->attrs.f[1];
-  g->nodes = NULL;
   group_key(g);
 }
 
