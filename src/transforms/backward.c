@@ -162,8 +162,7 @@ nb_tensor *nb_grad_of(nb_tensor *leaf) {
   if (nbi_any_null("nb_grad_of", &leaf, 1)) return NULL;
   if (leaf->mesh && (leaf->flags & NBI_T_REQUIRES_GRAD)) return sharded_grad("nb_grad_of", leaf);
   if (!leaf->grad) return NULL;
-  nbi_scope_register(nb_retain(leaf->grad));
-  return leaf->grad;
+  return nbi_scope_register(nb_retain(leaf->grad));
 }
 
 void nb_zero_grad(nb_tensor *leaf) {
