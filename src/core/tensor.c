@@ -500,6 +500,12 @@ static nb_tensor *record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *
 
 nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,
                       const nbi_attrs *attrs) {
+  if (nbi_numel(shape) < 0) { /* e.g. [0, 2^47, 1] + [3]: every shape obeys nbi_numel's bound */
+    char b[160];
+    nbi_error(NB_ERR_OVERFLOW, "nb_%s: the result's shape %s has more than 2^48 elements",
+              nbi_op_table[op]->name, nb_shape_str(*shape, b, sizeof b));
+    return NULL;
+  }
   uint32_t me = nbi_thread_id();
   int foreign = 0;
   for (int i = 0; i < n_in; i++)
