@@ -204,6 +204,23 @@ test-cuda-fake: deps
 	  NABLA_CACHE_DIR=$$tmp NABLA_FAKE_CUDA_DIR=$(FAKE_CUDA_DIR) \
 	  $(TEST_BIN) --jobs 2 $(FAKE_ARGS) $(TEST_ARGS); rc=$$?; rm -rf $$tmp; exit $$rc
 
+# make test-allocfail: the allocation-failure sweep (test/allocfail/allocfail.c), under
+# AddressSanitizer + LeakSanitizer (build-san/): the library's allocations go through
+# the driver's wrappers (-Wl,--wrap), which fail the Nth one; every N over a training
+# step in each style. ALLOCFAIL_ARGS: styles, --from N, --only N, --verbose.
+ALLOCFAIL_BIN := $(BUILD)/test/allocfail
+ALLOCFAIL_WRAP := -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=aligned_alloc,--wrap=free \
+  -Wl,--wrap=posix_memalign,--wrap=strdup
+$(ALLOCFAIL_BIN): test/allocfail/allocfail.c $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(ALLOCFAIL_WRAP) $(LIBS) -lpthread
+
+.PHONY: test-allocfail run-allocfail
+test-allocfail: deps
+	@$(MAKE) --no-print-directory SAN=1 run-allocfail
+run-allocfail: $(ALLOCFAIL_BIN)
+	$(ALLOCFAIL_BIN) $(ALLOCFAIL_ARGS)
+
 $(BUILD)/examples/%: examples/%.c $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS)

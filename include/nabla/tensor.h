@@ -163,7 +163,10 @@ typedef struct nb_tensor nb_tensor;
  * scope of the calling thread. nb_scope_end releases everything registered since
  * the matching nb_scope_begin, except tensors passed to nb_keep (moved to the
  * enclosing scope). A root scope always exists and is emptied at process exit.
- * nb_retain adds a reference that outlives scopes; nb_release drops one you own. */
+ * nb_retain adds a reference that outlives scopes; nb_release drops one you own.
+ * Out of memory: a scope nb_scope_begin could not open still counts (NB_ERR_OOM is
+ * recorded; its tensors are released with the enclosing scope), so begin and end
+ * stay balanced; nb_keep returns NULL with NB_ERR_OOM and t stays in its scope. */
 void nb_scope_begin(void);
 nb_status nb_scope_end(void); /* NB_ERR_SCOPE if no scope is open */
 nb_tensor *nb_keep(nb_tensor *t);

@@ -179,8 +179,8 @@ void nb_zero_grad(nb_tensor *leaf);
 /* The same value, cut from every gradient: no provenance (imperative) and a
  * zero derivative under the transforms (JAX's stop_gradient). A view: no copy. */
 nb_tensor *nb_detach(nb_tensor *t);
-/* Rebinds dst's value to src's (same shape; converted to dst's dtype): same
- * handle, same requires-grad flag and .grad. An in-place update such as
+/* Rebinds dst's value to src's (same shape; converted to dst's dtype and moved
+ * to dst's device): same handle, same requires-grad flag and .grad. An in-place update such as
  * w = w - lr * g:  nb_assign(w, nb_sub(w, nb_mul_scalar(g, lr))).
  * Every pending tensor in the calling thread's scopes is realized first, so
  * values computed before the assign (a loss you print afterwards) see the old

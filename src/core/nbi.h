@@ -291,8 +291,10 @@ extern _Thread_local int nbi_trace_depth;
 /* The calling thread's number (1, 2, ... in order of first use): tensors
  * record it as their owner. */
 uint32_t nbi_thread_id(void);
-/* Registers t (refcount already 1) in the current scope. */
-void nbi_scope_register(nb_tensor *t);
+/* Registers t (one reference, the scope's from now on) in the current scope and
+ * returns it; when the scope cannot grow, releases that reference and returns
+ * NULL with NB_ERR_OOM. */
+nb_tensor *nbi_scope_register(nb_tensor *t);
 /* Releases a tensor's graph inputs (after realization, when nothing needs them). */
 void nbi_tensor_drop_graph(nb_tensor *t);
 /* A realized leaf that shares t's shard-0 storage (buffer retained, same

@@ -92,10 +92,16 @@ static void release(nb_tensor *t);
 typedef struct scope_frame {
   nb_tensor **items;
   size_t n, cap;
+  int unopened; /* scopes begun on top of this one that could not get a frame */
 } scope_frame;
 
 static _Thread_local scope_frame *frames;
 static _Thread_local int n_frames, cap_frames;
+/* A scope whose nb_scope_begin ran out of memory still counts, so that begin and
+ * end stay balanced: its tensors go to the frame below (released later, never
+ * early), and its nb_scope_end only uncounts it. unopened_root counts those begun
+ * before the root frame existed. */
+static _Thread_local int unopened_root;
 
 /* A thread's state dies with it: a worker thread that exits releases what its
  * scopes (the root one too) still hold and frees its lazy set (thread_exit,
@@ -118,31 +124,50 @@ static scope_frame *current_frame(void) {
   return &frames[n_frames - 1];
 }
 
+/* Room in f for one more tensor. */
+static bool frame_reserve(scope_frame *f) {
+  if (f->n < f->cap) return true;
+  size_t cap = f->cap ? 2 * f->cap : 64;
+  nb_tensor **items = realloc(f->items, cap * sizeof *items);
+  if (!items) return false;
+  f->items = items;
+  f->cap = cap;
+  return true;
+}
+
 static bool frame_push(scope_frame *f, nb_tensor *t) {
-  if (f->n == f->cap) {
-    size_t cap = f->cap ? 2 * f->cap : 64;
-    nb_tensor **items = realloc(f->items, cap * sizeof *items);
-    if (!items) return false;
-    f->items = items;
-    f->cap = cap;
-  }
+  if (!frame_reserve(f)) return false;
   f->items[f->n++] = t;
   return true;
 }
 
-void nbi_scope_register(nb_tensor *t) {
+/* Room in the current scope for one more tensor, so that a tensor made next
+ * registers without failing. */
+static bool scope_reserve(void) {
   scope_frame *f = current_frame();
-  if (!f || !frame_push(f, t)) {
-    /* Cannot track it: drop it rather than leak, and report. */
-    nbi_error(NB_ERR_OOM, "nabla: out of memory registering a tensor in its scope");
-  }
+  return f && frame_reserve(f);
+}
+
+nb_tensor *nbi_scope_register(nb_tensor *t) {
+  scope_frame *f = current_frame();
+  if (f && frame_push(f, t)) return t;
+  /* cannot track it: drop the reference rather than leak it */
+  nbi_error(NB_ERR_OOM, "nabla: out of memory registering a tensor in its scope");
+  nb_release(t);
+  return NULL;
 }
 
 void nb_scope_begin(void) {
-  if (!current_frame()) return;
+  scope_frame *top = current_frame();
+  if (!top) {
+    unopened_root++;
+    nbi_error(NB_ERR_OOM, "nb_scope_begin: out of memory");
+    return;
+  }
   if (n_frames == cap_frames) {
     scope_frame *nf = realloc(frames, 2 * (size_t)cap_frames * sizeof *nf);
     if (!nf) {
+      top->unopened++;
       nbi_error(NB_ERR_OOM, "nb_scope_begin: out of memory");
       return;
     }
@@ -151,7 +176,8 @@ void nb_scope_begin(void) {
       frames[i] = (scope_frame){0};
     cap_frames *= 2;
   }
-  frames[n_frames++].n = 0; /* reuses the array an earlier scope at this depth grew */
+  frames[n_frames].n = 0; /* reuses the array an earlier scope at this depth grew */
+  frames[n_frames++].unopened = 0;
 }
 
 /* Releases f's tensors. Its array stays for the next scope at this depth
@@ -191,6 +217,14 @@ int nbi_scope_unwind(int depth, nb_tensor *const *keep, int n) {
 }
 
 nb_status nb_scope_end(void) {
+  if (n_frames > 0 && frames[n_frames - 1].unopened > 0) {
+    frames[n_frames - 1].unopened--;
+    return NB_OK;
+  }
+  if (n_frames <= 1 && unopened_root > 0) {
+    unopened_root--;
+    return NB_OK;
+  }
   if (n_frames <= 1)
     return nbi_error(NB_ERR_SCOPE, "nb_scope_end: no open scope (begin/end are unbalanced)");
   if (n_frames <= scope_floor)
@@ -203,11 +237,14 @@ nb_status nb_scope_end(void) {
 
 nb_tensor *nb_keep(nb_tensor *t) {
   if (!t || nbi_dead("nb_keep", t, -1)) return NULL;
-  if (n_frames <= 1) return t; /* root scope: nothing encloses it */
-  if (frame_push(&frames[n_frames - 2], t))
-    NBI_REF_INC(t);
-  else
+  /* root scope: nothing encloses it; an unopened scope: its tensors are
+   * already in the frame that encloses it */
+  if (n_frames <= 1 || frames[n_frames - 1].unopened > 0) return t;
+  if (!frame_push(&frames[n_frames - 2], t)) {
     nbi_error(NB_ERR_OOM, "nb_keep: out of memory");
+    return NULL; /* t stays in its scope, released at its end */
+  }
+  NBI_REF_INC(t);
   return t;
 }
 
@@ -224,7 +261,7 @@ static void thread_state_free(void) {
     frame_clear(&frames[i], true);
   free(frames);
   frames = NULL;
-  n_frames = cap_frames = 0;
+  n_frames = cap_frames = unopened_root = 0;
   free(lazy_slot); /* lazy nodes still alive leave it unchecked from now on */
   lazy_slot = NULL;
   lazy_cap = lazy_n = 0;
@@ -550,6 +587,12 @@ static nb_tensor *record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *
 
 nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,
                       const nbi_attrs *attrs) {
+  if (nbi_numel(shape) < 0) { /* e.g. [0, 2^47, 1] + [3]: every shape obeys nbi_numel's bound */
+    char b[160];
+    nbi_error(NB_ERR_OVERFLOW, "nb_%s: the result's shape %s has more than 2^48 elements",
+              nbi_op_table[op]->name, nb_shape_str(*shape, b, sizeof b));
+    return NULL;
+  }
   uint32_t me = nbi_thread_id();
   int foreign = 0;
   for (int i = 0; i < n_in; i++) {
@@ -600,7 +643,7 @@ static nb_tensor *record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *
     }
   int dev = record_device(op, dt, in, n_in, attrs);
   if (dev < 0) return NULL;
-  nb_tensor *t = tensor_new(shape, dt, op);
+  nb_tensor *t = scope_reserve() ? tensor_new(shape, dt, op) : NULL;
   if (!t) {
     nbi_error(NB_ERR_OOM, "nb_%s: out of memory", nbi_op_table[op]->name);
     return NULL;
@@ -644,6 +687,10 @@ nb_tensor *nbi_leaf_alloc_on(const char *fn, const nb_shape *shape, nb_dtype dt,
   }
   if (nbi_check_shape(fn, shape)) return NULL;
   size_t nbytes = (size_t)nbi_numel(shape) * nb_dtype_size(dt);
+  if (!scope_reserve()) {
+    nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+    return NULL;
+  }
   nbi_buffer *b = nbi_buffer_alloc(dev, nbytes);
   if (!b) return NULL;
   nb_tensor *t = tensor_new(shape, dt, NBI_OP_CONST);
@@ -661,7 +708,7 @@ nb_tensor *nbi_leaf_alloc_on(const char *fn, const nb_shape *shape, nb_dtype dt,
 }
 
 nb_tensor *nbi_leaf_share(nb_tensor *t) {
-  nb_tensor *l = tensor_new(&t->shape, t->dtype, NBI_OP_CONST);
+  nb_tensor *l = scope_reserve() ? tensor_new(&t->shape, t->dtype, NBI_OP_CONST) : NULL;
   if (!l) {
     nbi_error(NB_ERR_OOM, "nb_eval: out of memory");
     return NULL;
@@ -676,7 +723,7 @@ nb_tensor *nbi_leaf_share(nb_tensor *t) {
 
 nb_tensor *nbi_sharded_new(const nb_shape *shape, nb_dtype dt, struct nb_mesh *m,
                            struct nbi_sharding *sh, nb_tensor *const *phys, int n_phys) {
-  nb_tensor *t = tensor_new(shape, dt, NBI_OP_CONST);
+  nb_tensor *t = scope_reserve() ? tensor_new(shape, dt, NBI_OP_CONST) : NULL;
   nb_tensor **p = t ? malloc(sizeof *p * (size_t)(n_phys ? n_phys : 1)) : NULL;
   if (!p) {
     if (t) tensor_free(t), live_tensors--;

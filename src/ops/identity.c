@@ -78,8 +78,7 @@ static nb_status to_device_exec(const nb_tensor *n, nbi_view *out, const nbi_vie
 
 static nb_tensor *to_device_index(nb_tensor *t, int dev) {
   if (t->device == dev) { /* already there: the same tensor, registered like a new one */
-    nbi_scope_register(nb_retain(t));
-    return t;
+    return nbi_scope_register(nb_retain(t));
   }
   nbi_attrs at = {0};
   at.i[0] = dev;

@@ -162,8 +162,7 @@ nb_tensor *nb_grad_of(nb_tensor *leaf) {
   if (nbi_any_null("nb_grad_of", &leaf, 1)) return NULL;
   if (leaf->mesh && (leaf->flags & NBI_T_REQUIRES_GRAD)) return sharded_grad("nb_grad_of", leaf);
   if (!leaf->grad) return NULL;
-  nbi_scope_register(nb_retain(leaf->grad));
-  return leaf->grad;
+  return nbi_scope_register(nb_retain(leaf->grad));
 }
 
 void nb_zero_grad(nb_tensor *leaf) {
@@ -309,6 +308,11 @@ nb_status nb_assign(nb_tensor *dst, nb_tensor *src) {
     return st;
   }
   if (!st && val->mesh && !(val = nbi_readable(fn, val))) st = nb_last_status();
+  /* dst keeps its device: a value elsewhere moves (rebound as it was, dst's
+   * storage would be another device's memory) */
+  if (!st && val->device != dst->device &&
+      !(val = nb_to_device(val, nbi_device_public(dst->device))))
+    st = nb_last_status();
   if (!st) st = nbi_assign_rebind(dst, val);
   nb_scope_end();
   return st;

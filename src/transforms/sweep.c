@@ -413,6 +413,20 @@ static nb_status check_batched(const char *fn, const nb_tensor *b, const nb_tens
                    nb_shape_str(want, c, sizeof c));
 }
 
+/* A batched value has one dim more than t's (every output's, for a multi-output
+ * node): NB_ERR_SHAPE when that exceeds NB_MAX_DIMS (the rules assume room). */
+static nb_status check_batchable(const char *fn, const nb_tensor *t) {
+  const nbi_multi *m = nbi_op_table[t->op]->flags & NBI_OPF_MULTI ? nbi_multi_of(t) : NULL;
+  for (int j = 0; j < (m ? m->n_out : 1); j++) {
+    int nd = m ? m->shape[j].ndim : t->shape.ndim;
+    if (nd >= NB_MAX_DIMS)
+      return nbi_error(NB_ERR_SHAPE,
+                       "%s: batching %s, whose result has rank %d, needs rank %d (at most %d)", fn,
+                       nbi_op_table[t->op]->name, nd, nd + 1, NB_MAX_DIMS);
+  }
+  return NB_OK;
+}
+
 nb_status nbi_vmap_graph(const char *fn, nb_tensor *const *ys, int n_y, nb_tensor *const *srcs,
                          nb_tensor *const *bsrc, int n_src, int64_t B, uint64_t seq0,
                          nb_tensor **bys) {
@@ -443,7 +457,7 @@ nb_status nbi_vmap_graph(const char *fn, nb_tensor *const *ys, int n_y, nb_tenso
     bool bat_local[4], *bat = t->n_in <= 4 ? bat_local : calloc((size_t)t->n_in, 1);
     if (!bin || !bat) {
       st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
-    } else {
+    } else if (!(st = check_batchable(fn, t))) {
       for (int k = 0; k < t->n_in; k++) {
         int j = index_of(&s, t->in[k]);
         bat[k] = j >= 0 && val[j];
