@@ -10,9 +10,11 @@ extern "C" {
 #endif
 
 /* Normalizes over the last dimension: (x - mean) / sqrt(var + eps) * w + b.
- * weight and bias are [d] or NULL. */
+ * weight and bias are [d] or NULL. f16 and bf16 compute in f32 (statistics
+ * included, as PyTorch and Flax) and round the result once. */
 nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *weight, nb_tensor *bias, double eps);
-/* x / sqrt(mean(x^2, last) + eps) * w; weight [d] or NULL. */
+/* x / sqrt(mean(x^2, last) + eps) * w; weight [d] or NULL. f16 and bf16
+ * compute in f32, as nb_layer_norm. */
 nb_tensor *nb_rms_norm(nb_tensor *x, nb_tensor *weight, double eps);
 /* Mean softmax cross-entropy over the batch. logits [..., C]; labels either
  * integer class indices [...] or float probabilities [..., C]. */

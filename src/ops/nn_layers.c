@@ -34,18 +34,35 @@ static bool check_rank_at_least(const char *fn, const char *what, nb_tensor *x, 
   return false;
 }
 
+/* The dtype a norm computes in for result dtype dt: f16 and bf16 in f32, as
+ * PyTorch and Flax do: the statistics of |x| >= 256 overflow f16 ((x - mean)^2
+ * reaches 65536), and bf16's 8-bit mantissa would round them coarsely. */
+static nb_dtype norm_compute_dtype(nb_dtype dt) {
+  return dt == NB_F16 || dt == NB_BF16 ? NB_F32 : dt;
+}
+
+/* p (a norm's input or parameter, or NULL) in dtype ct. */
+static nb_tensor *to_dtype(nb_tensor *p, nb_dtype ct) {
+  return p && nb_dtype_of(p) != ct ? nb_cast(p, ct) : p;
+}
+
 nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *weight, nb_tensor *bias, double eps) {
   if (nbi_any_null("nb_layer_norm", &x, 1)) return NULL;
   if (!check_float("nb_layer_norm", x) || !check_rank_at_least("nb_layer_norm", "input", x, 1) ||
       !check_feature_param("nb_layer_norm", "weight", x, weight) ||
       !check_feature_param("nb_layer_norm", "bias", x, bias))
     return NULL;
-  nb_tensor *xc = nb_sub(x, nb_mean(x, NB_AXES(-1), true));
+  nb_dtype dt = nb_dtype_of(x); /* the result's: x's, promoted with the parameters' */
+  if (weight) dt = nb_promote_types(dt, nb_dtype_of(weight));
+  if (bias) dt = nb_promote_types(dt, nb_dtype_of(bias));
+  nb_dtype ct = norm_compute_dtype(dt);
+  nb_tensor *xf = to_dtype(x, ct);
+  nb_tensor *xc = nb_sub(xf, nb_mean(xf, NB_AXES(-1), true));
   nb_tensor *var = nb_mean(nb_square(xc), NB_AXES(-1), true);
   nb_tensor *y = nb_mul(xc, nb_rsqrt(nb_add_scalar(var, eps)));
-  if (weight) y = nb_mul(y, weight);
-  if (bias) y = nb_add(y, bias);
-  return y;
+  if (weight) y = nb_mul(y, to_dtype(weight, ct));
+  if (bias) y = nb_add(y, to_dtype(bias, ct));
+  return to_dtype(y, dt);
 }
 
 nb_tensor *nb_rms_norm(nb_tensor *x, nb_tensor *weight, double eps) {
@@ -53,9 +70,12 @@ nb_tensor *nb_rms_norm(nb_tensor *x, nb_tensor *weight, double eps) {
   if (!check_float("nb_rms_norm", x) || !check_rank_at_least("nb_rms_norm", "input", x, 1) ||
       !check_feature_param("nb_rms_norm", "weight", x, weight))
     return NULL;
-  nb_tensor *ms = nb_mean(nb_square(x), NB_AXES(-1), true);
-  nb_tensor *y = nb_mul(x, nb_rsqrt(nb_add_scalar(ms, eps)));
-  return weight ? nb_mul(y, weight) : y;
+  nb_dtype dt = weight ? nb_promote_types(nb_dtype_of(x), nb_dtype_of(weight)) : nb_dtype_of(x);
+  nb_dtype ct = norm_compute_dtype(dt);
+  nb_tensor *xf = to_dtype(x, ct);
+  nb_tensor *ms = nb_mean(nb_square(xf), NB_AXES(-1), true);
+  nb_tensor *y = nb_mul(xf, nb_rsqrt(nb_add_scalar(ms, eps)));
+  return to_dtype(weight ? nb_mul(y, to_dtype(weight, ct)) : y, dt);
 }
 
 nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *labels) {
