@@ -615,6 +615,29 @@ Test(cuda_ops, out_of_range_indices_fail_at_the_read_naming_the_op) {
   expect_index_error("scatter_add_along_axis", 3, 1, 3, scat_al);
 }
 
+/* nb_cross_entropy's labels and nb_embedding's rows are class and row numbers:
+ * out of range or negative, the kernel's error names the composite (its caller
+ * code, src/ops/index.h), also for the gradient's scatter. */
+Test(cuda_ops, composite_index_errors_name_the_composite) {
+  need_gpu();
+  nb_tensor *logits =
+      nb_set_requires_grad(nb_to_device(nb_randn(NB_SHAPE(2, 3), NB_F32), NB_CUDA(0)), true);
+  nb_tensor *table = nb_to_device(nb_randn(NB_SHAPE(3, 2), NB_F32), NB_CUDA(0));
+  int64_t bad[2][2] = {{0, 3}, {-1, 1}};
+  for (int k = 0; k < 2; k++) {
+    nb_tensor *labels = nb_to_device(nb_from_data(bad[k], NB_SHAPE(2), NB_I64), NB_CUDA(0));
+    nb_tensor *loss = nb_cross_entropy(logits, labels);
+    cr_assert(loss, "%s", nb_last_error());
+    cr_assert_eq(nb_backward(loss), NB_ERR_INDEX, "labels %d: %s", k, nb_last_error());
+    tc_assert_error(NB_ERR_INDEX, "nb_cross_entropy: label out of range");
+    nb_tensor *rows = nb_embedding(table, labels);
+    cr_assert_eq(nb_eval(&rows, 1), NB_ERR_INDEX, "rows %d: %s", k, nb_last_error());
+    tc_assert_error(NB_ERR_INDEX, "nb_embedding: index out of range");
+  }
+  nb_tensor *good = nb_to_device(nb_from_data((int64_t[]){2, 0}, NB_SHAPE(2), NB_I64), NB_CUDA(0));
+  cr_assert_eq(nb_backward(nb_cross_entropy(logits, good)), NB_OK, "%s", nb_last_error());
+}
+
 /* ---- NN ------------------------------------------------------------------------------------- */
 
 typedef struct conv_case {

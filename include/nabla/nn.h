@@ -10,18 +10,23 @@ extern "C" {
 #endif
 
 /* Normalizes over the last dimension: (x - mean) / sqrt(var + eps) * w + b.
- * weight and bias are [d] or NULL. */
+ * weight and bias are [d] or NULL. f16 and bf16 compute in f32 (statistics
+ * included, as PyTorch and Flax) and round the result once. */
 nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *weight, nb_tensor *bias, double eps);
-/* x / sqrt(mean(x^2, last) + eps) * w; weight [d] or NULL. */
+/* x / sqrt(mean(x^2, last) + eps) * w; weight [d] or NULL. f16 and bf16
+ * compute in f32, as nb_layer_norm. */
 nb_tensor *nb_rms_norm(nb_tensor *x, nb_tensor *weight, double eps);
 /* Mean softmax cross-entropy over the batch. logits [..., C]; labels either
- * integer class indices [...] or float probabilities [..., C]. */
+ * integer class indices [...] in [0, C) or float probabilities [..., C]. A
+ * class outside [0, C), -1 included (there is no ignore_index), is an
+ * NB_ERR_INDEX error naming nb_cross_entropy when the loss is realized. */
 nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *labels);
 nb_tensor *nb_mse(nb_tensor *pred, nb_tensor *target); /* mean((pred - target)^2) */
 /* Inverted dropout: zeroes each element with probability p and scales the rest
  * by 1/(1-p) when training; identity otherwise. p in [0, 1). */
 nb_tensor *nb_dropout(nb_tensor *t, double p, bool training);
-/* table [V, D], idx integer [...] -> [..., D] */
+/* table [V, D], idx i32/i64 [...] -> [..., D]. An index outside [0, V), -1
+ * included, is an NB_ERR_INDEX error naming nb_embedding when realized. */
 nb_tensor *nb_embedding(nb_tensor *table, nb_tensor *idx);
 /* softmax(q k^T / sqrt(d) + mask) v with q [..., Lq, d], k [..., Lk, d],
  * v [..., Lk, dv]; mask NULL or bool broadcastable to [..., Lq, Lk], true = attend. */

@@ -7,6 +7,7 @@
 
 static _Thread_local nb_status err_status = NB_OK;
 static _Thread_local char err_msg[1024];
+static _Thread_local const char *err_context; /* the public composite running, or NULL */
 
 static const char *const status_strs[NB_STATUS_COUNT] = {
 #define NB_STATUS_STR_(name, msg) msg,
@@ -33,6 +34,15 @@ nb_status nbi_error(nb_status s, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(err_msg, sizeof err_msg, fmt, ap);
   va_end(ap);
+  size_t n = err_context ? strlen(err_context) : 0;
+  if (n && n + 2 < sizeof err_msg && (strncmp(err_msg, err_context, n) || err_msg[n] != ':')) {
+    /* "ctx: " in front of the message, which moves right (its tail may be cut) */
+    size_t len = strlen(err_msg), room = sizeof err_msg - 1 - (n + 2);
+    len = len < room ? len : room;
+    memmove(err_msg + n + 2, err_msg, len);
+    memcpy(err_msg, err_context, n);
+    err_msg[n] = ':', err_msg[n + 1] = ' ', err_msg[n + 2 + len] = '\0';
+  }
   const char *abort_env = getenv("NABLA_ABORT_ON_ERROR");
   if (abort_env && abort_env[0] == '1') {
     fprintf(stderr, "nabla: %s (%s)\n", err_msg, nb_status_str(s));
@@ -40,6 +50,14 @@ nb_status nbi_error(nb_status s, const char *fmt, ...) {
   }
   return s;
 }
+
+const char *nbi_error_context_begin(const char *fn) {
+  const char *outer = err_context;
+  if (!outer) err_context = fn;
+  return outer;
+}
+
+void nbi_error_context_end(const char *outer) { err_context = outer; }
 
 bool nbi_any_null(const char *fn, nb_tensor *const *ts, int n) {
   for (int i = 0; i < n; i++) {

@@ -12,6 +12,18 @@
  * nb_clear_error) and returns the status so callers can `return nbi_error(...)`.
  * Messages start with the public function's name: "nb_matmul: ...". */
 nb_status nbi_error(nb_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A public function built from other public ones (nb_mse from nb_sub, ...)
+ * runs its body between these, so an error an inner op records names the
+ * function the user called first: "nb_mse: nb_sub: shapes [2,3] and [4,5] do
+ * not broadcast". The outermost such function wins; begin returns the
+ * context to restore:
+ *   const char *outer = nbi_error_context_begin("nb_mse");
+ *   nb_tensor *r = ...;
+ *   nbi_error_context_end(outer);
+ * Errors found later, at realization, name their function by other means
+ * (the index ops' caller attribute, src/ops/index.h). */
+const char *nbi_error_context_begin(const char *fn);
+void nbi_error_context_end(const char *outer);
 /* true if any of the n tensors is NULL (and records NB_ERR_NULL naming fn and
  * the argument position unless an earlier error is already recorded). */
 bool nbi_any_null(const char *fn, nb_tensor *const *ts, int n);

@@ -84,14 +84,24 @@ static nb_status check_updates(const char *fn, const nb_tensor *t, const nb_tens
   return NB_OK;
 }
 
-/* attrs.i[0] = axis (normalized) for take, take_along_axis and both scatters. */
-static nbi_attrs axis_attrs(int axis) {
+/* The attrs of take, take_along_axis and both scatters (index.h). */
+static nbi_attrs index_attrs(int axis, nbi_index_caller c) {
   nbi_attrs at = {0};
-  at.i[0] = axis;
+  at.i[NBI_INDEX_AXIS] = axis;
+  at.i[NBI_INDEX_CALLER] = c;
   return at;
 }
 
+/* The caller of index node y, for the ops its rules make. */
+static nbi_index_caller caller_of(const nb_tensor *y) {
+  return (nbi_index_caller)y->attrs.i[NBI_INDEX_CALLER];
+}
+
 nb_tensor *nb_take(nb_tensor *t, nb_tensor *idx, int axis) {
+  return nbi_take_as(t, idx, axis, NBI_INDEX_OWN);
+}
+
+nb_tensor *nbi_take_as(nb_tensor *t, nb_tensor *idx, int axis, nbi_index_caller c) {
   const char *fn = "nb_take";
   if (nbi_any_null(fn, (nb_tensor *[]){t, idx}, 2)) return NULL;
   int a;
@@ -99,11 +109,15 @@ nb_tensor *nb_take(nb_tensor *t, nb_tensor *idx, int axis) {
   if (check_index_dtype(fn, idx) || nbi_norm_axis(fn, axis, t->shape.ndim, &a) ||
       take_shape(fn, t, idx, a, &s))
     return NULL;
-  nbi_attrs at = axis_attrs(a);
+  nbi_attrs at = index_attrs(a, c);
   return nbi_record(NBI_OP_TAKE, t->dtype, &s, (nb_tensor *[]){t, idx}, 2, &at);
 }
 
 nb_tensor *nb_take_along_axis(nb_tensor *t, nb_tensor *idx, int axis) {
+  return nbi_take_along_axis_as(t, idx, axis, NBI_INDEX_OWN);
+}
+
+nb_tensor *nbi_take_along_axis_as(nb_tensor *t, nb_tensor *idx, int axis, nbi_index_caller c) {
   const char *fn = "nb_take_along_axis";
   if (nbi_any_null(fn, (nb_tensor *[]){t, idx}, 2)) return NULL;
   int a;
@@ -111,11 +125,16 @@ nb_tensor *nb_take_along_axis(nb_tensor *t, nb_tensor *idx, int axis) {
   if (check_index_dtype(fn, idx) || nbi_norm_axis(fn, axis, t->shape.ndim, &a) ||
       along_axis_shape(fn, t, idx, a, &s))
     return NULL;
-  nbi_attrs at = axis_attrs(a);
+  nbi_attrs at = index_attrs(a, c);
   return nbi_record(NBI_OP_TAKE_ALONG_AXIS, t->dtype, &s, (nb_tensor *[]){t, idx}, 2, &at);
 }
 
 nb_tensor *nb_scatter_add(nb_tensor *t, nb_tensor *idx, nb_tensor *updates, int axis) {
+  return nbi_scatter_add_as(t, idx, updates, axis, NBI_INDEX_OWN);
+}
+
+nb_tensor *nbi_scatter_add_as(nb_tensor *t, nb_tensor *idx, nb_tensor *updates, int axis,
+                              nbi_index_caller c) {
   const char *fn = "nb_scatter_add";
   if (nbi_any_null(fn, (nb_tensor *[]){t, idx, updates}, 3)) return NULL;
   int a;
@@ -123,12 +142,17 @@ nb_tensor *nb_scatter_add(nb_tensor *t, nb_tensor *idx, nb_tensor *updates, int 
   if (check_index_dtype(fn, idx) || nbi_norm_axis(fn, axis, t->shape.ndim, &a) ||
       take_shape(fn, t, idx, a, &s) || check_updates(fn, t, idx, updates, a, &s))
     return NULL;
-  nbi_attrs at = axis_attrs(a);
+  nbi_attrs at = index_attrs(a, c);
   return nbi_record(NBI_OP_SCATTER_ADD, t->dtype, &t->shape, (nb_tensor *[]){t, idx, updates}, 3,
                     &at);
 }
 
 nb_tensor *nbi_scatter_add_along_axis(nb_tensor *t, nb_tensor *idx, nb_tensor *updates, int axis) {
+  return nbi_scatter_add_along_axis_as(t, idx, updates, axis, NBI_INDEX_OWN);
+}
+
+nb_tensor *nbi_scatter_add_along_axis_as(nb_tensor *t, nb_tensor *idx, nb_tensor *updates, int axis,
+                                         nbi_index_caller c) {
   const char *fn = "nb_scatter_add_along_axis";
   if (nbi_any_null(fn, (nb_tensor *[]){t, idx, updates}, 3)) return NULL;
   int a;
@@ -136,7 +160,7 @@ nb_tensor *nbi_scatter_add_along_axis(nb_tensor *t, nb_tensor *idx, nb_tensor *u
   if (check_index_dtype(fn, idx) || nbi_norm_axis(fn, axis, t->shape.ndim, &a) ||
       along_axis_shape(fn, t, idx, a, &s) || check_updates(fn, t, idx, updates, a, &s))
     return NULL;
-  nbi_attrs at = axis_attrs(a);
+  nbi_attrs at = index_attrs(a, c);
   return nbi_record(NBI_OP_SCATTER_ADD_ALONG_AXIS, t->dtype, &t->shape,
                     (nb_tensor *[]){t, idx, updates}, 3, &at);
 }
@@ -171,12 +195,13 @@ static nb_status rule_status(const nb_tensor *r) { return r ? NB_OK : nb_last_st
  * indices accumulate; ty = take(tt, idx, axis). */
 static nb_status take_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
   if (!need[0]) return NB_OK;
-  gin[0] = nb_scatter_add(nbi_zeros_like(y->in[0]), y->in[1], gy, (int)y->attrs.i[0]);
+  gin[0] =
+      nbi_scatter_add_as(nbi_zeros_like(y->in[0]), y->in[1], gy, (int)y->attrs.i[0], caller_of(y));
   return rule_status(gin[0]);
 }
 
 static nb_tensor *take_jvp(nb_tensor *y, nb_tensor *const *tin) {
-  return nb_take(tin[0], y->in[1], (int)y->attrs.i[0]);
+  return nbi_take_as(tin[0], y->in[1], (int)y->attrs.i[0], caller_of(y));
 }
 
 /* y = take_along_axis(t, idx, axis), y's dims broadcast from t's and idx's
@@ -184,12 +209,13 @@ static nb_tensor *take_jvp(nb_tensor *y, nb_tensor *const *tin) {
  * the broadcast copies back into t's size-1 dims; ty = take_along_axis(tt). */
 static nb_status take_along_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
   if (!need[0]) return NB_OK;
-  gin[0] = nbi_scatter_add_along_axis(nbi_zeros_like(y->in[0]), y->in[1], gy, (int)y->attrs.i[0]);
+  gin[0] = nbi_scatter_add_along_axis_as(nbi_zeros_like(y->in[0]), y->in[1], gy, (int)y->attrs.i[0],
+                                         caller_of(y));
   return rule_status(gin[0]);
 }
 
 static nb_tensor *take_along_jvp(nb_tensor *y, nb_tensor *const *tin) {
-  return nb_take_along_axis(tin[0], y->in[1], (int)y->attrs.i[0]);
+  return nbi_take_along_axis_as(tin[0], y->in[1], (int)y->attrs.i[0], caller_of(y));
 }
 
 /* y = scatter_add(t, idx, u, axis) = t + S u with S linear: gt = gy,
@@ -197,20 +223,21 @@ static nb_tensor *take_along_jvp(nb_tensor *y, nb_tensor *const *tin) {
  * (tt alone when tu is zero, zeros for a missing tt). */
 static nb_status scatter_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
   if (need[0]) gin[0] = gy;
-  if (need[2] && !(gin[2] = nb_take(gy, y->in[1], (int)y->attrs.i[0]))) return nb_last_status();
+  if (need[2] && !(gin[2] = nbi_take_as(gy, y->in[1], (int)y->attrs.i[0], caller_of(y))))
+    return nb_last_status();
   return NB_OK;
 }
 
 static nb_tensor *scatter_jvp(nb_tensor *y, nb_tensor *const *tin) {
   if (!tin[2]) return tin[0];
   nb_tensor *tt = tin[0] ? tin[0] : nbi_zeros_like(y->in[0]);
-  return nb_scatter_add(tt, y->in[1], tin[2], (int)y->attrs.i[0]);
+  return nbi_scatter_add_as(tt, y->in[1], tin[2], (int)y->attrs.i[0], caller_of(y));
 }
 
 /* The same for scatter_add_along_axis with take_along_axis as S^T. */
 static nb_status scatter_along_vjp(nb_tensor *y, nb_tensor *gy, const bool *need, nb_tensor **gin) {
   if (need[0]) gin[0] = gy;
-  if (need[2] && !(gin[2] = nb_take_along_axis(gy, y->in[1], (int)y->attrs.i[0])))
+  if (need[2] && !(gin[2] = nbi_take_along_axis_as(gy, y->in[1], (int)y->attrs.i[0], caller_of(y))))
     return nb_last_status();
   return NB_OK;
 }
@@ -218,7 +245,7 @@ static nb_status scatter_along_vjp(nb_tensor *y, nb_tensor *gy, const bool *need
 static nb_tensor *scatter_along_jvp(nb_tensor *y, nb_tensor *const *tin) {
   if (!tin[2]) return tin[0];
   nb_tensor *tt = tin[0] ? tin[0] : nbi_zeros_like(y->in[0]);
-  return nbi_scatter_add_along_axis(tt, y->in[1], tin[2], (int)y->attrs.i[0]);
+  return nbi_scatter_add_along_axis_as(tt, y->in[1], tin[2], (int)y->attrs.i[0], caller_of(y));
 }
 
 /* ---- batching rules ------------------------------------------------------------------ */
@@ -268,11 +295,12 @@ static nb_tensor *lead1(nb_tensor *t, bool batched) { return batched ? t : nb_un
  * along_views. */
 static nb_tensor *take_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched, int64_t B) {
   int a = (int)y->attrs.i[0];
-  if (!batched[1]) return nb_take(bin[0], bin[1], a + 1);
-  if (!batched[0]) return nbi_bat_moveaxis(nb_take(bin[0], bin[1], a), a, 0);
+  nbi_index_caller c = caller_of(y);
+  if (!batched[1]) return nbi_take_as(bin[0], bin[1], a + 1, c);
+  if (!batched[0]) return nbi_bat_moveaxis(nbi_take_as(bin[0], bin[1], a, c), a, 0);
   nb_shape tv, iv, ov;
   if (along_views(&y->in[0]->shape, &y->in[1]->shape, a, B, &tv, &iv, &ov)) return NULL;
-  nb_tensor *r = nb_take_along_axis(reshape_to(bin[0], tv), reshape_to(bin[1], iv), a + 1);
+  nb_tensor *r = nbi_take_along_axis_as(reshape_to(bin[0], tv), reshape_to(bin[1], iv), a + 1, c);
   /* ov is (B, *y.shape) but for a 0-d index, which leaves a size-1 dim */
   return y->in[1]->shape.ndim ? r : nb_squeeze(r, (nb_axes){.n = 1, .v = {a + 1}});
 }
@@ -282,8 +310,8 @@ static nb_tensor *take_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *bat
 static nb_tensor *take_along_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
                                   int64_t B) {
   (void)B;
-  return nb_take_along_axis(lead1(bin[0], batched[0]), lead1(bin[1], batched[1]),
-                            (int)y->attrs.i[0] + 1);
+  return nbi_take_along_axis_as(lead1(bin[0], batched[0]), lead1(bin[1], batched[1]),
+                                (int)y->attrs.i[0] + 1, caller_of(y));
 }
 
 /* scatter_add: the result is batched, so t and updates are expanded to the
@@ -293,11 +321,11 @@ static nb_tensor *scatter_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *
                                int64_t B) {
   int a = (int)y->attrs.i[0];
   nb_tensor *t = nbi_bat_expand(bin[0], batched[0], B), *u = nbi_bat_expand(bin[2], batched[2], B);
-  if (!batched[1]) return nb_scatter_add(t, bin[1], u, a + 1);
+  if (!batched[1]) return nbi_scatter_add_as(t, bin[1], u, a + 1, caller_of(y));
   nb_shape tv, iv, ov;
   if (!t || !u || along_views(&y->in[0]->shape, &y->in[1]->shape, a, B, &tv, &iv, &ov)) return NULL;
-  nb_tensor *r = nbi_scatter_add_along_axis(reshape_to(t, tv), reshape_to(bin[1], iv),
-                                            reshape_to(u, ov), a + 1);
+  nb_tensor *r = nbi_scatter_add_along_axis_as(reshape_to(t, tv), reshape_to(bin[1], iv),
+                                               reshape_to(u, ov), a + 1, caller_of(y));
   return reshape_to(r, t->shape); /* tv back to (B, *t.shape) */
 }
 
@@ -305,9 +333,9 @@ static nb_tensor *scatter_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *
  * broadcast as for take_along_axis. */
 static nb_tensor *scatter_along_vmap(nb_tensor *y, nb_tensor *const *bin, const bool *batched,
                                      int64_t B) {
-  return nbi_scatter_add_along_axis(nbi_bat_expand(bin[0], batched[0], B),
-                                    lead1(bin[1], batched[1]),
-                                    nbi_bat_expand(bin[2], batched[2], B), (int)y->attrs.i[0] + 1);
+  return nbi_scatter_add_along_axis_as(
+      nbi_bat_expand(bin[0], batched[0], B), lead1(bin[1], batched[1]),
+      nbi_bat_expand(bin[2], batched[2], B), (int)y->attrs.i[0] + 1, caller_of(y));
 }
 
 /* one_hot: the batch dim is one more index dim. */

@@ -1,9 +1,53 @@
 /* src/ops/index.h — internal indexing primitives used by other parts of the
- * library (autodiff), beyond the public ones in nabla/ops.h. */
+ * library (autodiff, nn layers), beyond the public ones in nabla/ops.h, and the
+ * index ops' attribute slots (backends include this header for them). */
 #ifndef NABLA_OPS_INDEX_H
 #define NABLA_OPS_INDEX_H
 
 #include "../core/nbi.h"
+
+/* Attribute slots of TAKE, TAKE_ALONG_AXIS, SCATTER_ADD and
+ * SCATTER_ADD_ALONG_AXIS: i[NBI_INDEX_AXIS] the axis (normalized),
+ * i[NBI_INDEX_CALLER] the public function the node's out-of-range indices
+ * are reported as (nbi_index_caller). */
+enum { NBI_INDEX_AXIS = 0, NBI_INDEX_CALLER = 1 };
+
+/* The op's own public function, or a public composite built on it, whose
+ * indices must also be >= 0 (a class or row -1 is an error, as in PyTorch,
+ * not the last one). The derivative and batching rules give the ops they make
+ * their node's caller, so a gradient or a vmap reports as its forward does. */
+typedef enum nbi_index_caller {
+  NBI_INDEX_OWN = 0,
+  NBI_INDEX_CROSS_ENTROPY = 1, /* nb_cross_entropy's class labels */
+  NBI_INDEX_EMBEDDING = 2,     /* nb_embedding's rows */
+} nbi_index_caller;
+
+/* Whether node n (an index op) accepts negative indices (counting from the end). */
+static inline bool nbi_index_negative_ok(const nb_tensor *n) {
+  return n->attrs.i[NBI_INDEX_CALLER] == NBI_INDEX_OWN;
+}
+
+/* Records the error of node n's index v, out of range for its axis `axis` of
+ * `size` elements; own is the op's own public name. Returns NB_ERR_INDEX. */
+static inline nb_status nbi_index_range_error(const nb_tensor *n, const char *own, int64_t v,
+                                              int axis, int64_t size) {
+  switch (n->attrs.i[NBI_INDEX_CALLER]) {
+  case NBI_INDEX_CROSS_ENTROPY:
+    return nbi_error(NB_ERR_INDEX, "nb_cross_entropy: label %lld is not a class of [0, %lld)",
+                     (long long)v, (long long)size);
+  case NBI_INDEX_EMBEDDING:
+    return nbi_error(NB_ERR_INDEX, "nb_embedding: index %lld is not a row of [0, %lld)",
+                     (long long)v, (long long)size);
+  default:
+    return nbi_error(NB_ERR_INDEX, "%s: index %lld out of range for axis %d of size %lld", own,
+                     (long long)v, axis, (long long)size);
+  }
+}
+
+/* nb_take / nb_take_along_axis recorded for caller c (argument errors still
+ * name the op's own function: the composites check their arguments first). */
+nb_tensor *nbi_take_as(nb_tensor *t, nb_tensor *idx, int axis, nbi_index_caller c);
+nb_tensor *nbi_take_along_axis_as(nb_tensor *t, nb_tensor *idx, int axis, nbi_index_caller c);
 
 /* The transpose of nb_take_along_axis: out = t, then for every position i of
  * updates, out[i with i[axis] replaced by idx[i]] += updates[i]. t and idx have
@@ -14,5 +58,10 @@
  * bool as logical or). Returns a new lazy tensor of t's shape and dtype, or NULL
  * with the error set; out-of-range indices are NB_ERR_INDEX at realization. */
 nb_tensor *nbi_scatter_add_along_axis(nb_tensor *t, nb_tensor *idx, nb_tensor *updates, int axis);
+/* nb_scatter_add / nbi_scatter_add_along_axis recorded for caller c. */
+nb_tensor *nbi_scatter_add_as(nb_tensor *t, nb_tensor *idx, nb_tensor *updates, int axis,
+                              nbi_index_caller c);
+nb_tensor *nbi_scatter_add_along_axis_as(nb_tensor *t, nb_tensor *idx, nb_tensor *updates, int axis,
+                                         nbi_index_caller c);
 
 #endif

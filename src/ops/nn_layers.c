@@ -2,6 +2,7 @@
  * they are differentiable and transformable without rules of their own.
  * (conv2d and max_pool2d are primitives: src/ops/nn_conv.c.) */
 #include "../core/nbi.h"
+#include "index.h"
 
 #include <float.h>
 #include <math.h>
@@ -34,31 +35,51 @@ static bool check_rank_at_least(const char *fn, const char *what, nb_tensor *x, 
   return false;
 }
 
-nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *weight, nb_tensor *bias, double eps) {
+/* The dtype a norm computes in for result dtype dt: f16 and bf16 in f32, as
+ * PyTorch and Flax do: the statistics of |x| >= 256 overflow f16 ((x - mean)^2
+ * reaches 65536), and bf16's 8-bit mantissa would round them coarsely. */
+static nb_dtype norm_compute_dtype(nb_dtype dt) {
+  return dt == NB_F16 || dt == NB_BF16 ? NB_F32 : dt;
+}
+
+/* p (a norm's input or parameter, or NULL) in dtype ct. */
+static nb_tensor *to_dtype(nb_tensor *p, nb_dtype ct) {
+  return p && nb_dtype_of(p) != ct ? nb_cast(p, ct) : p;
+}
+
+static nb_tensor *layer_norm_body(nb_tensor *x, nb_tensor *weight, nb_tensor *bias, double eps) {
   if (nbi_any_null("nb_layer_norm", &x, 1)) return NULL;
   if (!check_float("nb_layer_norm", x) || !check_rank_at_least("nb_layer_norm", "input", x, 1) ||
       !check_feature_param("nb_layer_norm", "weight", x, weight) ||
       !check_feature_param("nb_layer_norm", "bias", x, bias))
     return NULL;
-  nb_tensor *xc = nb_sub(x, nb_mean(x, NB_AXES(-1), true));
+  nb_dtype dt = nb_dtype_of(x); /* the result's: x's, promoted with the parameters' */
+  if (weight) dt = nb_promote_types(dt, nb_dtype_of(weight));
+  if (bias) dt = nb_promote_types(dt, nb_dtype_of(bias));
+  nb_dtype ct = norm_compute_dtype(dt);
+  nb_tensor *xf = to_dtype(x, ct);
+  nb_tensor *xc = nb_sub(xf, nb_mean(xf, NB_AXES(-1), true));
   nb_tensor *var = nb_mean(nb_square(xc), NB_AXES(-1), true);
   nb_tensor *y = nb_mul(xc, nb_rsqrt(nb_add_scalar(var, eps)));
-  if (weight) y = nb_mul(y, weight);
-  if (bias) y = nb_add(y, bias);
-  return y;
+  if (weight) y = nb_mul(y, to_dtype(weight, ct));
+  if (bias) y = nb_add(y, to_dtype(bias, ct));
+  return to_dtype(y, dt);
 }
 
-nb_tensor *nb_rms_norm(nb_tensor *x, nb_tensor *weight, double eps) {
+static nb_tensor *rms_norm_body(nb_tensor *x, nb_tensor *weight, double eps) {
   if (nbi_any_null("nb_rms_norm", &x, 1)) return NULL;
   if (!check_float("nb_rms_norm", x) || !check_rank_at_least("nb_rms_norm", "input", x, 1) ||
       !check_feature_param("nb_rms_norm", "weight", x, weight))
     return NULL;
-  nb_tensor *ms = nb_mean(nb_square(x), NB_AXES(-1), true);
-  nb_tensor *y = nb_mul(x, nb_rsqrt(nb_add_scalar(ms, eps)));
-  return weight ? nb_mul(y, weight) : y;
+  nb_dtype dt = weight ? nb_promote_types(nb_dtype_of(x), nb_dtype_of(weight)) : nb_dtype_of(x);
+  nb_dtype ct = norm_compute_dtype(dt);
+  nb_tensor *xf = to_dtype(x, ct);
+  nb_tensor *ms = nb_mean(nb_square(xf), NB_AXES(-1), true);
+  nb_tensor *y = nb_mul(xf, nb_rsqrt(nb_add_scalar(ms, eps)));
+  return to_dtype(weight ? nb_mul(y, to_dtype(weight, ct)) : y, dt);
 }
 
-nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *labels) {
+static nb_tensor *cross_entropy_body(nb_tensor *logits, nb_tensor *labels) {
   if (nbi_any_null("nb_cross_entropy", (nb_tensor *[]){logits, labels}, 2)) return NULL;
   if (!check_float("nb_cross_entropy", logits) ||
       !check_rank_at_least("nb_cross_entropy", "logits", logits, 1))
@@ -77,7 +98,9 @@ nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *labels) {
                 nb_shape_str(ys, a, sizeof a), nb_shape_str(ls, b, sizeof b));
       return NULL;
     }
-    nb_tensor *picked = nb_take_along_axis(logp, nb_unsqueeze(labels, -1), -1);
+    /* labels out of [0, C) fail at realization naming nb_cross_entropy (index.h) */
+    nb_tensor *picked =
+        nbi_take_along_axis_as(logp, nb_unsqueeze(labels, -1), -1, NBI_INDEX_CROSS_ENTROPY);
     return nb_neg(nb_mean(picked, NB_ALL, false));
   }
   if (!nb_dtype_is_float(ydt)) {
@@ -96,12 +119,12 @@ nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *labels) {
   return nb_neg(nb_mean(per_row, NB_ALL, false));
 }
 
-nb_tensor *nb_mse(nb_tensor *pred, nb_tensor *target) {
+static nb_tensor *mse_body(nb_tensor *pred, nb_tensor *target) {
   if (nbi_any_null("nb_mse", (nb_tensor *[]){pred, target}, 2)) return NULL;
   return nb_mean(nb_square(nb_sub(pred, target)), NB_ALL, false);
 }
 
-nb_tensor *nb_dropout(nb_tensor *t, double p, bool training) {
+static nb_tensor *dropout_body(nb_tensor *t, double p, bool training) {
   if (nbi_any_null("nb_dropout", &t, 1)) return NULL;
   if (!(p >= 0 && p < 1)) {
     nbi_error(NB_ERR_ARG, "nb_dropout: p = %g is outside [0, 1)", p);
@@ -119,7 +142,7 @@ nb_tensor *nb_dropout(nb_tensor *t, double p, bool training) {
   return nb_mul(t, nb_mul_scalar(nb_cast(keep, nb_dtype_of(t)), 1.0 / (1.0 - p)));
 }
 
-nb_tensor *nb_embedding(nb_tensor *table, nb_tensor *idx) {
+static nb_tensor *embedding_body(nb_tensor *table, nb_tensor *idx) {
   if (nbi_any_null("nb_embedding", (nb_tensor *[]){table, idx}, 2)) return NULL;
   if (nb_ndim(table) != 2) {
     char b[160];
@@ -127,7 +150,13 @@ nb_tensor *nb_embedding(nb_tensor *table, nb_tensor *idx) {
               nb_shape_str(nb_shape_of(table), b, sizeof b));
     return NULL;
   }
-  return nb_take(table, idx, 0);
+  if (!nbi_dtype_is_int(nb_dtype_of(idx))) {
+    nbi_error(NB_ERR_DTYPE, "nb_embedding: indices must be i32 or i64, got %s",
+              nb_dtype_name(nb_dtype_of(idx)));
+    return NULL;
+  }
+  /* rows out of [0, V) fail at realization naming nb_embedding (index.h) */
+  return nbi_take_as(table, idx, 0, NBI_INDEX_EMBEDDING);
 }
 
 /* Most negative finite value of a float dtype: masked scores, as JAX does, so a
@@ -141,7 +170,7 @@ static double lowest(nb_dtype dt) {
   }
 }
 
-nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *mask) {
+static nb_tensor *attention_body(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *mask) {
   if (nbi_any_null("nb_attention", (nb_tensor *[]){q, k, v}, 3)) return NULL;
   if (!check_float("nb_attention", q) || !check_rank_at_least("nb_attention", "q", q, 2) ||
       !check_rank_at_least("nb_attention", "k", k, 2) ||
@@ -162,6 +191,34 @@ nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *mas
               nb_dtype_name(nb_dtype_of(mask)));
     return NULL;
   }
+  /* the scores' shape: q's and k's batch dims broadcast, then [Lq, Lk]; the
+   * mask broadcasts to it without growing it */
+  nb_shape qb = qs, kb = ks, sb = {.ndim = qs.ndim > ks.ndim ? qs.ndim - 2 : ks.ndim - 2};
+  qb.ndim -= 2, kb.ndim -= 2;
+  for (int d = 0; d < sb.ndim; d++) {
+    int dq = d - (sb.ndim - qb.ndim), dk = d - (sb.ndim - kb.ndim);
+    int64_t x = dq >= 0 ? qb.dims[dq] : 1, y = dk >= 0 ? kb.dims[dk] : 1;
+    if (x != y && x != 1 && y != 1) {
+      char a[160], b[160];
+      nbi_error(NB_ERR_SHAPE, "nb_attention: the batch dims of q %s and k %s do not broadcast",
+                nb_shape_str(qs, a, sizeof a), nb_shape_str(ks, b, sizeof b));
+      return NULL;
+    }
+    sb.dims[d] = x == 1 ? y : x;
+  }
+  sb.dims[sb.ndim++] = qs.dims[qs.ndim - 2];
+  sb.dims[sb.ndim++] = ks.dims[ks.ndim - 2];
+  nb_shape ms = mask ? nb_shape_of(mask) : sb;
+  bool fits = ms.ndim <= sb.ndim;
+  for (int d = 0; d < ms.ndim && fits; d++)
+    fits = ms.dims[d] == 1 || ms.dims[d] == sb.dims[d + sb.ndim - ms.ndim];
+  if (!fits) {
+    char a[160], b[160];
+    nbi_error(NB_ERR_SHAPE,
+              "nb_attention: mask %s does not broadcast to the scores [..., Lq, Lk] %s",
+              nb_shape_str(ms, a, sizeof a), nb_shape_str(sb, b, sizeof b));
+    return NULL;
+  }
   double scale = 1.0 / sqrt((double)qs.dims[qs.ndim - 1]);
   nb_tensor *scores = nb_mul_scalar(nb_matmul(q, nb_transpose(k)), scale);
   if (mask) {
@@ -169,4 +226,56 @@ nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *mas
     scores = nb_where(mask, scores, low);
   }
   return nb_matmul(nb_softmax(scores, -1), v);
+}
+
+/* ---- the public functions ----------------------------------------------------------------
+ * Each runs its body in its error context (nbi.h), so an error of an op it
+ * composes (nb_sub of mse's operands, nb_where of attention's mask) names it. */
+nb_tensor *nb_layer_norm(nb_tensor *x, nb_tensor *weight, nb_tensor *bias, double eps) {
+  const char *outer = nbi_error_context_begin("nb_layer_norm");
+  nb_tensor *r = layer_norm_body(x, weight, bias, eps);
+  nbi_error_context_end(outer);
+  return r;
+}
+
+nb_tensor *nb_rms_norm(nb_tensor *x, nb_tensor *weight, double eps) {
+  const char *outer = nbi_error_context_begin("nb_rms_norm");
+  nb_tensor *r = rms_norm_body(x, weight, eps);
+  nbi_error_context_end(outer);
+  return r;
+}
+
+nb_tensor *nb_cross_entropy(nb_tensor *logits, nb_tensor *labels) {
+  const char *outer = nbi_error_context_begin("nb_cross_entropy");
+  nb_tensor *r = cross_entropy_body(logits, labels);
+  nbi_error_context_end(outer);
+  return r;
+}
+
+nb_tensor *nb_mse(nb_tensor *pred, nb_tensor *target) {
+  const char *outer = nbi_error_context_begin("nb_mse");
+  nb_tensor *r = mse_body(pred, target);
+  nbi_error_context_end(outer);
+  return r;
+}
+
+nb_tensor *nb_dropout(nb_tensor *t, double p, bool training) {
+  const char *outer = nbi_error_context_begin("nb_dropout");
+  nb_tensor *r = dropout_body(t, p, training);
+  nbi_error_context_end(outer);
+  return r;
+}
+
+nb_tensor *nb_embedding(nb_tensor *table, nb_tensor *idx) {
+  const char *outer = nbi_error_context_begin("nb_embedding");
+  nb_tensor *r = embedding_body(table, idx);
+  nbi_error_context_end(outer);
+  return r;
+}
+
+nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *mask) {
+  const char *outer = nbi_error_context_begin("nb_attention");
+  nb_tensor *r = attention_body(q, k, v, mask);
+  nbi_error_context_end(outer);
+  return r;
 }

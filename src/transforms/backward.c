@@ -242,7 +242,8 @@ nb_status nb_backward(nb_tensor *loss) {
                      "pass supports one backward)",
                      fn);
   nbi_sweep s = {.fn = fn, .imperative = true};
-  nb_tensor **g = NULL, **eval = NULL, **roots = &loss, **seeds = NULL;
+  nb_tensor **g = NULL, **eval = NULL, **roots = &loss, **seeds = NULL, **old = NULL;
+  bool *set = NULL; /* set[j]: source j's .grad was replaced (old[j] is the one before) */
   int n_roots = 1;
   nb_scope_begin();
   bool saved = nbi_no_grad;
@@ -251,9 +252,11 @@ nb_status nb_backward(nb_tensor *loss) {
   if (!st) st = nbi_sweep_collect(&s, roots, n_roots, NULL, 0);
   if (!st) {
     g = calloc((size_t)s.n_sources + 1, sizeof *g);
+    old = calloc((size_t)s.n_sources + 1, sizeof *old);
+    set = calloc((size_t)s.n_sources + 1, sizeof *set);
     eval = calloc((size_t)s.n_sources + (size_t)n_roots, sizeof *eval);
     seeds = calloc((size_t)n_roots, sizeof *seeds);
-    if (!g || !eval || !seeds) st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+    if (!g || !old || !set || !eval || !seeds) st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
   }
   for (int r = 0; r < n_roots && !st; r++)
     if (!(seeds[r] = nbi_ones_like(roots[r]))) st = nb_last_status();
@@ -270,18 +273,34 @@ nb_status nb_backward(nb_tensor *loss) {
         st = nb_last_status();
         break;
       }
-      nb_release(leaf->grad);
+      old[j] = leaf->grad; /* kept until the realization succeeds */
+      set[j] = true;
       leaf->grad = nb_retain(acc);
       eval[n_eval++] = acc;
     }
   }
   /* the loss and every new gradient in one realization */
   if (!st) st = nbi_realize(eval, n_eval);
+  /* a failed backward (an index out of range found by a kernel) leaves every
+   * .grad as it was: a pending gradient would hold the forward graph, whose
+   * leaf holds the gradient (a cycle nothing frees) */
+  for (int j = 0; set && j < s.n_sources; j++) {
+    if (!set[j]) continue;
+    nb_tensor *leaf = s.sources[j];
+    if (st) {
+      nb_release(leaf->grad);
+      leaf->grad = old[j];
+    } else {
+      nb_release(old[j]);
+    }
+  }
   if (!st) free_provenance(&s);
   if (!st && loss->mesh) loss->flags |= NBI_T_GRAD_FREED;
   nbi_sweep_free(&s);
   nb_scope_end();
   free(g);
+  free(old);
+  free(set);
   free(eval);
   free(seeds);
   if (roots != &loss) free(roots);

@@ -6,14 +6,19 @@
 
 #include <stdlib.h>
 
+#include "../../ops/index.h" /* the attribute slots: axis, caller */
+
 /* Element off (in elements) of an i32 or i64 index array. */
 static inline int64_t index_at(const char *base, nb_dtype dt, int64_t off) {
   return dt == NB_I32 ? ((const int32_t *)base)[off] : ((const int64_t *)base)[off];
 }
 
-/* Checks that every index of idx lies in [-size, size); otherwise records
- * NB_ERR_INDEX naming fn, the first offending extreme, the axis and its size. */
-static nb_status check_indices(const char *fn, const nbi_view *idx, int64_t size, int axis) {
+/* Checks that every index of idx lies in [-size, size) ([0, size) for the
+ * composites whose indices count from 0: index.h); otherwise records
+ * NB_ERR_INDEX naming the public function (fn, the op's own, or node n's
+ * caller), the first offending extreme, the axis and its size. */
+static nb_status check_indices(const nb_tensor *n, const char *fn, const nbi_view *idx,
+                               int64_t size, int axis) {
   nbi_iter it;
   nbi_iter_init(&it, 1, (const nbi_view *[]){idx});
   int64_t rows = nbi_iter_rows(&it), m = it.dims[it.ndim - 1], s = it.strides[0][it.ndim - 1];
@@ -30,9 +35,9 @@ static nb_status check_indices(const char *fn, const nbi_view *idx, int64_t size
       hi = v > hi ? v : hi;
     }
   }
-  if (rows * m == 0 || (lo >= -size && hi < size)) return NB_OK;
-  return nbi_error(NB_ERR_INDEX, "%s: index %lld out of range for axis %d of size %lld", fn,
-                   (long long)(hi >= size ? hi : lo), axis, (long long)size);
+  int64_t low = nbi_index_negative_ok(n) ? -size : 0; /* index.h: the caller's range */
+  if (rows * m == 0 || (lo >= low && hi < size)) return NB_OK;
+  return nbi_index_range_error(n, fn, hi >= size ? hi : lo, axis, size);
 }
 
 /* Reads idx (valid for size) in row-major order into a fresh array of
@@ -92,7 +97,7 @@ nb_status nbi_cpu_take(const nb_tensor *n, nbi_view *out, const nbi_view *in) {
   int axis = (int)n->attrs.i[0];
   const nbi_view *t = &in[0];
   int64_t size = t->dims[axis];
-  nb_status st = check_indices("nb_take", &in[1], size, axis);
+  nb_status st = check_indices(n, "nb_take", &in[1], size, axis);
   if (st) return st;
   int64_t outer = 1, k = view_numel(&in[1]);
   for (int d = 0; d < axis; d++)
@@ -163,7 +168,7 @@ nb_status nbi_cpu_take_along_axis(const nb_tensor *n, nbi_view *out, const nbi_v
   int axis = (int)n->attrs.i[0];
   const nbi_view *t = &in[0];
   int64_t size = t->dims[axis], ax = t->strides[axis];
-  nb_status st = check_indices("nb_take_along_axis", &in[1], size, axis);
+  nb_status st = check_indices(n, "nb_take_along_axis", &in[1], size, axis);
   if (st) return st;
   nbi_view tb = along_axis_base(t, &n->shape, axis), ib = nbi_view_broadcast(&in[1], &n->shape);
   nbi_iter it;
@@ -258,7 +263,7 @@ nb_status nbi_cpu_scatter_add(const nb_tensor *n, nbi_view *out, const nbi_view 
   const char *fn = "nb_scatter_add";
   int axis = (int)n->attrs.i[0];
   int64_t size = out->dims[axis];
-  nb_status st = check_indices(fn, &in[1], size, axis);
+  nb_status st = check_indices(n, fn, &in[1], size, axis);
   if (st) return st;
   nbi_copy_view(out, &in[0]);
   int64_t outer = 1, inner = 1, k = view_numel(&in[1]), numel = view_numel(out);
@@ -351,7 +356,7 @@ nb_status nbi_cpu_scatter_add_along_axis(const nb_tensor *n, nbi_view *out, cons
   const char *fn = "nb_scatter_add_along_axis";
   int axis = (int)n->attrs.i[0];
   int64_t size = out->dims[axis], ax = out->strides[axis], numel = view_numel(out);
-  nb_status st = check_indices(fn, &in[1], size, axis);
+  nb_status st = check_indices(n, fn, &in[1], size, axis);
   if (st) return st;
   nbi_copy_view(out, &in[0]);
   const nbi_view *upd = &in[2];

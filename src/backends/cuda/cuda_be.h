@@ -176,8 +176,10 @@ extern const nbi_backend nbi_cuda_backend;
  * kernel cache, launches, copies) run with c's context current. */
 nb_status nbi_cuda_enter(nbi_cuda_ctx *c);
 /* The deferred error codes a kernel may write to err_word (an int, first
- * writer wins: atomicCAS(err, 0, code)): code = kind | (op << 8), op the
- * NBI_OP_* of the kernel, so sync can name the function ("nb_take: index out of
+ * writer wins: atomicCAS(err, 0, code)): code = kind | (op << 8) | (caller <<
+ * 16), op the NBI_OP_* of the kernel and caller the public composite that made
+ * an index op (src/ops/index.h; 0 for the op itself), so sync can name the
+ * function ("nb_take: index out of range", "nb_cross_entropy: label out of
  * range", NB_ERR_INDEX). Every kernel that can fail takes `int *err` as a
  * parameter (c->err_word). */
 enum {

@@ -11,6 +11,8 @@
  * (staging, the error word's read-back). */
 #include "cuda_be.h"
 
+#include "../../ops/index.h" /* the callers of index kernels' error codes */
+
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -256,7 +258,12 @@ static nb_status take_kernel_error(cuda_dev *d) {
                       "nabla: cuMemsetD32Async (error word)");
   pthread_mutex_unlock(&c->lock);
   if (st != NB_OK || code == 0) return st;
-  int kind = code & 0xff, op = (int)((unsigned)code >> 8);
+  int kind = code & 0xff, op = (int)(((unsigned)code >> 8) & 0xff);
+  int caller = (int)(((unsigned)code >> 16) & 0xff);
+  if (kind == NBI_CUDA_KERR_INDEX && caller == NBI_INDEX_CROSS_ENTROPY)
+    return nbi_error(NB_ERR_INDEX, "nb_cross_entropy: label out of range (classes count from 0)");
+  if (kind == NBI_CUDA_KERR_INDEX && caller == NBI_INDEX_EMBEDDING)
+    return nbi_error(NB_ERR_INDEX, "nb_embedding: index out of range (rows count from 0)");
   if (kind == NBI_CUDA_KERR_INDEX && op >= 0 && op < NBI_OP_COUNT && nbi_op_table[op])
     return nbi_error(NB_ERR_INDEX, "nb_%s: index out of range", nbi_op_table[op]->name);
   return nbi_error(NB_ERR_INTERNAL, "nabla: cuda:%d: a kernel reported error code 0x%x", c->index,

@@ -1,9 +1,10 @@
 /* src/backends/cuda/cuda_ops_index.c — CUDA kernels of the indexing family: take,
  * take_along_axis, scatter_add, scatter_add_along_axis, one_hot, with the CPU
  * kernels' semantics (../cpu/k_index.c): indices may be negative (counted from
- * the end, [-size, size)); one outside that range writes
- * NBI_CUDA_KERR_INDEX | (op << 8) to the device's error word (the next sync
- * reports NB_ERR_INDEX naming the op) and moves no data. An op whose result is
+ * the end, [-size, size); [0, size) for nb_cross_entropy's and nb_embedding's,
+ * ../../ops/index.h); one outside that range writes NBI_CUDA_KERR_INDEX |
+ * (op << 8) | (caller << 16) to the device's error word (the next sync reports
+ * NB_ERR_INDEX naming the public function) and moves no data. An op whose result is
  * empty still checks its indices, as the CPU does.
  *
  * Gathers move elements as unsigned integers of their size (any dtype). Scatters
@@ -17,6 +18,8 @@
  * run to run in the last bits). scatter_add_along_axis always runs one thread
  * per line of t along the axis, in the CPU's order. */
 #include "cuda_be.h"
+
+#include "../../ops/index.h" /* the attribute slots: axis, caller */
 
 #include <assert.h>
 #include <stdint.h>
@@ -55,10 +58,11 @@
     "}\n" \
     "\n" \
     "/* v normalized for an axis of `size` (v + size when negative), or -1 with\n" \
-    " * code written to *err (first writer wins) when v is outside [-size, size). */\n" \
+    " * code written to *err (first writer wins) when v is outside [-size, size)\n" \
+    " * ([0, size) when code names a caller: bits 16..23, src/ops/index.h). */\n" \
     "__device__ __forceinline__ int64_t nbx_index_norm(int64_t v, int64_t size,\n" \
     "                                                 int *err, int64_t code) {\n" \
-    "  if (v < -size || v >= size) {\n" \
+    "  if (v < ((code >> 16) & 0xff ? 0 : -size) || v >= size) {\n" \
     "    atomicCAS(err, 0, (int)code);\n" \
     "    return -1;\n" \
     "  }\n" \
@@ -409,8 +413,14 @@ static int size_variant(nb_dtype dt) {
 /* A device address (a view's data) as the CUdeviceptr a kernel argument takes. */
 static CUdeviceptr dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
 
-/* The deferred error code of an index kernel of node n. */
-static int64_t index_code(const nb_tensor *n) { return NBI_CUDA_KERR_INDEX | (n->op << 8); }
+/* The deferred error code of an index kernel of node n (cuda_be.h): its op,
+ * and for take / take_along_axis / the scatters the public composite that
+ * called it (../../ops/index.h), whose indices must be >= 0. */
+_Static_assert(NBI_OP_COUNT <= 256, "an op must fit bits 8..15 of a kernel error code");
+static int64_t index_code(const nb_tensor *n) {
+  int64_t caller = n->op == NBI_OP_ONE_HOT ? NBI_INDEX_OWN : n->attrs.i[NBI_INDEX_CALLER];
+  return NBI_CUDA_KERR_INDEX | (n->op << 8) | (caller << 16);
+}
 
 /* Rejects index views that are not i32 / i64 (the ops' validation already did). */
 static nb_status index_dtype_ok(const nb_tensor *n, const nbi_view *idx) {
