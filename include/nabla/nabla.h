@@ -9,5 +9,6 @@
 #include "transforms.h"
 #include "custom.h"
 #include "sharding.h"
+#include "tree.h"
 
 #endif

@@ -55,15 +55,24 @@ int nb_fn_n_out(const nb_fn *f); /* -1 for NULL */
 nb_status nb_call(nb_fn *f, nb_tensor *const *in, nb_tensor **out);
 
 /* ---- functional transforms (JAX semantics) ----------------------------------------
- * argnums lists the differentiated inputs (negative counts from the end; a
- * list holds at most NB_MAX_DIMS; NB_ALL = every input, however many); they must be floating-point
- * tensors. Gradients have the shape and dtype of their input. Each returns a new nb_fn, NULL on a
- * bad argument (argnums out of range or repeated, NULL f). */
+ * argnums lists the differentiated inputs (negative counts from the end; an
+ * nb_axes list holds at most NB_MAX_DIMS; NB_ALL = every input, however many;
+ * nb_grad_argnums takes a list of any length); listed inputs must be
+ * floating-point tensors. Gradients have the shape and dtype of their input.
+ * With NB_ALL, integer and bool inputs are passed through: their "gradient"
+ * is zeros of their shape and dtype (a token batch beside the weights).
+ * Each returns a new nb_fn, NULL on a bad argument (argnums out of range or
+ * repeated, NULL f). A function of trees (nabla/tree.h) is accepted by
+ * nb_grad, nb_value_and_grad (and their _argnums forms), nb_jit, nb_vmap and
+ * nb_checkpoint; argnums then count trees. */
 
 /* out: one gradient per argnum. f's out[0] must have exactly one element. */
 nb_fn *nb_grad(nb_fn *f, nb_axes argnums);
 /* out: f's outputs, then one gradient (of out[0]) per argnum. */
 nb_fn *nb_value_and_grad(nb_fn *f, nb_axes argnums);
+/* The same with argnums[0..n-1], n >= 1, of any length. */
+nb_fn *nb_grad_argnums(nb_fn *f, const int *argnums, int n);
+nb_fn *nb_value_and_grad_argnums(nb_fn *f, const int *argnums, int n);
 /* in: primals (n_in), then one cotangent per output (n_out, each of the
  * output's shape and dtype). out: f's outputs, then one cotangent per input
  * (zeros for integer inputs and inputs the outputs do not depend on). */

@@ -29,6 +29,7 @@
  * are that mesh's axes): entries are keyed by the body's mesh as well.
  */
 #include "transforms.h"
+#include "tree.h"
 
 #include <stdlib.h>
 
@@ -198,6 +199,7 @@ nb_fn *nb_jit(nb_fn *f) {
     nbi_error(NB_ERR_NULL, "%s: f is NULL", FN);
     return NULL;
   }
+  if (nbi_fn_is_tree(f)) return nbi_tree_jit(f);
   jit_fn *j = calloc(1, sizeof *j);
   if (!j) {
     nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
