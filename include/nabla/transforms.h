@@ -115,9 +115,16 @@ nb_fn *nb_vmap(nb_fn *f, const int *in_axes, const int *out_axes);
  * another transform the program is recorded into the enclosing trace, so
  * jit composes with every transform. The last 16 signatures are kept (least
  * recently used out); nb_stats counts jit_cache_hits / jit_cache_misses.
- * As in JAX, the body must be pure: tensors it captures from outside are read
- * when a call runs (nb_assign on them is seen), C-side effects happen only
- * while tracing, and nb_rand inside the body is drawn once, at the trace. */
+ * As in JAX, the body must be pure: C-side effects happen only while
+ * tracing, and nb_rand inside the body is drawn once, at the trace.
+ * Tensors the body captures from outside (through `user`) are read when a
+ * call runs (nb_assign on them is seen), and a call never uses a tensor the
+ * body no longer reads: when the body captured any, each call first runs it
+ * again on placeholders (recording, not computing; its C side effects
+ * happen again) to check that it reads the same tensors, and traces anew
+ * when a captured pointer was swapped. Pass values that change from call to
+ * call as arguments (trees hold any number, nabla/tree.h): then the body
+ * runs only when a new signature is traced. */
 nb_fn *nb_jit(nb_fn *f);
 
 /* The same function, but its internals are not kept for the backward pass:
