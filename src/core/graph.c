@@ -34,9 +34,10 @@
  * it is lazy with its source (a root's source is always stored). Fates
  * follow the original edges (a lazy node is recomputed from them); grouping,
  * liveness and in-place steps see the simplified graph, where a use of an
- * alias is a use of its source. nb_assign (nbi_realize_assign) realizes the
- * held pending readers of the tensor it rebinds before rebinding it; lazy
- * ones are instead pointed at a leaf sharing its old buffer (rewire_lazy).
+ * alias is a use of its source. nb_assign (nbi_realize_assign, assign.c)
+ * realizes the held pending readers of the tensor it rebinds before
+ * rebinding it; lazy ones are instead pointed at a leaf sharing its old
+ * buffer. Its realization here (nbi_realize_dying) knows which leaves die.
  *
  * In place. An elementwise step (alone, or a stored member of a fused group
  * other than a GEMM epilogue, whose primitive reads its operands while it
@@ -325,8 +326,8 @@ static void graph_unmark_free(graph *g) {
 /* ---- planning ---------------------------------------------------------------------------- */
 enum { HELD = 1, ROOT = 2 }; /* per-node flags of a realization */
 
-/* flags[i]: HELD / ROOT; dying: the leaf nb_assign rebinds (or -1). */
-static void graph_hash(const graph *g, const int *uses, const uint8_t *flags, int dying,
+/* flags[i]: HELD / ROOT; dies[k]: leaf k is one nb_assign rebinds (dies NULL: none). */
+static void graph_hash(const graph *g, const int *uses, const uint8_t *flags, const bool *dies,
                        hasher *h) {
   hash_i64(h, g->n);
   for (int i = 0; i < g->n; i++) {
@@ -341,7 +342,7 @@ static void graph_hash(const graph *g, const int *uses, const uint8_t *flags, in
   }
   for (int i = 0; i < g->n_leaves; i++) {
     const nb_tensor *l = g->leaves[i];
-    int64_t head[4] = {l->dtype, l->shape.ndim, i == dying, l->device};
+    int64_t head[4] = {l->dtype, l->shape.ndim, dies && dies[i], l->device};
     hash_words(h, head, 4);
     hash_words(h, l->shape.dims, (size_t)l->shape.ndim);
     hash_words(h, l->shard0.strides, (size_t)l->shape.ndim);
@@ -374,17 +375,17 @@ static void simplified_view(const plan *p, const graph *g, nb_tensor *const *cn,
  * or f == e == k alone) may take: 4 * j + q for cn[j]->in[q], or -1; on the
  * simplified view. spare[c]: run position c's buffer is temporary (nothing
  * keeps it, no kept alias shares it); last/llast: the run position after
- * which a step / leaf is dead; dying: the leaf nb_assign rebinds, or -1. */
+ * which a step / leaf is dead; dies[k]: leaf k is one nb_assign rebinds. */
 static int inplace_source(nb_tensor *const *cn, const plan *p, const bool *spare, const int *last,
-                          const int *llast, int dying, int f, int e, int k) {
+                          const int *llast, const bool *dies, int f, int e, int k) {
   const nb_tensor *t = cn[k];
   for (int j = f; j <= e; j++)
     for (int q = 0; q < cn[j]->n_in; q++) {
       const nb_tensor *x = cn[j]->in[q];
       int m = x->mark;
       if (m >= f && m <= e) continue; /* a member of the group */
-      bool dies = m >= 0 ? spare[m] && last[m] == e : -3 - m == dying && llast[-3 - m] == e;
-      if (!dies || x->dtype != t->dtype || !nbi_shape_eq(&x->shape, &t->shape)) continue;
+      bool dead = m >= 0 ? spare[m] && last[m] == e : dies[-3 - m] && llast[-3 - m] == e;
+      if (!dead || x->dtype != t->dtype || !nbi_shape_eq(&x->shape, &t->shape)) continue;
       bool ok = true;
       for (int r = k + 1; r <= e && ok; r++) /* no later member reads it */
         for (int c = 0; c < cn[r]->n_in; c++)
@@ -397,16 +398,18 @@ static int inplace_source(nb_tensor *const *cn, const plan *p, const bool *spare
 }
 
 /* Fills p (all zero) for g (see the memory policy at the top). flags[i]:
- * HELD / ROOT; dying: the leaf nb_assign rebinds, or -1. In order:
+ * HELD / ROOT; dying: the leaves nb_assign rebinds (NULL: none). In order:
  * simplification; grouping and last uses on the simplified graph (a last use,
  * last[c]: the run position after which c's buffer is dead, inside a fused
  * group counts at the group's last step, when it runs; uses of an aliased
  * step count as uses of its source); fates on the original edges; kept
  * aliases' shares of their sources' storage; in-place steps; frees. On
  * failure p keeps what it allocated (plan_clear frees it). */
-static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) {
+static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, const bool *dying) {
   int n = g->n, m = n ? n : 1;
   size_t mm = (size_t)m;
+  bool *dies = calloc((size_t)g->n_leaves + 1, 1); /* still dying (a lazy reader may revive) */
+  if (dies && dying) memcpy(dies, dying, (size_t)g->n_leaves);
   bool *held = calloc(mm, 1), *needed = malloc(mm), *root_run = calloc(mm, 1), *has = malloc(mm);
   bool *keep = calloc(mm, 1), *spare = malloc(mm);
   int *pos = malloc(sizeof(int) * mm), *last = malloc(sizeof(int) * mm);
@@ -422,7 +425,7 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
   p->free_start = malloc(sizeof(int) * ((size_t)n + 1));
   p->mat_start = calloc((size_t)n + 2, sizeof(int));
   bool ok = held && needed && root_run && has && keep && spare && pos && last && llast && count &&
-            cn && p->alias && p->run && p->group && p->store && p->fate && p->inplace &&
+            cn && dies && p->alias && p->run && p->group && p->store && p->fate && p->inplace &&
             p->free_start && p->mat_start;
   if (!ok) goto done;
   for (int i = 0; i < n; i++)
@@ -505,8 +508,8 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
         keep[x] = true;
       else if (x >= 0)
         p->fate[x] = FATE_LAZY;
-      else if (-3 - x == dying)
-        dying = -1; /* a lazy node will read its value later */
+      else
+        dies[-3 - x] = false; /* a lazy node will read its value later */
     }
   }
   for (int i = 0; i < n; i++)
@@ -525,8 +528,8 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
       slot = e + 1;
       if (last[pos[a]] < e) last[pos[a]] = e;
       spare[pos[a]] = false;
-    } else if (-3 - a == dying) {
-      dying = -1;
+    } else {
+      dies[-3 - a] = false;
     }
     count[slot]++, n_mat++;
   }
@@ -557,7 +560,7 @@ static bool plan_fill(plan *p, const graph *g, const uint8_t *flags, int dying) 
     bool no_inplace = e > f && (cn[f]->op == NBI_OP_MATMUL || nbi_fuse_is_rows(cn + f, e - f + 1));
     for (int k = f; k <= e && !no_inplace; k++)
       if (has[p->run[k]] && nbi_cpu_elementwise_fusible(cn[k]))
-        p->inplace[k] = inplace_source(cn, p, spare, last, llast, dying, f, e, k);
+        p->inplace[k] = inplace_source(cn, p, spare, last, llast, dies, f, e, k);
     f = e + 1;
   }
   simplified_view(p, g, cn, false);
@@ -594,10 +597,12 @@ done:
   free(llast);
   free(count);
   free(cn);
+  free(dies);
   return ok;
 }
 
-static plan *plan_build(const graph *g, const uint8_t *flags, int dying, uint64_t h1, uint64_t h2) {
+static plan *plan_build(const graph *g, const uint8_t *flags, const bool *dying, uint64_t h1,
+                        uint64_t h2) {
   plan *p = plan_cache_slot();
   if (!p) return NULL;
   if (!plan_fill(p, g, flags, dying)) {
@@ -754,9 +759,13 @@ static nb_status plan_check(const plan *p) {
 static _Thread_local int depth;
 int nbi_realize_depth(void) { return depth; }
 
-/* nbi_realize, where dying_t (a realized tensor, or NULL) is nb_assign's dst:
- * its value dies in this realization. */
-static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) {
+/* nbi_realize, where dying_t[0..n_dying-1] (realized tensors) are nb_assign's
+ * dsts: their values die in this realization. backward: nb_backward's
+ * realization (nbi_realize_backward, seq0 > 0): held nodes with provenance
+ * are planned as temporaries and left lazy; nodes made since seq0 (the
+ * backward's own) as temporaries. */
+static nb_status realize(nb_tensor *const *ts, int n, nb_tensor *const *dying_t, int n_dying,
+                         uint64_t seq0) {
   int r = 0;
   while (r < n && (ts[r]->flags & NBI_T_REALIZED))
     r++;
@@ -776,12 +785,25 @@ static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) 
   nbi_cpu_init();
   int *uses = calloc((size_t)g.n, sizeof(int));
   uint8_t *flags = calloc((size_t)g.n, 1);
-  if (!uses || !flags) {
+  bool *dying = n_dying ? calloc((size_t)g.n_leaves + 1, 1) : NULL;
+  if (!uses || !flags || (n_dying && !dying)) {
     st = nbi_error(NB_ERR_OOM, "nb_eval: out of memory planning %d nodes", g.n);
     goto done;
   }
   count_flags(&g, ts, n, uses, flags);
-  int dying = dying_t && dying_t->mark <= -3 ? -3 - dying_t->mark : -1;
+  /* nb_backward: the forward's intermediates that scopes hold are not kept
+   * for them; the plan frees each after its last use in the backward */
+  uint8_t released = 4; /* a flags bit no plan reads (HELD | ROOT are 1 | 2) */
+  for (int i = 0; i < g.n && seq0; i++) {
+    const nb_tensor *t = g.nodes[i];
+    if ((flags[i] & (HELD | ROOT)) != HELD) continue;
+    if (t->seq >= seq0)
+      flags[i] = 0; /* held by nb_backward's own scope only */
+    else if ((t->flags & NBI_T_GRAD_PATH) && !(t->flags & NBI_T_REQUIRES_GRAD))
+      flags[i] = released;
+  }
+  for (int k = 0; k < n_dying; k++)
+    if (dying_t[k]->mark <= -3) dying[-3 - dying_t[k]->mark] = true;
 
   hasher h = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull};
   graph_hash(&g, uses, flags, dying, &h);
@@ -808,7 +830,7 @@ static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) 
    * the steps ran: nested realizations (control flow) may have added theirs */
   int n_lazy = 0;
   for (int i = 0; i < g.n; i++)
-    n_lazy += p->fate[i] == FATE_LAZY && (flags[i] & HELD);
+    n_lazy += (p->fate[i] == FATE_LAZY && (flags[i] & HELD)) || flags[i] == released;
   if (!st) st = nbi_lazy_reserve(n_lazy);
   depth--;
   p->pinned--;
@@ -825,8 +847,8 @@ static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) 
     if (p->fate[i] == FATE_KEEP) {
       t->flags |= NBI_T_REALIZED;
       nbi_lazy_remove(t);
-    } else if (p->fate[i] == FATE_LAZY && (flags[i] & HELD)) {
-      nbi_lazy_add(t);
+    } else if ((p->fate[i] == FATE_LAZY && (flags[i] & HELD)) || flags[i] == released) {
+      nbi_lazy_add(t); /* recomputed if it is ever read */
     } else { /* pending, but only other nodes hold it */
       nbi_lazy_remove(t);
     }
@@ -845,11 +867,22 @@ static nb_status realize(nb_tensor *const *ts, int n, const nb_tensor *dying_t) 
     if (!(t->flags & NBI_T_GRAD_PATH) || (t->flags & NBI_T_GRAD_FREED)) nbi_tensor_drop_graph(t);
   }
 done:
+  free(dying);
   free(uses);
   free(flags);
   graph_unmark_free(&g);
   if (t1 && !depth) STAT_ADD(exec_ns, now_ns() - t1);
   return st;
+}
+
+nb_status nbi_realize_dying(nb_tensor *const *ts, int n, nb_tensor *const *dying, int n_dying) {
+  if (depth)
+    return nbi_error(NB_ERR_STATE, "nb_assign: cannot rebind a tensor while a kernel runs");
+  return realize(ts, n, dying, n_dying, 0);
+}
+
+nb_status nbi_realize_backward(nb_tensor *const *ts, int n, uint64_t seq0) {
+  return realize(ts, n, NULL, 0, seq0 ? seq0 : 1);
 }
 
 /* A sharded root stands for its physical tensors: they are realized instead
@@ -858,7 +891,7 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
   int extra = 0;
   for (int i = 0; i < n; i++)
     if (ts[i]->mesh) extra += ts[i]->n_phys;
-  if (!extra) return realize(ts, n, NULL);
+  if (!extra) return realize(ts, n, NULL, 0, 0);
   nb_tensor **all = malloc(sizeof *all * (size_t)(n + extra));
   if (!all) return nbi_error(NB_ERR_OOM, "nb_eval: out of memory");
   int m = 0;
@@ -867,7 +900,7 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
     for (int d = 0; ts[i]->mesh && d < ts[i]->n_phys; d++)
       all[m++] = ts[i]->phys[d];
   }
-  nb_status st = realize(all, m, NULL);
+  nb_status st = realize(all, m, NULL, 0, 0);
   free(all);
   return st;
 }
@@ -925,7 +958,7 @@ nbi_exec *nbi_exec_build(nb_tensor *const *slots, int n_slots, nb_tensor *const 
   bool ok = uses && flags;
   if (ok) {
     count_flags(&x->g, roots, n_roots, uses, flags);
-    ok = plan_fill(&x->p, &x->g, flags, -1);
+    ok = plan_fill(&x->p, &x->g, flags, NULL);
   }
   free(uses);
   free(flags);
@@ -993,150 +1026,6 @@ nb_status nbi_exec_run(nbi_exec *x, nb_tensor *const *in, nb_tensor **out) {
   return st;
 }
 
-/* nb_assign: marks every pending tensor reachable from cand[0..n-1] by whether
- * it reads dst (transitively) and returns, in roots, val and the candidates
- * that do. An iterative DFS over pending nodes: mark -2 on the stack, -4 does
- * not read dst, -5 does; visited nodes are listed for the reset. */
-static nb_status assign_roots(nb_tensor *dst, nb_tensor *const *cand, int n, nb_tensor **roots,
-                              int *n_roots) {
-  nb_tensor **stack = NULL, **seen = NULL;
-  int *next = NULL, sp = 0, cap = 0, n_seen = 0, cap_seen = 0;
-  bool *reads = NULL;
-  nb_status st = NB_OK;
-  for (int c = 0; c < n && !st; c++) {
-    if (cand[c]->mark != -1 || (cand[c]->flags & NBI_T_REALIZED)) continue;
-    if (!dfs_push(&stack, &next, &sp, &cap, cand[c])) st = NB_ERR_OOM;
-    bool *grown = st ? NULL : realloc(reads, sizeof(bool) * (size_t)cap);
-    if (!grown)
-      st = NB_ERR_OOM;
-    else
-      reads = grown, reads[sp - 1] = false;
-    while (sp && !st) {
-      nb_tensor *t = stack[sp - 1];
-      if (next[sp - 1] < t->n_in) {
-        nb_tensor *x = t->in[next[sp - 1]++];
-        if ((x->flags & NBI_T_REALIZED) || x->mark == -4 || x->mark == -5) {
-          if (x == dst || x->mark == -5) reads[sp - 1] = true;
-          continue;
-        }
-        if (!dfs_push(&stack, &next, &sp, &cap, x) ||
-            !(grown = realloc(reads, sizeof(bool) * (size_t)cap))) {
-          st = NB_ERR_OOM;
-          break;
-        }
-        reads = grown;
-        reads[sp - 1] = false;
-        continue;
-      }
-      bool r = t == dst || reads[sp - 1];
-      if (!push(&seen, &n_seen, &cap_seen, t)) {
-        st = NB_ERR_OOM;
-        break;
-      }
-      t->mark = r ? -5 : -4;
-      if (--sp && r) reads[sp - 1] = true;
-    }
-  }
-  int nr = 0;
-  for (int c = 0; c < n && !st; c++)
-    if (cand[c]->mark == -5 || c == n - 1) { /* the last candidate is val */
-      cand[c]->mark = -6;                    /* listed once */
-      roots[nr++] = cand[c];
-    }
-  for (int i = 0; i < sp; i++)
-    stack[i]->mark = -1;
-  for (int i = 0; i < n_seen; i++)
-    seen[i]->mark = -1;
-  for (int c = 0; c < nr; c++)
-    roots[c]->mark = -1;
-  *n_roots = nr;
-  free(stack);
-  free(next);
-  free(seen);
-  free(reads);
-  return st ? nbi_error(st, "nb_assign: out of memory") : NB_OK;
-}
-
-/* Lazy readers of dst among the roots (val aside) computed nothing yet and
- * may never be read: rather than running them, point them (and the pending
- * nodes under them) at a new leaf sharing dst's current buffer. That buffer
- * is then shared, so dst is not written in place. Not when such a reader
- * still carries provenance for nb_backward (the gradient must reach dst):
- * then they stay roots. Drops the rewired roots from roots[0..*n-1]. */
-static nb_status rewire_lazy(nb_tensor *dst, const nb_tensor *val, nb_tensor **roots, int *n) {
-  nb_tensor **stack = NULL, **seen = NULL;
-  int *next = NULL, sp = 0, cap = 0, n_seen = 0, cap_seen = 0;
-  bool ok = true, any = false, oom = false;
-  for (int r = 0; r < *n && ok; r++) {
-    nb_tensor *l = roots[r];
-    if (l == val || !(l->flags & NBI_T_LAZY) || l->mark != -1) continue;
-    any = true;
-    oom = !push(&seen, &n_seen, &cap_seen, l) || !dfs_push(&stack, &next, &sp, &cap, l);
-    while (sp && !oom) {
-      nb_tensor *t = stack[sp - 1];
-      if (next[sp - 1] == t->n_in) {
-        sp--;
-        continue;
-      }
-      nb_tensor *x = t->in[next[sp - 1]++];
-      if (x == dst && (t->flags & NBI_T_GRAD_PATH) && !(t->flags & NBI_T_GRAD_FREED)) ok = false;
-      if ((x->flags & NBI_T_REALIZED) || x->mark != -1) continue;
-      oom = !push(&seen, &n_seen, &cap_seen, x) || !dfs_push(&stack, &next, &sp, &cap, x);
-    }
-    ok = ok && !oom;
-  }
-  nb_tensor *old = ok && any ? nbi_leaf_share(dst) : NULL;
-  for (int i = 0; i < n_seen; i++) {
-    nb_tensor *t = seen[i];
-    t->mark = -1;
-    for (int k = 0; k < t->n_in && old; k++)
-      if (t->in[k] == dst) {
-        t->in[k] = nb_retain(old);
-        nb_release(dst); /* the caller holds dst */
-      }
-  }
-  free(stack);
-  free(next);
-  free(seen);
-  if (oom) return nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
-  if (ok && any && !old) return nb_last_status();
-  if (!old) return NB_OK;
-  int m = 0;
-  for (int r = 0; r < *n; r++)
-    if (roots[r] == val || !(roots[r]->flags & NBI_T_LAZY)) roots[m++] = roots[r];
-  *n = m;
-  return NB_OK;
-}
-
-nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val) {
-  if (depth)
-    return nbi_error(NB_ERR_STATE, "nb_assign: cannot rebind a tensor while a kernel runs");
-  if ((val->flags & NBI_T_REALIZED) && !nbi_any_held_pending())
-    return NB_OK; /* nothing pending reads dst or needs realizing */
-  nb_tensor **cand = NULL, **roots = NULL;
-  int n = 0, cap = 0, n_roots = 0;
-  nb_status st = nbi_held_pending(&cand, &n, &cap);
-  if (!st && n == cap) {
-    nb_tensor **grown = realloc(cand, (size_t)(cap + 1) * sizeof *grown);
-    if (grown)
-      cand = grown;
-    else
-      st = nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
-  }
-  if (!st) {
-    cand[n++] = val;
-    roots = malloc(sizeof *roots * (size_t)n);
-    if (!roots) st = nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
-  }
-  if (!st) st = assign_roots(dst, cand, n, roots, &n_roots);
-  if (!st && (dst->flags & NBI_T_REALIZED) && dst->n_shards == 1)
-    st = rewire_lazy(dst, val, roots, &n_roots);
-  if (!st) st = realize(roots, n_roots, dst->flags & NBI_T_REALIZED ? dst : NULL);
-  free(cand);
-  free(roots);
-  return st;
-}
-
 /* ---- description (nb_graph_dot) --------------------------------------------------------- */
 typedef struct describe {
   graph g;
@@ -1157,7 +1046,7 @@ nb_status nbi_plan_describe(nb_tensor *const *ts, int n, nbi_plan_desc *d) {
   d->held = calloc((size_t)m, sizeof(bool));
   if (!st && (!x->uses || !x->flags || !d->held)) st = NB_ERR_OOM;
   if (!st) count_flags(&x->g, ts, n, x->uses, x->flags);
-  if (!st && !plan_fill(&x->p, &x->g, x->flags, -1)) st = NB_ERR_OOM;
+  if (!st && !plan_fill(&x->p, &x->g, x->flags, NULL)) st = NB_ERR_OOM;
   if (st) {
     nbi_plan_describe_free(d);
     return nbi_error(st, "nb_graph_dot: out of memory planning the graph");

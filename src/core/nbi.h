@@ -631,6 +631,18 @@ void nbi_plan_describe_free(nbi_plan_desc *d);
  * own realization runs; nested realizations count in nb_stats like any other
  * but their time is not added to plan_ns/exec_ns twice. */
 nb_status nbi_realize(nb_tensor *const *ts, int n);
+/* nbi_realize where the realized tensors dying[0..n_dying-1] (nb_assign's
+ * dsts) may be written over (their values die in the plan); an error while
+ * a kernel runs (a nested realization may not rebind). */
+nb_status nbi_realize_dying(nb_tensor *const *ts, int n, nb_tensor *const *dying, int n_dying);
+/* nb_backward's realization (single-device ts): as nbi_realize, except that
+ * nodes with provenance (NBI_T_GRAD_PATH, not requires-grad leaves, not
+ * roots) that scopes hold are planned as temporaries, freed after their last
+ * use, and left lazy: the forward's intermediates die as the backward
+ * consumes them, and one read later recomputes it. Non-root nodes made since
+ * seq0 (the backward graph, held by nb_backward's own scope only) are
+ * temporaries too. */
+nb_status nbi_realize_backward(nb_tensor *const *ts, int n, uint64_t seq0);
 /* Realizations (and executable runs) in progress on this thread: > 0 while a
  * kernel runs, e.g. one running a body program (nbi_program_run). */
 int nbi_realize_depth(void);
@@ -649,7 +661,7 @@ nbi_exec *nbi_exec_build(nb_tensor *const *slots, int n_slots, nb_tensor *const 
 bool nbi_exec_fits(const nbi_exec *x, nb_tensor *const *in);
 nb_status nbi_exec_run(nbi_exec *x, nb_tensor *const *in, nb_tensor **out);
 void nbi_exec_free(nbi_exec *x);
-/* nb_assign's realization (src/core/graph.c): realizes val together with every
+/* nb_assign's realization (src/core/assign.c): realizes val together with every
  * pending tensor held by the thread's scopes that reads dst (transitively), so
  * none of them can see dst's next value; lazy readers read a leaf sharing
  * dst's current buffer instead (or run too, while nb_backward may still need
@@ -657,6 +669,10 @@ void nbi_exec_free(nbi_exec *x);
  * write over dst's buffer (if the realization then fails, dst keeps its
  * buffer but its values are unspecified). */
 nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val);
+/* The same for several: realizes val[0..n_val-1] with every held pending
+ * tensor that reads one of dst[0..n_dst-1], in one plan (distinct dsts; a
+ * dst that is also one of the vals keeps its value in the plan). */
+nb_status nbi_realize_assign_n(nb_tensor *const *dst, int n_dst, nb_tensor *const *val, int n_val);
 /* nb_assign's rebind of a single-device dst (src/core/assign.c): realizes
  * val with dst's pending readers (nbi_realize_assign), then dst becomes a
  * realized leaf sharing val's storage, keeping only its requires-grad flag
@@ -665,6 +681,11 @@ nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val);
  * sharding layer calls it per physical tensor). Error status on failure
  * (dst then keeps its buffer, as nbi_realize_assign says). */
 nb_status nbi_assign_rebind(nb_tensor *dst, nb_tensor *val);
+/* nb_assign_n's rebind: realizes val[0..n-1] and extra[0..n_extra-1] with the
+ * dsts' pending readers in one plan (nbi_realize_assign_n), then rebinds each
+ * dst[k] to val[k] as nbi_assign_rebind does. The dsts are distinct. */
+nb_status nbi_assign_rebind_n(nb_tensor *const *dst, nb_tensor *const *val, int n,
+                              nb_tensor *const *extra, int n_extra);
 void nbi_stats_jit(bool hit);
 /* One collective of kind NBI_COLL_* sending bytes (summed over devices). */
 enum {
