@@ -33,7 +33,7 @@ LIBS := -ldnnl -lopenblas -lm
 LDFLAGS_ALL := -fopenmp $(LDSAN) $(LDFLAGS)
 
 SRCS := $(sort $(wildcard src/core/*.c src/ops/*.c src/transforms/*.c src/sharding/*.c \
-                          src/backends/cpu/*.c src/backends/emu/*.c))
+                          src/train/*.c src/backends/cpu/*.c src/backends/emu/*.c))
 
 # make CUDA=1: the CUDA backend (src/backends/cuda/README.md) in the same library,
 # in its own build folder. Its libraries (driver API, NVRTC, cuBLASLt) are opened

@@ -10,5 +10,6 @@
 #include "custom.h"
 #include "sharding.h"
 #include "tree.h"
+#include "optim.h"
 
 #endif
