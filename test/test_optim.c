@@ -268,6 +268,13 @@ Test(optim, errors_name_the_function_and_the_value) {
   cr_assert_eq(nb_optim_step(sgd, p, g2, st), NB_ERR_ARG);
   tc_assert_error(NB_ERR_ARG, "nb_optim_step: the trees");
   cr_assert_eq(nb_item(nb_tree_get(st, "count")), 0, "a failed update leaves the state");
+  nb_tree *tied = nb_tree_copy(p);
+  nb_tree_set(tied, "p2", nb_tree_get(p, "p0")); /* shapes differ: two names, one tensor */
+  nb_tree *tg = nb_tree_zeros_like(tied), *tu = NULL, *ts = nb_optim_init(sgd, tied);
+  cr_assert(nb_optim_update(sgd, tg, ts, tied, &tu) == NB_OK, "%s", nb_last_error());
+  cr_assert_eq(nb_apply_updates(tied, tu), NB_ERR_ARG);
+  tc_assert_error(NB_ERR_ARG, "nb_apply_updates: \"p0\" and \"p2\" are the same tensor");
+  nb_tree_release(tu), nb_tree_release(ts), nb_tree_release(tg), nb_tree_release(tied);
   nb_optim *w = nb_adamw(0.1, 0.9, 0.99, 1e-8, 0.1);
   nb_tree *sw = nb_optim_init(w, p);
   cr_assert_eq(nb_optim_update(w, g, sw, NULL, &u), NB_ERR_NULL);

@@ -176,7 +176,9 @@ static double go_run(const char *name, nb_dtype dt, int mode) {
   cr_assert(o, "%s: %s", name, nb_last_error());
   nb_tree *state = nb_optim_init(o, p);
   cr_assert(state, "%s: %s", name, nb_last_error());
-  nb_fn *step = mode == GO_JIT ? nb_jit(nb_fn_create_trees(go_step_body, o, 3, 2)) : NULL;
+  nb_fn *body = mode == GO_JIT ? nb_fn_create_trees(go_step_body, o, 3, 2) : NULL;
+  nb_fn *step = body ? nb_jit(body) : NULL;
+  nb_fn_release(body); /* the jitted function holds it */
   double worst = 0;
   for (int t = 1, c = 0; t <= GO_STEPS; t++) {
     nb_scope_begin();

@@ -21,6 +21,7 @@
 #include "train.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -661,8 +662,35 @@ nb_status nb_optim_update(nb_optim *o, const nb_tree *grads, nb_tree *state, con
 
 /* ---- applying updates ---------------------------------------------------------------------------
  */
+static int cmp_entry(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t)(*(nb_tensor *const *)a), y = (uintptr_t)(*(nb_tensor *const *)b);
+  return x < y ? -1 : x > y;
+}
+
+/* NB_ERR_ARG when one tensor is bound to two names of t (tied weights:
+ * nb_assign_n would rebind it twice). */
+static nb_status check_distinct(const char *fn, const nb_tree *t) {
+  nb_tensor **v = malloc(sizeof *v * (size_t)(t->n + 1));
+  if (!v) return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  memcpy(v, t->ts, sizeof *v * (size_t)t->n);
+  qsort(v, (size_t)t->n, sizeof *v, cmp_entry);
+  const nb_tensor *dup = NULL;
+  for (int i = 1; i < t->n && !dup; i++)
+    if (v[i] == v[i - 1]) dup = v[i];
+  free(v);
+  if (!dup) return NB_OK;
+  int a = -1, b = -1;
+  for (int i = 0; i < t->n && b < 0; i++)
+    if (t->ts[i] == dup) *(a < 0 ? &a : &b) = i;
+  return nbi_error(NB_ERR_ARG,
+                   "%s: \"%s\" and \"%s\" are the same tensor (keep tied parameters "
+                   "under one name)",
+                   fn, t->names[a], t->names[b]);
+}
+
 static nb_status apply(const char *fn, nb_tree *params, const nb_tree *updates) {
   nb_status st = nbi_tree_same_names(fn, params, updates);
+  if (!st) st = check_distinct(fn, params);
   if (st) return st;
   int n = params->n;
   nb_tensor **dst = calloc(3 * (size_t)n + (size_t)updates->n_extra + 1, sizeof *dst);

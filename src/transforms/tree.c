@@ -105,7 +105,25 @@ static bool part_valid(const nb_tree *t, const nbi_tree_pack *p, int k) {
          x->shard0.offset == f->shard0.offset + p->off[k] * f->shard0.strides[0];
 }
 
+/* Frees the packs no longer valid: a stale pack would keep its flat
+ * tensor's buffer (a whole group's memory) alive for nothing. A pack is a
+ * hint, so dropping one leaves the tree's value as it was. */
+static void packs_prune(nb_tree *t) {
+  int m = 0;
+  for (int p = 0; p < t->n_packs; p++) {
+    bool ok = true;
+    for (int k = 0; k < t->packs[p].n && ok; k++)
+      ok = part_valid(t, &t->packs[p], k);
+    if (ok)
+      t->packs[m++] = t->packs[p];
+    else
+      pack_free(&t->packs[p]);
+  }
+  t->n_packs = m;
+}
+
 const nbi_tree_pack *nbi_tree_pack_find(const nb_tree *t, const int *idx, int n) {
+  packs_prune((nb_tree *)t);
   for (int p = 0; p < t->n_packs; p++) {
     const nbi_tree_pack *q = &t->packs[p];
     bool ok = q->n == n;

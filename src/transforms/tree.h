@@ -65,7 +65,8 @@ nb_status nbi_tree_unflat(const char *fn, nb_tree *t, const int *idx, int n, con
  * assignment rebound them into flat's buffer). */
 nb_status nbi_tree_pack_add(const char *fn, nb_tree *t, const int *idx, int n, nb_tensor *flat);
 /* The pack of t holding exactly entries idx[0..n-1] in that order, valid
- * now, or NULL. */
+ * now, or NULL. Frees t's packs that are no longer valid (a hint only: t's
+ * value does not change, so t may be const to the caller). */
 const nbi_tree_pack *nbi_tree_pack_find(const nb_tree *t, const int *idx, int n);
 /* Adds x to t's companions (retained). */
 nb_status nbi_tree_extra_add(const char *fn, nb_tree *t, nb_tensor *x);
