@@ -2,6 +2,7 @@
 #   make test        install missing Debian deps, check the layering (scripts/check_layers.sh),
 #                    build, run the Criterion suite
 #   make test SAN=1  the same under AddressSanitizer + UBSan (build-san/)
+#   make test TSAN=1 the thread tests under ThreadSanitizer (build-tsan/)
 #   make demo        build and run the examples
 #   make bench       benchmarks (bench/README.md)
 #   make install PREFIX=/usr/local
@@ -18,6 +19,15 @@ ifeq ($(SAN),1)
 BUILD ?= build-san
 OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 LDSAN := -fsanitize=address,undefined
+else ifeq ($(TSAN),1)
+# ThreadSanitizer checks the threads of the application (test/test_threads.c):
+# its tests run with OMP_NUM_THREADS=1, so kernels run on the calling thread
+# (libgomp is not instrumented: its barriers would read as races), and the
+# multiversioned kernels keep their default clone (TSan cannot run ifunc
+# resolvers before it starts).
+BUILD ?= build-tsan
+OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=thread -DNBI_NO_CLONES
+LDSAN := -fsanitize=thread
 else
 BUILD ?= build
 OPT := -O3 -g
@@ -33,7 +43,17 @@ LIBS := -ldnnl -lopenblas -lm
 LDFLAGS_ALL := -fopenmp $(LDSAN) $(LDFLAGS)
 
 SRCS := $(sort $(wildcard src/core/*.c src/ops/*.c src/transforms/*.c src/sharding/*.c \
-                          src/train/*.c src/backends/cpu/*.c src/backends/emu/*.c))
+                          src/train/*.c src/backends/cpu/*.c src/backends/emu/*.c \
+                          src/backends/mpi/*.c))
+
+# make MPI=1: the processes of an mpirun job (src/backends/mpi/README.md) through
+# Debian's Open MPI (scripts/deps.sh mpi installs it); without it the job is one
+# process.
+ifeq ($(MPI),1)
+override BUILD := $(BUILD)-mpi
+CFLAGS_ALL += -DNABLA_MPI=1 $(shell pkg-config --cflags ompi-c 2>/dev/null)
+LIBS += $(shell pkg-config --libs ompi-c 2>/dev/null)
+endif
 
 # make CUDA=1: the CUDA backend (src/backends/cuda/README.md) in the same library,
 # in its own build folder. Its libraries (driver API, NVRTC, cuBLASLt) are opened
@@ -58,7 +78,7 @@ TEST_BIN := $(BUILD)/test/nabla_tests
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(sort $(wildcard examples/*.c)))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(sort $(wildcard bench/*.c)))
 
-.PHONY: all deps check-layers test test-cuda-host demo bench bench-smoke install install-check uninstall clean format check-cxx
+.PHONY: all deps check-layers test test-mpi test-cuda-host demo bench bench-loaded bench-smoke install install-check uninstall clean format check-cxx
 
 all: $(LIB_A) $(LIB_SO) $(PC)
 
@@ -86,22 +106,74 @@ $(PC): nabla.pc.in
 	@mkdir -p $(BUILD)
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' $< > $@
 
-$(TEST_BIN): $(TEST_SRCS) $(wildcard test/*.h) $(LIB_A)
+# One object per test file (a change rebuilds only its file); a header change
+# rebuilds them all.
+TEST_OBJS := $(TEST_SRCS:%.c=$(BUILD)/obj/%.o)
+$(BUILD)/obj/test/%.o: test/%.c $(wildcard test/*.h) $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -Itest $(TEST_SRCS) -o $@ $(LIB_A) $(LDFLAGS_ALL) -lcriterion $(LIBS)
+	$(CC) $(CFLAGS_ALL) -Itest -c $< -o $@
+
+$(TEST_BIN): $(TEST_OBJS) $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $(TEST_OBJS) -o $@ $(LIB_A) $(LDFLAGS_ALL) -lcriterion $(LIBS)
 
 # The suite runs twice: on the CPU, then with the emulated device NB_EMU(0) as every
 # thread's default (docs/devices.md), so any host access that bypasses the device seam
-# crashes a test. The second pass leaves out the suites that assert CPU planning details
-# (fusion and kernel counts, lazy nodes, parallel steps, the CPU's own kernels); it is
-# skipped when TEST_ARGS selects tests.
-EMU_SKIP := lazy|fusion|gemm_epi|gemm_small|par_exec|dot|rows_large|graph|jit_exec|simplify|cuda*
+# crashes a test. The emulated device plans and fuses as the CPU does (same groups, same
+# kernel counts), so the second pass leaves out only the CUDA suites; it is skipped when
+# TEST_ARGS selects tests.
+# The CPU kernels' instruction-set paths (src/backends/cpu/vmath.h): the suite's
+# first pass runs the best one the CPU has; the numeric suites run again on each
+# lower one (portable; avx2 too where the CPU has AVX-512).
+ISA_PASSES := portable $(shell grep -q -m1 -w avx512f /proc/cpuinfo 2>/dev/null && echo avx2)
+ISA_SUITES := vmath|elementwise|ew_blocks|reduce|rows_large|fusion|nn|gemm_small|gemm_epi|golden|grad_nn
+EMU_SKIP := cuda*
+# make test TSAN=1: the thread tests (test/test_threads.c) as a standalone
+# binary (Criterion cannot run under ThreadSanitizer; test/mini_criterion.h).
+THREAD_TEST := $(BUILD)/test/thread_tests
+$(THREAD_TEST): test/test_threads.c test/common.h test/mini_criterion.h $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DTC_STANDALONE -Itest $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS)
+
+# make MPI=1 test-mpi: the job and its collectives under mpirun, 2 and 4
+# processes (test/mpi/test_mpi.c), and a rank that never arrives: the others
+# must end the job with NB_ERR_DISTRIBUTED within the deadline.
+MPI_TEST := $(BUILD)/test/test_mpi
+MPIRUN := mpirun --allow-run-as-root --oversubscribe
+$(MPI_TEST): test/mpi/test_mpi.c test/common.h test/mini_criterion.h $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Itest $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS)
+
+test-mpi:
+	@if [ "$(MPI)" != 1 ]; then echo "test-mpi: needs make MPI=1 test-mpi"; exit 1; fi
+	@scripts/deps.sh mpi
+	@$(MAKE) --no-print-directory MPI=1 $(MPI_TEST)
+	$(MPIRUN) -np 1 $(MPI_TEST)
+	$(MPIRUN) -np 2 $(MPI_TEST)
+	$(MPIRUN) -np 4 $(MPI_TEST)
+	@echo "==== a rank that never arrives (deadline 3 s)"; start=$$(date +%s); \
+	  if NABLA_COLLECTIVE_TIMEOUT_S=3 $(MPIRUN) -x NABLA_COLLECTIVE_TIMEOUT_S -np 2 \
+	     $(MPI_TEST) deadline > $(BUILD)/test/deadline.log 2>&1; then \
+	    echo "the job did not fail"; cat $(BUILD)/test/deadline.log; exit 1; fi; \
+	  took=$$(( $$(date +%s) - start )); cat $(BUILD)/test/deadline.log | grep nabla; \
+	  grep -q "no word from rank(s) 1" $(BUILD)/test/deadline.log || { echo "no report"; exit 1; }; \
+	  [ $$took -lt 30 ] || { echo "took $$took s"; exit 1; }; echo "ended in $$took s"
+
+ifeq ($(TSAN),1)
+test: deps
+	@$(MAKE) --no-print-directory $(THREAD_TEST)
+	OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1:exitcode=66 $(THREAD_TEST)
+else
 test: deps
 	@sh scripts/check_layers.sh
 	@$(MAKE) --no-print-directory $(TEST_BIN)
 	$(TEST_BIN) --jobs 2 $(TEST_ARGS)
 	@if [ -z "$(TEST_ARGS)" ]; then echo "==== the suite on emu:0"; \
 	  NABLA_TEST_DEVICE=emu:0 $(TEST_BIN) --jobs 2 --filter '!($(EMU_SKIP))/*'; fi
+	@if [ -z "$(TEST_ARGS)" ]; then for isa in $(ISA_PASSES); do \
+	  echo "==== the numeric suites with NABLA_ISA=$$isa"; \
+	  NABLA_ISA=$$isa $(TEST_BIN) --jobs 2 --filter '@($(ISA_SUITES))/*' || exit 1; done; fi
+endif
 
 # make CUDA=1 test-cuda-host: the CUDA backend's host-side tests alone (no GPU, and
 # only the parts of the library they use: NVRTC, kernel caches, allocator, loader).
@@ -167,6 +239,12 @@ bench: deps
 	  done; \
 	  $(PEERS_PY) bench/report.py $$out; \
 	else echo "bench: no bench/peers/.venv (run bench/peers/setup.sh): PyTorch and JAX skipped"; fi
+
+# The MLP-784 step quiet and beside `nproc` CPU-bound processes, with PyTorch's
+# (bench/loaded.sh).
+bench-loaded: deps
+	@$(MAKE) --no-print-directory $(BUILD)/bench/bench_train
+	@$(OPENBLAS_ENV) sh bench/loaded.sh $(BUILD)
 
 bench-smoke: deps
 	@$(MAKE) --no-print-directory $(BENCHES)

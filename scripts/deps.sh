@@ -3,6 +3,8 @@
 # the ones missing (needs root or sudo); does nothing when all are present.
 set -e
 PKGS="build-essential g++ clang libomp-dev pkg-config libdnnl-dev libopenblas-dev libcriterion-dev"
+# scripts/deps.sh mpi: Open MPI too (make MPI=1)
+[ "${1:-}" = mpi ] && PKGS="$PKGS libopenmpi-dev openmpi-bin"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -4,7 +4,11 @@
 #ifndef NABLA_TEST_COMMON_H
 #define NABLA_TEST_COMMON_H
 
+#ifdef TC_STANDALONE
+#include "mini_criterion.h"
+#else
 #include <criterion/criterion.h>
+#endif
 #include <math.h>
 #include <nabla/nabla.h>
 #include <stdlib.h>

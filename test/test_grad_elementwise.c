@@ -507,7 +507,7 @@ Test(grad_elementwise, comparisons_and_logical_ops_have_zero_tangents_and_cotang
 /* ---- the records ---------------------------------------------------------------------- */
 Test(grad_elementwise, every_op_has_both_rules_or_is_nondiff) {
   static const int ids[] = {
-#define NB_OP(id, name, arity) NBI_OP_##id,
+#define NB_OP(id, name, arity, traits) NBI_OP_##id,
 #include "../src/ops/elementwise.def"
 #undef NB_OP
   };

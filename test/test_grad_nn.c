@@ -733,19 +733,38 @@ Test(grad_nn, embedding_grads) {
   tc_check_grad("embedding", layer_body, &l, 1, &table, TC_SECOND);
 }
 
+static nb_status dropout_key_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
+                                  int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_dropout_key(in[0], in[1], 0.5);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
 Test(grad_nn, dropout_grads) {
   uint64_t seed = 18;
   /* evaluation: the identity */
   layer_fn l = {.which = L_DROPOUT, .p = 0.5};
   nb_tensor *x = tc_rand_f64(NB_SHAPE(3, 4), 0.5, 1.5, &seed);
   tc_check_grad("dropout (eval)", layer_body, &l, 1, &x, TC_SECOND);
-  /* training: the gradient is the mask of the same call, scaled by 1/(1-p) */
+  /* training under a transform: the seeded mask would be a constant of the
+   * trace, an error pointing to keys */
   l.training = true;
   nb_shape s = NB_SHAPE(4, 16);
   nb_tensor *xt = tc_rand_f64(s, 0.5, 1.5, &seed), *u = tc_rand_f64(s, -1, 1, &seed);
-  nb_fn *f = nb_fn_create(layer_body, &l, 1, 1), *v = nb_vjp_fn(f);
+  nb_fn *f0 = nb_fn_create(layer_body, &l, 1, 1), *v0 = nb_vjp_fn(f0);
   nb_tensor *out[2];
-  cr_assert_eq(nb_call(v, (nb_tensor *[]){xt, u}, out), NB_OK, "%s", nb_last_error());
+  cr_assert_eq(nb_call(v0, (nb_tensor *[]){xt, u}, out), NB_ERR_STATE);
+  cr_assert(strstr(nb_last_error(), "nb_dropout") && strstr(nb_last_error(), "key"), "%s",
+            nb_last_error());
+  nb_clear_error();
+  nb_fn_release(v0);
+  nb_fn_release(f0);
+  /* with a key (an integer input: no gradient): the gradient is the mask of
+   * the same call, scaled by 1/(1-p) */
+  nb_fn *f = nb_fn_create(dropout_key_body, NULL, 2, 1), *v = nb_vjp_fn(f);
+  nb_tensor *vout[3];
+  cr_assert_eq(nb_call(v, (nb_tensor *[]){xt, nb_key(7), u}, vout), NB_OK, "%s", nb_last_error());
+  out[0] = vout[0], out[1] = vout[1];
   double *y = tc_read(out[0]), *g = tc_read(out[1]), *uh = tc_read(u), *xh = tc_read(xt);
   int kept = 0;
   for (int64_t i = 0; i < tc_numel(s); i++) {

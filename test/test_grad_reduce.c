@@ -344,7 +344,7 @@ Test(grad_reduce, vjp_of_integer_sum_is_zero) {
  * has none); argmax, argmin, any, all are the NONDIFF ones. */
 Test(grad_reduce, op_table_has_rules_for_every_reduce_op) {
   static const int ops[] = {
-#define NB_OP(id, name, arity) NBI_OP_##id,
+#define NB_OP(id, name, arity, traits) NBI_OP_##id,
 #include "../src/ops/reduce.def"
 #undef NB_OP
   };

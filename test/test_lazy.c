@@ -1,4 +1,4 @@
-/* test/test_lazy.c — the planner's memory policy (src/core/graph.c): held
+/* test/test_lazy.c — the planner's memory policy (src/core/plan.c): held
  * members of a fused group that no root needs stay lazy and are recomputed on
  * demand; nb_assign realizes only what reads the tensor it rebinds; steps
  * write in place over inputs that die there. References are plain loops. */

@@ -177,6 +177,8 @@ MX_BODY(b_take, nb_take(in[0], in[1], 1))
 MX_BODY(b_take_along_axis, nb_take_along_axis(in[0], in[1], 1))
 MX_BODY(b_scatter_add, nb_scatter_add(in[0], in[1], in[2], 0))
 MX_BODY(b_one_hot, nb_one_hot(in[0], 4, NB_F64))
+MX_BODY(b_random_uniform, nb_random_uniform(in[0], NB_SHAPE(3, 2), NB_F64))
+MX_BODY(b_random_normal, nb_random_normal(in[0], NB_SHAPE(2, 3), NB_F64))
 MX_BODY(b_embedding, nb_embedding(in[0], in[1]))
 MX_BODY(b_layer_norm, nb_layer_norm(in[0], in[1], in[2], 1e-5))
 MX_BODY(b_layer_norm_plain, nb_layer_norm(in[0], NULL, NULL, 1e-5))
@@ -628,6 +630,8 @@ MX_BODY(b_shard_like, nbi_shard_like(nb_mul(in[0], in[1]), in[1]))
   X(take_along_axis, b_take_along_axis, SM, IN(2, R(-1, 1, 3, 4), IX(0, 3, 3, 2)))                 \
   X(scatter_add, b_scatter_add, SM, IN(3, R(-1, 1, 4, 3), IX(0, 3, 3), R(-1, 1, 3, 3)))            \
   X(one_hot, b_one_hot, ND, IN(1, IX(-1, 4, 2, 3)))                                                \
+  X(random_uniform, b_random_uniform, ND, IN(1, IX(0, 1000, 2)))                                   \
+  X(random_normal, b_random_normal, ND, IN(1, IX(0, 1000, 2)))                                     \
   X(embedding, b_embedding, SM, IN(2, R(-1, 1, 5, 3), IX(0, 4, 2, 2)))                             \
   /* neural-net helpers */                                                                         \
   X(layer_norm, b_layer_norm, SM, IN(3, R(-1, 1, 2, 4), R(-1, 1, 4), R(-1, 1, 4)))                 \

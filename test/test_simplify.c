@@ -378,3 +378,74 @@ Test(simplify, jit_drops_exact_unit_operations_only) {
     for (int k = 0; k < 4; k++)
       free(got[s][k]);
 }
+
+/* The op traits of ops.def rows (NBI_TR_*) that passes rely on hold: ops the
+ * simplifier may swap the operands of commute bit for bit (with NaNs and
+ * signed zeros), linear ones are linear, families match their .def files,
+ * fusion's axis and view traits sit on ops of the right shape. */
+Test(simplify, op_traits_hold) {
+  static const double xa[] = {1.5, -0.0, NAN, 3.0, -2.25, 0.0, 1e30, -7.0};
+  static const double xb[] = {-2.0, 0.0, 1.0, NAN, -2.25, -0.0, 1e-30, 7.0};
+  nb_tensor *a = tc_tensor(xa, NB_SHAPE(8), NB_F32), *b = tc_tensor(xb, NB_SHAPE(8), NB_F32);
+  nb_tensor *pa = nb_gt(a, nb_zeros(NB_SHAPE(8), NB_F32)),
+            *pb = nb_lt(b, nb_zeros(NB_SHAPE(8), NB_F32));
+  struct {
+    int op;
+    nb_tensor *(*f)(nb_tensor *, nb_tensor *);
+    bool boolean;
+  } comm[] = {{NBI_OP_ADD, nb_add, false},
+              {NBI_OP_MUL, nb_mul, false},
+              {NBI_OP_EQ, nb_eq, false},
+              {NBI_OP_NE, nb_ne, false},
+              {NBI_OP_LOGICAL_AND, nb_logical_and, true},
+              {NBI_OP_LOGICAL_OR, nb_logical_or, true}};
+  int n_comm = 0;
+  for (int op = 0; op < NBI_OP_COUNT; op++)
+    n_comm += (nbi_op_traits[op] & NBI_TR_COMMUTATIVE) != 0;
+  cr_assert_eq(n_comm, (int)(sizeof comm / sizeof comm[0]),
+               "a commutative op without a check here");
+  for (size_t i = 0; i < sizeof comm / sizeof comm[0]; i++) {
+    cr_assert(nbi_op_traits[comm[i].op] & NBI_TR_COMMUTATIVE);
+    nb_tensor *x = comm[i].boolean ? pa : a, *y = comm[i].boolean ? pb : b;
+    nb_tensor *ab = nb_cast(comm[i].f(x, y), NB_F32), *ba = nb_cast(comm[i].f(y, x), NB_F32);
+    float r1[8], r2[8];
+    cr_assert_eq(nb_to_host(ab, r1, sizeof r1), NB_OK, "%s", nb_last_error());
+    cr_assert_eq(nb_to_host(ba, r2, sizeof r2), NB_OK, "%s", nb_last_error());
+    cr_assert(memcmp(r1, r2, sizeof r1) == 0, "%s does not commute bit for bit",
+              nbi_op_table[comm[i].op]->name);
+  }
+  /* maximum/minimum return the first of two NaNs or zeros: not commutative */
+  cr_assert(!(nbi_op_traits[NBI_OP_MAXIMUM] & NBI_TR_COMMUTATIVE));
+  for (int op = 0; op < NBI_OP_COUNT; op++) {
+    uint32_t t = nbi_op_traits[op];
+    int lin = !!(t & NBI_TR_LIN_UNARY) + !!(t & NBI_TR_LIN_SUM) + !!(t & NBI_TR_LIN_MULTI) +
+              !!(t & NBI_TR_LIN_FIRST);
+    cr_assert_leq(lin, 1, "%s has several linearity traits", nbi_op_table[op]->name);
+    cr_assert(!((t & NBI_TR_EW) && (t & NBI_TR_REDUCE)), "%s", nbi_op_table[op]->name);
+    cr_assert(!(t & NBI_TR_LEAF) || nbi_op_table[op]->arity == 0, "%s", nbi_op_table[op]->name);
+    cr_assert(!(t & NBI_TR_ALIAS) || nbi_op_table[op]->arity == 1, "%s", nbi_op_table[op]->name);
+    /* fusion classes: an axis op is a reduce-family op; a view one operand, no alias */
+    cr_assert(!(t & NBI_TR_AXIS) || (t & NBI_TR_REDUCE), "%s", nbi_op_table[op]->name);
+    cr_assert(!(t & NBI_TR_VIEW) || (nbi_op_table[op]->arity == 1 && !(t & NBI_TR_ALIAS)), "%s",
+              nbi_op_table[op]->name);
+  }
+  /* the elementwise family is exactly elementwise.def, the reductions reduce.def */
+  int ew[] =
+      {
+#define NB_OP(id, name, arity, traits) NBI_OP_##id,
+#include "../src/ops/elementwise.def"
+      },
+      red[] = {
+#include "../src/ops/reduce.def"
+#undef NB_OP
+      };
+  int n_ew = 0, n_red = 0;
+  for (int op = 0; op < NBI_OP_COUNT; op++)
+    n_ew += (nbi_op_traits[op] & NBI_TR_EW) != 0, n_red += (nbi_op_traits[op] & NBI_TR_REDUCE) != 0;
+  cr_assert_eq(n_ew, (int)(sizeof ew / sizeof ew[0]));
+  cr_assert_eq(n_red, (int)(sizeof red / sizeof red[0]));
+  for (size_t i = 0; i < sizeof ew / sizeof ew[0]; i++)
+    cr_assert(nbi_op_traits[ew[i]] & NBI_TR_EW);
+  for (size_t i = 0; i < sizeof red / sizeof red[0]; i++)
+    cr_assert(nbi_op_traits[red[i]] & NBI_TR_REDUCE);
+}

@@ -691,7 +691,7 @@ Test(vmap_ew, grad_of_vmap) {
 /* Every op of the two families has a batching rule. */
 Test(vmap_ew, op_table_has_every_rule) {
   const int ops[] = {
-#define NB_OP(id, name, arity) NBI_OP_##id,
+#define NB_OP(id, name, arity, traits) NBI_OP_##id,
 #include "../src/ops/elementwise.def"
 #include "../src/ops/reduce.def"
 #undef NB_OP

@@ -135,7 +135,10 @@ def main():
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
     setup = setup_string()
+    only = sys.argv[sys.argv.index("--case") + 1] if "--case" in sys.argv else None
     for name, build in CASES:
+        if only and name != only:
+            continue
         warmup, steps = STEPS[name]
         if smoke:
             warmup, steps = 1, 3

@@ -9,6 +9,8 @@
 #include "transforms.h"
 #include "custom.h"
 #include "sharding.h"
+#include "distributed.h"
+#include "random.h"
 #include "tree.h"
 #include "optim.h"
 

@@ -1,7 +1,12 @@
 /* nabla/tensor.h — tensors, dtypes, shapes, errors, scopes, realization, stats.
  *
- * Threading: a tensor belongs to the thread that made it. Errors and scopes are
- * thread-local. The library parallelizes each kernel internally (OpenMP).
+ * Threading: a tensor belongs to the thread that made it. Errors, scopes, the
+ * pending graph, the plan cache and the random generator are thread-local, so
+ * threads working on their own tensors never interfere. Another thread's
+ * realized tensor may be read (as a constant); a pending one is an NB_ERR_ARG
+ * error until its thread realizes it. An nb_fn (jitted or not) may be called
+ * from several threads at once. A thread's exit releases what its scopes (root
+ * included) still hold. Each kernel runs on nb_get_num_threads() OpenMP threads.
  */
 #ifndef NABLA_TENSOR_H
 #define NABLA_TENSOR_H
@@ -34,6 +39,7 @@ extern "C" {
   X(ERR_SCOPE, "scope misuse")                                                                     \
   X(ERR_STATE, "invalid state")                                                                    \
   X(ERR_SHARDING, "invalid sharding")                                                              \
+  X(ERR_DISTRIBUTED, "distributed job failure")                                                    \
   X(ERR_INTERNAL, "internal error")
 
 typedef enum nb_status {
@@ -140,6 +146,14 @@ const char *nb_device_str(nb_device d);
  * about 1e-3 relative). Process-wide. */
 typedef enum nb_precision { NB_PRECISION_HIGHEST = 0, NB_PRECISION_HIGH = 1 } nb_precision;
 void nb_set_matmul_precision(nb_precision p);
+
+/* Threads each CPU kernel uses (one process-wide count, like PyTorch's
+ * set_num_threads): n >= 1, or 0 for the default (OMP_NUM_THREADS, else the
+ * cores). Every thread's next realization applies it. On a machine shared with
+ * other busy processes, fewer threads than cores avoids waiting on a
+ * descheduled worker. NB_ERR_ARG for n < 0. */
+nb_status nb_set_num_threads(int n);
+int nb_get_num_threads(void);
 nb_precision nb_get_matmul_precision(void);
 
 /* ---- tensors and scopes ------------------------------------------------------ */

@@ -28,7 +28,9 @@
  * reductions and axis ops, GEMM epilogues) and describes each group with one
  * nbi_group. The description depends only on the graph's structure (ops, dtypes,
  * shapes, attrs, edges), never on data or addresses, so it is cached with the plan
- * and its key can key generated code.
+ * (built once when the plan is made; a run only builds the views) and its key can
+ * key generated code. Every device runs its groups from the description alone
+ * (the CPU too: src/backends/cpu/k_fused.c).
  *
  * Members are the group's steps in topological order. A member reads other
  * members (src >= 0) or outside operands (src < 0: operand -1 - src). Roles:
@@ -106,19 +108,7 @@ typedef struct nbi_group {
   nbi_group_member m[NBI_FUSE_MAX];
   nbi_group_operand operand[NBI_FUSE_MAX];
   uint64_t key[2]; /* structural hash of everything above */
-  /* Transitional (the CPU executors still walk nodes): the group's graph
-   * nodes, valid only while it runs; NULL when described without a graph. */
-  nb_tensor *const *nodes;
 } nbi_group;
-
-/* The description of group nodes[0..m-1] as nbi_fuse_plan formed it (store[k]:
- * member k needs a buffer); ext[k] receives operand k's tensor. false when the
- * group has none (GEMM epilogues: CPU only; a row group's reshape of an outside
- * value). src/core/fuse.c. */
-bool nbi_fuse_describe(nb_tensor *const *nodes, int m, const bool *store, nbi_group *g,
-                       const nb_tensor **ext);
-/* Operand k's view (of F's dims, as above) for its tensor x. */
-nbi_view nbi_fuse_operand_view(const nbi_group *g, int k, const nb_tensor *x);
 
 /* ---- the backend vtable --------------------------------------------------------------- */
 typedef struct nbi_backend {
@@ -170,7 +160,12 @@ typedef struct nbi_backend {
 
   /* Fused groups: whether the device can run group g (operand counts, row
    * lengths, dtypes: the device's limits are its answers), and running it:
-   * in[k] is operand k's view (see above), out[j] output slot j's buffer. */
+   * in[k] is operand k's view (see above), out[j] output slot j's buffer.
+   * group_ok is asked while the planner grows a group (each step that would
+   * join: the group so far, stored as if it ended there), for a GEMM epilogue
+   * it matched, and for each final group; a refused step does not join, a
+   * refused epilogue runs as ordinary steps, a refused final group runs step
+   * by step. */
   bool (*group_ok)(void *ctx, const nbi_group *g);
   nb_status (*run_group)(void *ctx, const nbi_group *g, nbi_view *out, const nbi_view *in);
 } nbi_backend;

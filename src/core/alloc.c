@@ -19,8 +19,8 @@
  *
  * Thread safety: one mutex guards the free lists, the counters and the live
  * byte accounting (nbi_stats_alloc/free), so buffers may be allocated and
- * released from any thread. A buffer's refcount is not atomic: one buffer is
- * retained and released by one thread at a time, as tensors are.
+ * released from any thread. Refcounts are atomic (NBI_REF_INC/DEC): the
+ * captures of a jitted function are shared by the threads that call it.
  *
  * Under AddressSanitizer a cached block is poisoned, and the unused tail of a
  * block beyond the requested bytes too, so use-after-release and overruns are
@@ -200,11 +200,11 @@ nbi_buffer *nbi_buffer_alloc(int dev, size_t nbytes) {
 }
 
 void nbi_buffer_retain(nbi_buffer *b) {
-  if (b) b->refcount++;
+  if (b) NBI_REF_INC(b);
 }
 
 void nbi_buffer_release(nbi_buffer *b) {
-  if (!b || --b->refcount > 0) return;
+  if (!b || NBI_REF_DEC(b) > 0) return;
   block *k = (block *)b;
   size_t bytes;
   int c = nbi_device_at(b->device)->be->own_cache ? -1 : size_class(b->nbytes, &bytes);

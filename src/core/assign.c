@@ -1,11 +1,12 @@
 /* src/core/assign.c — the single-device rebind behind nb_assign and
- * nb_assign_n, and what it realizes first (nbi_realize_assign_n).
+ * nb_assign_n, and what it realizes first (nbi_realize_assign_n), in a
+ * realization where the dsts' old values die (plan.c, "In place").
  *
  * nb_assign (src/transforms/backward.c) checks its arguments, casts and sends
  * a sharded dst to the sharding layer, which rebinds each physical tensor
  * through this function; so both reach down into core and the sharding layer
  * never calls the public, transforms-level nb_assign. */
-#include "nbi.h"
+#include "plan.h"
 
 #include <assert.h>
 #include <stdint.h>
@@ -15,38 +16,7 @@
 /* ---- nb_assign's realization ------------------------------------------------------------
  * Which pending tensors must be realized before dsts are rebound, found by
  * DFS over the pending graph with the tensors' mark field (-1 when idle), as
- * the realization's own passes use it (graph.c); it is reset before
- * realizing. */
-static bool push(nb_tensor ***arr, int *n, int *cap, nb_tensor *t) {
-  if (*n == *cap) {
-    int nc = *cap ? 2 * *cap : 64;
-    nb_tensor **na = realloc(*arr, (size_t)nc * sizeof *na);
-    if (!na) return false;
-    *arr = na;
-    *cap = nc;
-  }
-  (*arr)[(*n)++] = t;
-  return true;
-}
-
-/* Pushes t on the DFS stack (with its next-input cursor at 0) and marks it
- * as on the stack; false when the stack cannot grow. */
-static bool dfs_push(nb_tensor ***stack, int **next, int *n, int *cap, nb_tensor *t) {
-  if (*n == *cap) {
-    int nc = *cap ? 2 * *cap : 64;
-    nb_tensor **ns = realloc(*stack, (size_t)nc * sizeof *ns);
-    if (ns) *stack = ns;
-    int *nn = realloc(*next, (size_t)nc * sizeof *nn);
-    if (nn) *next = nn;
-    if (!ns || !nn) return false;
-    *cap = nc;
-  }
-  (*stack)[*n] = t;
-  (*next)[(*n)++] = 0;
-  t->mark = -2;
-  return true;
-}
-
+ * the planner's own passes use it (plan.c); it is reset before realizing. */
 /* nb_assign's destinations as a sorted set (bsearch by address). */
 typedef struct dst_set {
   nb_tensor *const *v; /* sorted */
@@ -78,7 +48,7 @@ static nb_status assign_roots(const dst_set *dst, nb_tensor *const *cand, int n,
   nb_status st = NB_OK;
   for (int c = 0; c < n && !st; c++) {
     if (cand[c]->mark != -1 || (cand[c]->flags & NBI_T_REALIZED)) continue;
-    if (!dfs_push(&stack, &next, &sp, &cap, cand[c])) st = NB_ERR_OOM;
+    if (!nbi_dfs_push(&stack, &next, &sp, &cap, cand[c])) st = NB_ERR_OOM;
     bool *grown = st ? NULL : realloc(reads, sizeof(bool) * (size_t)cap);
     if (!grown)
       st = NB_ERR_OOM;
@@ -92,7 +62,7 @@ static nb_status assign_roots(const dst_set *dst, nb_tensor *const *cand, int n,
           if (x->mark == -5 || dst_find(dst, x) >= 0) reads[sp - 1] = true;
           continue;
         }
-        if (!dfs_push(&stack, &next, &sp, &cap, x) ||
+        if (!nbi_dfs_push(&stack, &next, &sp, &cap, x) ||
             !(grown = realloc(reads, sizeof(bool) * (size_t)cap))) {
           st = NB_ERR_OOM;
           break;
@@ -102,7 +72,7 @@ static nb_status assign_roots(const dst_set *dst, nb_tensor *const *cand, int n,
         continue;
       }
       bool r = reads[sp - 1] || dst_find(dst, t) >= 0;
-      if (!push(&seen, &n_seen, &cap_seen, t)) {
+      if (!nbi_push_tensor(&seen, &n_seen, &cap_seen, t)) {
         st = NB_ERR_OOM;
         break;
       }
@@ -146,7 +116,8 @@ static nb_status rewire_lazy(const dst_set *dst, const dst_set *vals, nb_tensor 
     nb_tensor *l = roots[r];
     if (!(l->flags & NBI_T_LAZY) || l->mark != -1 || dst_find(vals, l) >= 0) continue;
     any = true;
-    oom = !push(&seen, &n_seen, &cap_seen, l) || !dfs_push(&stack, &next, &sp, &cap, l);
+    oom = !nbi_push_tensor(&seen, &n_seen, &cap_seen, l) ||
+          !nbi_dfs_push(&stack, &next, &sp, &cap, l);
     while (sp && !oom) {
       nb_tensor *t = stack[sp - 1];
       if (next[sp - 1] == t->n_in) {
@@ -159,7 +130,8 @@ static nb_status rewire_lazy(const dst_set *dst, const dst_set *vals, nb_tensor 
                      !(x->flags & NBI_T_REALIZED) || x->n_shards != 1))
         ok = false; /* x keeps its readers: they run now */
       if ((x->flags & NBI_T_REALIZED) || x->mark != -1) continue;
-      oom = !push(&seen, &n_seen, &cap_seen, x) || !dfs_push(&stack, &next, &sp, &cap, x);
+      oom = !nbi_push_tensor(&seen, &n_seen, &cap_seen, x) ||
+            !nbi_dfs_push(&stack, &next, &sp, &cap, x);
     }
     ok = ok && !oom;
   }

@@ -7,7 +7,7 @@
  * Held steps (kept after the realization) have a double border. Steps that do
  * not run are grey and dotted: an alias (its value is another step's or
  * leaf's, a dotted edge points there) or dead code. */
-#include "nbi.h"
+#include "fuse.h"
 
 #include <stdlib.h>
 

@@ -41,6 +41,13 @@ static inline void nbi_hash_mix(uint64_t *a, uint64_t *b, uint64_t w) {
   *b ^= *b >> 29;
 }
 
+/* ---- reference counts -------------------------------------------------------
+ * Every refcount (tensors, buffers, payloads, programs, functions, meshes) is
+ * changed atomically: a jitted function, its program and its captures are
+ * shared by the threads that call it. */
+#define NBI_REF_INC(x) ((void)__atomic_fetch_add(&(x)->refcount, 1, __ATOMIC_RELAXED))
+#define NBI_REF_DEC(x) __atomic_sub_fetch(&(x)->refcount, 1, __ATOMIC_ACQ_REL) /* new count */
+
 /* ---- shapes ----------------------------------------------------------------- */
 #define NBI_MAX_NUMEL ((int64_t)1 << 48) /* larger requests are NB_ERR_OVERFLOW */
 /* numel of s, or -1 on overflow past NBI_MAX_NUMEL / negative dims. */
@@ -162,7 +169,7 @@ enum {
   NBI_T_GRAD_PATH = 1u << 3,     /* depends on a leaf: keeps its graph edges
                                     (provenance) even when realized */
   NBI_T_GRAD_FREED = 1u << 4,    /* provenance freed by a backward */
-  /* A held node a realization left pending (src/core/graph.c, "memory
+  /* A held node a realization left pending (src/core/plan.c, "Memory
    * policy"); tracked in the lazy set while it lives (src/core/tensor.c). */
   NBI_T_LAZY = 1u << 5,
 };
@@ -174,6 +181,8 @@ struct nb_tensor {
   nb_dtype dtype;
   int op;       /* NBI_OP_* that produces it (NBI_OP_CONST for data leaves) */
   int device;   /* device table index (src/backends/backend.h): where its data lives */
+  uint32_t owner; /* the thread that made it (nbi_thread_id); see nbi_record */
+  uint32_t magic; /* NBI_MAGIC_LIVE; NBI_MAGIC_DEAD once released (NABLA_DEBUG) */
   uint64_t seq; /* creation order (process-wide, increasing): a node can only
                    depend on nodes with a smaller seq */
   int32_t mark; /* scratch for graph passes (realization); -1 when idle */
@@ -256,6 +265,32 @@ const char *nbi_device_name(int i);
  * kernels (CUDA: the CUstream; NULL elsewhere). */
 nb_device nbi_device_public(int i);
 void *nbi_device_native_stream(int i);
+/* NABLA_DEBUG=1 (read at load): released handles are quarantined, never
+ * reused, and marked dead, so a use after release (nb_release, or the end of
+ * the owning scope) is an error naming the function and the handle instead of
+ * memory corruption; nb_release of a reference a scope owns is refused. */
+enum { NBI_MAGIC_LIVE = 0x6e61626c, NBI_MAGIC_DEAD = 0x64656164 };
+extern bool nbi_debug;
+bool nbi_dead_report(const char *fn, const nb_tensor *t, int idx);
+/* True (error recorded) when t is a released handle: debug mode only. idx: the
+ * input's position, or -1. */
+static inline bool nbi_dead(const char *fn, const nb_tensor *t, int idx) {
+  return nbi_debug && t->magic != NBI_MAGIC_LIVE && nbi_dead_report(fn, t, idx);
+}
+/* Scope depth and floor around a user function body (nb_call): the body may
+ * not end a scope it did not begin (nb_scope_end below the floor is
+ * NB_ERR_SCOPE); scopes it left open are closed by nbi_scope_unwind, which
+ * keeps keep[0..n) alive in the scope left current. */
+int nbi_scope_depth(void);
+int nbi_scope_floor_set(int floor); /* returns the previous floor */
+int nbi_scope_unwind(int depth, nb_tensor *const *keep, int n); /* scopes it closed */
+/* Traced functions being run by this thread (nbi_trace_run nests them): the
+ * seeded generator refuses to draw inside one (its numbers would be constants
+ * of the trace; keys are the way, include/nabla/random.h). */
+extern _Thread_local int nbi_trace_depth;
+/* The calling thread's number (1, 2, ... in order of first use): tensors
+ * record it as their owner. */
+uint32_t nbi_thread_id(void);
 /* Registers t (refcount already 1) in the current scope. */
 void nbi_scope_register(nb_tensor *t);
 /* Releases a tensor's graph inputs (after realization, when nothing needs them). */
@@ -293,8 +328,32 @@ void nbi_lazy_add(nb_tensor *t);
 void nbi_lazy_remove(nb_tensor *t);
 
 /* ---- op registry ------------------------------------------------------------------ */
+/* Op traits, the fourth column of an ops.def row: what several passes (the
+ * simplifier, fusion, sharding rules) need to know about an op, in one place. */
+enum {
+  NBI_TR_LEAF = 1u << 0,        /* no operands: a value (const, placeholder) */
+  NBI_TR_EW = 1u << 1,          /* elementwise with broadcasting (fusion class) */
+  NBI_TR_REDUCE = 1u << 2,      /* along axes: reductions of the axes of mask attrs.i[0],
+                                   and with NBI_TR_AXIS softmax, cumsum (row class) */
+  NBI_TR_COMMUTATIVE = 1u << 3, /* two operands swap without changing a bit */
+  NBI_TR_ALIAS = 1u << 4,       /* the value is operand 0's (identity-like) */
+  NBI_TR_ACT = 1u << 5,         /* an activation a GEMM epilogue can apply */
+  /* linearity, for partial sums kept through an op (sharding) */
+  NBI_TR_LIN_UNARY = 1u << 6, /* f(a + b) = f(a) + f(b) of its one operand */
+  NBI_TR_LIN_SUM = 1u << 7,   /* add/sub: partial when all operands are */
+  NBI_TR_LIN_MULTI = 1u << 8, /* mul: partial when exactly one operand is */
+  NBI_TR_LIN_FIRST = 1u << 9, /* div: partial when only operand 0 is */
+  /* with NBI_TR_REDUCE: along the one axis attrs.i[0], the result shaped as its
+   * operand (softmax, log_softmax, cumsum) */
+  NBI_TR_AXIS = 1u << 10,
+  /* operand 0's elements in row-major order under another shape (reshape) or
+   * repeated (broadcast_to), nothing computed: a fused group copies it, as it
+   * does an NBI_TR_ALIAS op */
+  NBI_TR_VIEW = 1u << 11,
+};
+
 typedef enum nbi_op {
-#define NB_OP(id, name, arity) NBI_OP_##id,
+#define NB_OP(id, name, arity, traits) NBI_OP_##id,
 #include "../ops/ops.def"
 #undef NB_OP
   NBI_OP_COUNT
@@ -420,10 +479,11 @@ typedef struct nbi_op_def {
 
 /* One record per op, defined next to the op's public function, named
  * nbi_opdef_<ID>; the registry table in src/ops/registry.c points at all. */
-#define NB_OP(id, name, arity) extern const nbi_op_def nbi_opdef_##id;
+#define NB_OP(id, name, arity, traits) extern const nbi_op_def nbi_opdef_##id;
 #include "../ops/ops.def"
 #undef NB_OP
 extern const nbi_op_def *const nbi_op_table[NBI_OP_COUNT];
+extern const uint32_t nbi_op_traits[NBI_OP_COUNT]; /* NBI_TR_*, from ops.def */
 
 /* A new node with t's value (src/ops/identity.c). */
 nb_tensor *nbi_identity(nb_tensor *t);
@@ -535,71 +595,32 @@ nb_status nbi_apply_all(nbi_apply *a, nb_status (*node)(void *ctx, nbi_apply *a,
 nb_status nbi_program_run(const char *fn, const nbi_program *p, nb_tensor *const *in,
                           nb_tensor **out);
 
-/* ---- fusion (the CPU backend's fused executors) ------------------------------------
- * The planner (src/core/fuse.c) runs runs of consecutive nodes as one kernel:
- *  - elementwise groups: elementwise nodes of one float dtype (f32, f64) and one
- *    shape, evaluated chunk by chunk;
+/* ---- fusion (src/core/fuse.c) ---------------------------------------------------------
+ * The planner runs runs of consecutive steps as one kernel:
+ *  - elementwise groups: elementwise steps of one dtype and one shape;
  *  - row groups: the same plus reductions of the trailing axes of that "full"
- *    shape F (nbi_cpu_reduce_row_fusible: sum, mean, prod, max, min, var, std;
- *    keepdims or not) and elementwise nodes on the reduced "per-row" shape, whose
- *    values later members broadcast back over F (keepdims shape). Evaluated row
- *    by row: full members in scratch rows, per-row members as scalars. Axis
- *    ops along the last axis (softmax, log_softmax, cumsum) are full members.
- *    A row group may end with global members, computed once after the rows: a
- *    reduction of all rows of a per-row member (a loss's mean over the batch)
- *    and elementwise ops on such single values.
- *  - GEMM epilogues (src/backends/cpu/k_gemm_epi.c): an f32 2-D [matmul, add
- *    row bias, activation] as one oneDNN primitive; the only groups whose
- *    results are not bitwise those of the nodes run one by one.
- * View ops (reshape, broadcast_to, identity, stop_gradient) join a group as
- * copies. Values used only inside a group are never materialized; elementwise
- * and row groups' results are bitwise those of the nodes run one by one. */
-#define NBI_FUSE_MAX 16        /* members of a group; also its outside operands */
-#define NBI_FUSE_OPERANDS 16   /* elementwise groups: stored members + outside operands */
-#define NBI_FUSE_ROW_MAX 16384 /* elements of one row of a row group (scratch per thread) */
+ *    shape F (keepdims or not) and elementwise steps on the reduced "per-row"
+ *    shape, whose values later members broadcast back over F (keepdims shape);
+ *    axis ops along the last axis (softmax, log_softmax, cumsum) are full
+ *    members. A row group may end with global members, computed once after the
+ *    rows: a reduction of all rows of a per-row member (a loss's mean over the
+ *    batch) and elementwise ops on such single values;
+ *  - GEMM epilogues: a 2-D [matmul, add row bias, activation].
+ * View ops join a group as copies. Which ops may join is read from the op's
+ * traits (ops.def: NBI_TR_EW, NBI_TR_REDUCE with or without NBI_TR_AXIS,
+ * NBI_TR_ALIAS / NBI_TR_VIEW); whether a device runs a group, and so how far a
+ * group grows, is the device backend's answer for the group's neutral
+ * description (src/backends/backend.h, "fused groups": group_ok). Values used
+ * only inside a group are never materialized. */
+#define NBI_FUSE_MAX 16 /* members of a group; also its operands and its outputs */
 /* On unless the environment sets NABLA_NO_FUSION=1; tests compare both. */
 bool nbi_fusion_enabled(void);
 void nbi_set_fusion(bool on);
-/* src/core/fuse.c. nodes[0..n-1]: a realization's pending nodes in topological
- * order, each node's mark = its index (inputs with mark < 0 are leaves);
- * held[i]: node i's value must be kept after the realization. Writes group[i]
- * (first step of i's group; groups are runs of consecutive steps that run as
- * one kernel at their last step) and store[i] (i's value needs a buffer). */
-/* Whether the group nodes[0..m-1] is a row group (holds a reduction or an axis
- * op along trailing axes). */
-bool nbi_fuse_is_rows(nb_tensor *const *nodes, int m);
-/* The last step of the group step i belongs to (the step that runs it). */
-int nbi_fuse_group_end(const int *group, int n, int i);
-void nbi_fuse_plan(nb_tensor *const *nodes, int n, const bool *held, int *group, bool *store);
-/* Runs the group nodes[0..m-1] (m >= 2): allocates buffers of the stored
- * members, runs the fused kernel; on failure no member keeps a buffer. */
-nb_status nbi_fuse_run(nb_tensor *const *nodes, int m, const bool *store);
-/* Whether the device of group nodes[0..m-1] can run it as one kernel (the CPU
- * always; other devices: the group has a neutral description, backend.h, and
- * the backend's group_ok takes it). The planner splits groups it refuses. */
-bool nbi_fuse_supported(nb_tensor *const *nodes, int m, const bool *store);
-bool nbi_cpu_elementwise_fusible(const nb_tensor *n);
-/* A view op (reshape, broadcast_to, identity, stop_gradient) that may join a
- * group as a copy of its input (src/core/fuse.c). */
-bool nbi_fuse_view(const nb_tensor *n);
-/* A reduction a row group can hold (src/backends/cpu/k_reduce.c). */
-bool nbi_cpu_reduce_row_fusible(const nb_tensor *n);
-/* An axis op a row group can hold as a full member: softmax, log_softmax,
- * cumsum along the last axis (rows of one axis). */
-bool nbi_cpu_axis_row_fusible(const nb_tensor *n);
-/* nodes[0..m-1] in topological order; out[k] is member k's buffer view where
- * store[k] (its value is needed outside the group), else unused. */
-nb_status nbi_cpu_elementwise_fused(nb_tensor *const *nodes, int m, const bool *store,
-                                    nbi_view *out);
-/* The same for a row group whose row ops work along axes [ra, ndim) of the
- * full shape (their input's). */
-nb_status nbi_cpu_rows_fused(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out,
-                             int ra);
 
 /* ---- simplification (src/core/simplify.c) -------------------------------------------
  * Before grouping, the planner finds steps whose value another step or leaf
  * already has (common subexpressions, no-op views and casts); they do not run
- * and share their source's storage. Same arguments as nbi_fuse_plan; writes
+ * and share their source's storage. Same arguments as nbi_fuse_plan (fuse.h); writes
  * alias[i] (the mark of the step or leaf whose value step i has; i when i
  * computes) and needed[i] (held, or read by a needed step that computes).
  * On unless the environment sets NABLA_NO_SIMPLIFY=1; tests compare both. */
@@ -631,10 +652,6 @@ void nbi_plan_describe_free(nbi_plan_desc *d);
  * own realization runs; nested realizations count in nb_stats like any other
  * but their time is not added to plan_ns/exec_ns twice. */
 nb_status nbi_realize(nb_tensor *const *ts, int n);
-/* nbi_realize where the realized tensors dying[0..n_dying-1] (nb_assign's
- * dsts) may be written over (their values die in the plan); an error while
- * a kernel runs (a nested realization may not rebind). */
-nb_status nbi_realize_dying(nb_tensor *const *ts, int n, nb_tensor *const *dying, int n_dying);
 /* nb_backward's realization (single-device ts): as nbi_realize, except that
  * nodes with provenance (NBI_T_GRAD_PATH, not requires-grad leaves, not
  * roots) that scopes hold are planned as temporaries, freed after their last

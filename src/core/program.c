@@ -124,12 +124,12 @@ static bool ptr_get(const ptrmap *m, const void *k, int32_t *v) {
 
 /* ---- programs --------------------------------------------------------------------------- */
 nbi_program *nbi_program_retain(nbi_program *p) {
-  if (p) p->refcount++;
+  if (p) NBI_REF_INC(p);
   return p;
 }
 
 void nbi_program_release(nbi_program *p) {
-  if (!p || --p->refcount > 0) return;
+  if (!p || NBI_REF_DEC(p) > 0) return;
   for (int i = 0; i < p->n_nodes; i++) {
     nbi_payload_release(p->nodes[i].payload);
     free(p->nodes[i].in);

@@ -36,7 +36,17 @@ static uint64_t next_u64(void) {
 
 static double next_uniform(void) { return (double)(next_u64() >> 11) * 0x1.0p-53; }
 
+_Thread_local int nbi_trace_depth;
+
 static nb_tensor *random_leaf(const char *fn, nb_shape s, nb_dtype dt) {
+  if (nbi_trace_depth > 0) {
+    nbi_error(NB_ERR_STATE,
+              "%s: the seeded generator inside a traced function (nb_jit, nb_grad, nb_vmap, "
+              "...) would draw one constant at trace time: pass a key and draw with "
+              "nb_random_uniform / nb_random_normal / nb_dropout_key (nabla/random.h)",
+              fn);
+    return NULL;
+  }
   if (nbi_dtype_valid(dt) && !nb_dtype_is_float(dt)) {
     nbi_error(NB_ERR_DTYPE, "%s: dtype %s is not a float dtype", fn, nb_dtype_name(dt));
     return NULL;

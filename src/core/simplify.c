@@ -3,7 +3,7 @@
  *
  * The pass is a function of the graph's structure (ops, dtypes, shapes,
  * attrs, edges, which nodes are held), so its result is plan data, computed
- * once per structure and cached with the plan (src/core/graph.c). It writes
+ * once per structure and cached with the plan (src/core/plan.c). It writes
  *  - alias[i]: the mark of the step (>= 0, earlier than i) or leaf (<= -3)
  *    whose value step i has, or i itself when i computes its own value;
  *  - needed[i]: step i's value is wanted (held, or read by a needed step
@@ -137,10 +137,7 @@ static nb_tensor *noop_source(const pass *s, const nb_tensor *t) {
 
 /* Operands that may be swapped without changing a single bit of the result
  * (maximum/minimum are not: they return the first of two NaNs or zeros). */
-static bool commutative(int op) {
-  return op == NBI_OP_ADD || op == NBI_OP_MUL || op == NBI_OP_EQ || op == NBI_OP_NE ||
-         op == NBI_OP_LOGICAL_AND || op == NBI_OP_LOGICAL_OR;
-}
+static bool commutative(int op) { return nbi_op_traits[op] & NBI_TR_COMMUTATIVE; }
 
 /* The marks of t's sources, sorted for commutative ops. */
 static void source_marks(const pass *s, const nb_tensor *t, int32_t *m) {

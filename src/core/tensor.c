@@ -42,7 +42,35 @@ static void spare_drain(void *p) {
 static void spare_key_make(void) { (void)pthread_key_create(&spare_key, spare_drain); }
 static bool spare_closed; /* at exit: handles go straight back to the allocator */
 
+/* ---- debug mode (NABLA_DEBUG) ------------------------------------------------ */
+bool nbi_debug;
+static pthread_mutex_t quarantine_lock = PTHREAD_MUTEX_INITIALIZER;
+static nb_tensor *quarantine; /* dead handles, linked through in_inline[0] */
+
+__attribute__((constructor)) static void debug_init(void) {
+  const char *e = getenv("NABLA_DEBUG");
+  nbi_debug = e && *e && strcmp(e, "0") != 0;
+}
+
+bool nbi_dead_report(const char *fn, const nb_tensor *t, int idx) {
+  char which[32] = "";
+  if (idx >= 0) snprintf(which, sizeof which, "input %d ", idx);
+  nbi_error(NB_ERR_ARG,
+            "%s: %s(tensor %p) was released: used after nb_release or after the scope that "
+            "owned it ended (NABLA_DEBUG)",
+            fn, which, (const void *)t);
+  return true;
+}
+
 static void tensor_free(nb_tensor *t) {
+  if (nbi_debug && !spare_closed) { /* never reused: later uses find it dead */
+    t->magic = NBI_MAGIC_DEAD;
+    pthread_mutex_lock(&quarantine_lock);
+    t->in_inline[0] = quarantine;
+    quarantine = t;
+    pthread_mutex_unlock(&quarantine_lock);
+    return;
+  }
   if (spare.n == SPARE_MAX || spare_closed) {
     free(t);
     return;
@@ -55,6 +83,8 @@ static void tensor_free(nb_tensor *t) {
   spare.head = t;
   spare.n++;
 }
+
+static void release(nb_tensor *t);
 
 /* ---- scopes ------------------------------------------------------------------
  * A thread's scopes form a stack of frames; frame 0 is the root. Each frame owns
@@ -130,7 +160,7 @@ void nb_scope_begin(void) {
 enum { SCOPE_KEEP = 4096 };
 static void frame_clear(scope_frame *f, bool free_all) {
   for (size_t i = f->n; i-- > 0;)
-    nb_release(f->items[i]);
+    release(f->items[i]);
   f->n = 0;
   if (free_all || f->cap > SCOPE_KEEP) {
     free(f->items);
@@ -138,18 +168,44 @@ static void frame_clear(scope_frame *f, bool free_all) {
   }
 }
 
+static _Thread_local int scope_floor; /* frames nb_scope_end may not close below */
+
+int nbi_scope_depth(void) { return current_frame() ? n_frames : 0; }
+
+int nbi_scope_floor_set(int floor) {
+  int old = scope_floor;
+  scope_floor = floor;
+  return old;
+}
+
+int nbi_scope_unwind(int depth, nb_tensor *const *keep, int n) {
+  if (n_frames <= depth) return 0;
+  int closed = n_frames - depth;
+  for (int k = 0; k < n; k++)
+    if (keep[k]) NBI_REF_INC(keep[k]);
+  while (n_frames > depth)
+    frame_clear(&frames[--n_frames], false);
+  for (int k = 0; k < n; k++)
+    if (keep[k]) nbi_scope_register(keep[k]); /* the extra reference moves there */
+  return closed;
+}
+
 nb_status nb_scope_end(void) {
   if (n_frames <= 1)
     return nbi_error(NB_ERR_SCOPE, "nb_scope_end: no open scope (begin/end are unbalanced)");
+  if (n_frames <= scope_floor)
+    return nbi_error(NB_ERR_SCOPE,
+                     "nb_scope_end: the scope was begun outside the function body being called "
+                     "(nb_call): the body's nb_scope_begin/nb_scope_end are unbalanced");
   frame_clear(&frames[--n_frames], false);
   return NB_OK;
 }
 
 nb_tensor *nb_keep(nb_tensor *t) {
-  if (!t) return NULL;
+  if (!t || nbi_dead("nb_keep", t, -1)) return NULL;
   if (n_frames <= 1) return t; /* root scope: nothing encloses it */
   if (frame_push(&frames[n_frames - 2], t))
-    t->refcount++;
+    NBI_REF_INC(t);
   else
     nbi_error(NB_ERR_OOM, "nb_keep: out of memory");
   return t;
@@ -184,6 +240,11 @@ __attribute__((destructor)) static void root_scope_cleanup(void) {
   thread_state_free();
   spare_closed = true;
   spare_drain(&spare);
+  while (quarantine) {
+    nb_tensor *t = quarantine;
+    quarantine = t->in_inline[0];
+    free(t);
+  }
 }
 
 /* ---- lifetime -------------------------------------------------------------------- */
@@ -234,8 +295,10 @@ void nbi_lazy_remove(nb_tensor *t) {
   t->flags &= ~(uint32_t)NBI_T_LAZY;
   if (!lazy_cap) return; /* the set is gone (exit) */
   size_t i = lazy_home(t, lazy_cap);
-  while (lazy_slot[i] != t)
+  while (lazy_slot[i] != t) {
+    if (!lazy_slot[i]) return; /* not this thread's (a contract breach): never spin */
     i = (i + 1) & (lazy_cap - 1);
+  }
   lazy_slot[i] = NULL;
   lazy_n--;
   /* backward shift: move later entries of the cluster into the hole when
@@ -251,7 +314,8 @@ void nbi_lazy_remove(nb_tensor *t) {
 }
 
 nb_tensor *nb_retain(nb_tensor *t) {
-  if (t) t->refcount++;
+  if (t && nbi_dead("nb_retain", t, -1)) return NULL;
+  if (t) NBI_REF_INC(t);
   return t;
 }
 
@@ -262,8 +326,32 @@ nbi_shard_hooks nbi_shard_hook;
 
 /* Frees t and, iteratively (deep graphs must not overflow the C stack), every
  * input whose last reference it held. */
+/* Debug mode: whether one of the thread's scopes holds t. */
+static bool scope_holds(const nb_tensor *t) {
+  for (int f = 0; f < n_frames; f++)
+    for (size_t i = 0; i < frames[f].n; i++)
+      if (frames[f].items[i] == t) return true;
+  return false;
+}
+
 void nb_release(nb_tensor *t) {
-  if (!t || --t->refcount > 0) return;
+  if (!t) return;
+  if (nbi_debug) {
+    if (nbi_dead("nb_release", t, -1)) return;
+    if (t->refcount == 1 && scope_holds(t)) {
+      nbi_error(NB_ERR_SCOPE,
+                "nb_release: tensor %p belongs to a scope (made or nb_keep'd there): release "
+                "only references you took with nb_retain (NABLA_DEBUG)",
+                (void *)t);
+      return;
+    }
+  }
+  release(t);
+}
+
+/* Drops a reference (scopes and nb_release come here). */
+static void release(nb_tensor *t) {
+  if (NBI_REF_DEC(t) > 0) return;
   nb_tensor *local[64], **stack = local;
   size_t n = 0, cap = 64;
   stack[n++] = t;
@@ -275,7 +363,7 @@ void nb_release(nb_tensor *t) {
     for (int s = 0; s < x->n_shards; s++)
       if (x->shards[s].buf) nbi_buffer_release(x->shards[s].buf);
     if (x->shards != &x->shard0) free(x->shards);
-    if (x->grad) nb_release(x->grad); /* a leaf: recursion depth is one */
+    if (x->grad) release(x->grad); /* a leaf: recursion depth is one */
     nbi_payload_release(x->payload);
     tensor_free(x);
     live_tensors--;
@@ -285,7 +373,7 @@ void nb_release(nb_tensor *t) {
 
 /* Drops one reference of x; pushes x on the release stack when it was the last. */
 static void drop_ref(nb_tensor *x, nb_tensor ***stack, size_t *n, size_t *cap) {
-  if (--x->refcount > 0) return;
+  if (NBI_REF_DEC(x) > 0) return;
   if (*n == *cap) {
     size_t nc = *cap * 2;
     nb_tensor **ns = malloc(nc * sizeof *ns);
@@ -325,7 +413,7 @@ static void tensor_drop_shards(nb_tensor *t, nb_tensor ***stack, size_t *n, size
 /* Drops a realized tensor's graph edges (its value no longer needs them). */
 void nbi_tensor_drop_graph(nb_tensor *t) {
   for (int i = 0; i < t->n_in; i++)
-    nb_release(t->in[i]);
+    release(t->in[i]);
   if (t->in != t->in_inline) free(t->in);
   t->in = t->in_inline;
   t->n_in = 0;
@@ -333,6 +421,13 @@ void nbi_tensor_drop_graph(nb_tensor *t) {
 
 static _Atomic uint64_t next_seq = 1;
 _Thread_local bool nbi_no_grad;
+
+static _Atomic uint32_t next_thread_id = 1;
+static _Thread_local uint32_t thread_id;
+uint32_t nbi_thread_id(void) {
+  if (!thread_id) thread_id = next_thread_id++;
+  return thread_id;
+}
 
 static nb_tensor *tensor_new(const nb_shape *shape, nb_dtype dt, int op) {
   nb_tensor *t = spare.head;
@@ -344,6 +439,8 @@ static nb_tensor *tensor_new(const nb_shape *shape, nb_dtype dt, int op) {
     return NULL;
   }
   t->seq = next_seq++;
+  t->owner = nbi_thread_id();
+  t->magic = NBI_MAGIC_LIVE;
   t->refcount = 1;
   t->shape = *shape;
   t->dtype = dt;
@@ -411,7 +508,8 @@ static int record_device(int op, nb_dtype dt, nb_tensor *const *in, int n_in,
   if (op == NBI_OP_TO_DEVICE) return (int)attrs->i[0];
   for (int k = 1; k < n_in; k++)
     if (in[k]->device != dev) {
-      nbi_error(NB_ERR_DEVICE, "nb_%s: inputs are on different devices: %s (input 0) and %s (input %d)",
+      nbi_error(NB_ERR_DEVICE,
+                "nb_%s: inputs are on different devices: %s (input 0) and %s (input %d)",
                 nbi_op_table[op]->name, nbi_device_name(dev), nbi_device_name(in[k]->device), k);
       return -1;
     }
@@ -429,8 +527,55 @@ static int record_device(int op, nb_dtype dt, nb_tensor *const *in, int n_in,
   return dev;
 }
 
+/* Another thread's tensor x as an input of a node this thread records: graph
+ * passes write scratch marks into the tensors they visit, so no graph may hold
+ * another thread's tensor while that thread may be realizing it. A realized
+ * one is read through a leaf of this thread on the same storage (a constant
+ * here: reading shared weights from several threads is fine); one with
+ * nb_backward provenance is used as it is (a model handed to this thread to
+ * train, which its maker no longer touches: README "Threads"); a pending one
+ * is an error. NULL (error recorded) on failure. */
+static nb_tensor *own_input(int op, nb_tensor *x) {
+  if (x->flags & (NBI_T_REQUIRES_GRAD | NBI_T_GRAD_PATH | NBI_T_TRACED) || x->mesh) return x;
+  if (x->flags & NBI_T_REALIZED) return nbi_leaf_share(x);
+  nbi_error(NB_ERR_ARG,
+            "nb_%s: an input is a pending tensor of another thread (realize it with nb_eval in "
+            "the thread that made it before sharing it)",
+            nbi_op_table[op]->name);
+  return NULL;
+}
+
+static nb_tensor *record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,
+                         const nbi_attrs *attrs);
+
 nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,
                       const nbi_attrs *attrs) {
+  uint32_t me = nbi_thread_id();
+  int foreign = 0;
+  for (int i = 0; i < n_in; i++) {
+    if (nbi_debug) {
+      char fn[64];
+      snprintf(fn, sizeof fn, "nb_%s", nbi_op_table[op]->name);
+      if (nbi_dead(fn, in[i], i)) return NULL;
+    }
+    foreign += in[i]->owner != me;
+  }
+  if (!foreign) return record(op, dt, shape, in, n_in, attrs);
+  nb_tensor *local[8], **own = n_in <= 8 ? local : malloc(sizeof *own * (size_t)n_in);
+  if (!own) {
+    nbi_error(NB_ERR_OOM, "nb_%s: out of memory", nbi_op_table[op]->name);
+    return NULL;
+  }
+  bool ok = true;
+  for (int i = 0; i < n_in && ok; i++)
+    ok = (own[i] = in[i]->owner == me ? in[i] : own_input(op, in[i])) != NULL;
+  nb_tensor *t = ok ? record(op, dt, shape, own, n_in, attrs) : NULL;
+  if (own != local) free(own);
+  return t;
+}
+
+static nb_tensor *record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *const *in, int n_in,
+                         const nbi_attrs *attrs) {
   if (nbi_shard_hook.record)
     for (int i = 0; i < n_in; i++) {
       if (!in[i]->mesh) continue;
@@ -449,7 +594,7 @@ nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *con
       bool ok = true;
       for (int k = 0; k < n_in && ok; k++)
         ok = (whole[k] = in[k]->mesh ? nbi_readable("nb_eval", in[k]) : in[k]) != NULL;
-      if (ok) r = nbi_record(op, dt, shape, whole, n_in, attrs);
+      if (ok) r = record(op, dt, shape, whole, n_in, attrs);
       if (whole != local) free(whole);
       return r;
     }
@@ -562,12 +707,12 @@ void nbi_set_payload(nb_tensor *t, nbi_payload *p) {
 }
 
 nbi_payload *nbi_payload_retain(nbi_payload *p) {
-  if (p) p->refcount++;
+  if (p) NBI_REF_INC(p);
   return p;
 }
 
 void nbi_payload_release(nbi_payload *p) {
-  if (p && --p->refcount == 0) p->destroy(p);
+  if (p && NBI_REF_DEC(p) == 0) p->destroy(p);
 }
 
 /* The view is returned through a stack slot; built field by field, data,
@@ -612,7 +757,6 @@ static nb_tensor *full_on(const char *fn, int dev, const nb_shape *s, double val
 nb_tensor *nbi_full_on(int dev, const nb_shape *s, double value, nb_dtype dt) {
   return full_on("nb_full", dev, s, value, dt);
 }
-
 
 nb_tensor *nb_full(nb_shape s, double value, nb_dtype dt) {
   return full_on("nb_full", nbi_default_device(), &s, value, dt);
@@ -694,6 +838,7 @@ nb_tensor *nbi_readable(const char *fn, nb_tensor *t) {
 /* ---- reading data ------------------------------------------------------------------- */
 static nb_status check_readable(const char *fn, nb_tensor *t) {
   if (!t) return nbi_error(NB_ERR_NULL, "%s: tensor is NULL", fn);
+  if (nbi_dead(fn, t, -1)) return nb_last_status();
   if (t->flags & NBI_T_TRACED)
     return nbi_error(NB_ERR_STATE, "%s: cannot read a traced value; use nb_cond / nb_while_loop",
                      fn);

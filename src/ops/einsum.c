@@ -233,7 +233,7 @@ nb_tensor *nb_einsum(const char *spec, nb_tensor *const *ts, int n) {
   if (nbi_any_null("nb_einsum", ts, n)) return NULL;
   term terms[EINSUM_MAX_OPERANDS];
   char out[NB_MAX_DIMS];
-  int n_out;
+  int n_out = 0;
   if (parse_spec(spec, ts, n, terms, out, &n_out)) return NULL;
 
   /* letters still needed after operand i: the output's and those of later operands */

@@ -109,6 +109,12 @@ nb_tensor *nb_dropout(nb_tensor *t, double p, bool training) {
   }
   if (!check_float("nb_dropout", t)) return NULL;
   if (!training || p == 0) return nb_reshape(t, nb_shape_of(t)); /* a new handle, same data */
+  if (nbi_trace_depth > 0) {
+    nbi_error(NB_ERR_STATE,
+              "nb_dropout: training dropout inside a traced function (nb_jit, nb_grad, nb_vjp_fn, "
+              "...) would draw one mask at trace time: pass a key and use nb_dropout_key");
+    return NULL;
+  }
   nb_tensor *keep = nb_ge_scalar(nb_rand(nb_shape_of(t), NB_F32), p);
   return nb_mul(t, nb_mul_scalar(nb_cast(keep, nb_dtype_of(t)), 1.0 / (1.0 - p)));
 }

@@ -5,7 +5,13 @@
 const nbi_op_def nbi_opdef_CONST = {.name = "const", .arity = 0, .flags = NBI_OPF_NO_KERNEL};
 
 const nbi_op_def *const nbi_op_table[NBI_OP_COUNT] = {
-#define NB_OP(id, name, arity) [NBI_OP_##id] = &nbi_opdef_##id,
+#define NB_OP(id, name, arity, traits) [NBI_OP_##id] = &nbi_opdef_##id,
+#include "ops.def"
+#undef NB_OP
+};
+
+const uint32_t nbi_op_traits[NBI_OP_COUNT] = {
+#define NB_OP(id, name, arity, traits) [NBI_OP_##id] = (traits),
 #include "ops.def"
 #undef NB_OP
 };

@@ -131,12 +131,12 @@ nb_mesh *nb_mesh_create(const char *axes, const nb_device *devs, int n) {
 }
 
 nb_mesh *nb_mesh_retain(nb_mesh *m) {
-  if (m) m->refcount++;
+  if (m) NBI_REF_INC(m);
   return m;
 }
 
 void nb_mesh_release(nb_mesh *m) {
-  if (!m || --m->refcount > 0) return;
+  if (!m || NBI_REF_DEC(m) > 0) return;
   free(m->dev);
   free(m->dev_table);
   free(m);

@@ -620,16 +620,16 @@ static void rb_pool(rb *b, const nb_shape *in, int n_in, const nb_shape *out) {
 /* ---- the table ------------------------------------------------------------------ */
 
 /* Kept-partial behaviour of an elementwise op on compute dtype attrs.i[0]. */
+static uint8_t op_linear(int op) {
+  uint32_t t = nbi_op_traits[op];
+  return t & NBI_TR_LIN_UNARY   ? NBI_LINEAR_UNARY
+         : t & NBI_TR_LIN_SUM   ? NBI_LINEAR_SUM
+         : t & NBI_TR_LIN_MULTI ? NBI_LINEAR_MULTI
+         : t & NBI_TR_LIN_FIRST ? NBI_LINEAR_FIRST
+                                : NBI_LINEAR_NONE;
+}
 static uint8_t ew_linear(int op, const nbi_attrs *a) {
-  if (a->i[0] == NB_BOOL) return NBI_LINEAR_NONE;
-  switch (op) {
-  case NBI_OP_NEG: return NBI_LINEAR_UNARY;
-  case NBI_OP_ADD:
-  case NBI_OP_SUB: return NBI_LINEAR_SUM;
-  case NBI_OP_MUL: return NBI_LINEAR_MULTI;
-  case NBI_OP_DIV: return NBI_LINEAR_FIRST;
-  default: return NBI_LINEAR_NONE;
-  }
+  return a->i[0] == NB_BOOL ? NBI_LINEAR_NONE : op_linear(op);
 }
 
 static void rb_op(rb *b, int op, const nbi_attrs *a, const nb_shape *in, int n_in,
@@ -645,13 +645,13 @@ static void rb_op(rb *b, int op, const nbi_attrs *a, const nb_shape *in, int n_i
   case NBI_OP_SHARD_CONSTRAINT: /* graph mode closes its result at the constraint */
     if (in[0].ndim != out->ndim) rb_fail(b, "identity changes the rank");
     rb_broadcast(b, in, 1, out, NULL);
-    r->linear = NBI_LINEAR_UNARY;
+    r->linear = op_linear(op);
     return;
-#define NB_OP(ID, name, arity) case NBI_OP_##ID:
+#define NB_OP(ID, name, arity, traits) case NBI_OP_##ID:
 #include "../ops/elementwise.def"
 #undef NB_OP
     rb_broadcast(b, in, n_in, out, NULL);
-    r->linear = op == NBI_OP_CAST ? NBI_LINEAR_NONE : ew_linear(op, a);
+    r->linear = ew_linear(op, a);
     return;
   case NBI_OP_SHARD_LIKE: /* g, x and the result share one layout, never partial */
     if (n_in != 2 || !nbi_shape_eq(&in[0], out) || !nbi_shape_eq(&in[1], out))

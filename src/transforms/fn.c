@@ -37,12 +37,12 @@ nb_fn *nb_fn_create(nb_fn_body body, void *user, int n_in, int n_out) {
 }
 
 nb_fn *nb_fn_retain(nb_fn *f) {
-  if (f) f->refcount++;
+  if (f) NBI_REF_INC(f);
   return f;
 }
 
 void nb_fn_release(nb_fn *f) {
-  if (!f || --f->refcount > 0) return;
+  if (!f || NBI_REF_DEC(f) > 0) return;
   if (f->destroy) f->destroy(f->user);
   free(f);
 }
@@ -101,10 +101,21 @@ nb_status nb_call(nb_fn *f, nb_tensor *const *in, nb_tensor **out) {
   if (!tmp) return nbi_error(NB_ERR_OOM, "nb_call: out of memory");
   for (int k = 0; k < f->n_out; k++)
     tmp[k] = NULL;
+  for (int k = 0; k < f->n_in; k++)
+    if (nbi_dead("nb_call", in[k], k)) {
+      if (tmp != local) free(tmp);
+      return nb_last_status();
+    }
   nb_scope_begin();
+  /* the body may not end the caller's scopes; scopes it leaves open are closed */
+  int depth = nbi_scope_depth(), floor = nbi_scope_floor_set(depth);
   nb_status st = !f->user_body && any_sharded(in, f->n_in)
                      ? call_sharded(f, in, tmp)
                      : f->body(f->user, in, f->n_in, tmp, f->n_out);
+  nbi_scope_floor_set(floor);
+  int left_open = nbi_scope_unwind(depth, tmp, f->n_out);
+  if (left_open && !st)
+    st = nbi_error(NB_ERR_SCOPE, "nb_call: the function body left %d scope(s) open", left_open);
   if (st == NB_OK)
     for (int k = 0; k < f->n_out && !st; k++)
       if (!tmp[k]) {
@@ -133,7 +144,10 @@ nb_status nbi_trace_run(const char *fn, nb_fn *f, nb_tensor *const *in, nbi_trac
     if (!(tr->x[k] = nbi_identity(in[k]))) return nb_last_status();
     tr->x[k]->flags |= NBI_T_TRACED;
   }
-  return nb_call(f, tr->x, tr->y);
+  nbi_trace_depth++;
+  nb_status st = nb_call(f, tr->x, tr->y);
+  nbi_trace_depth--;
+  return st;
 }
 
 void nbi_trace_free(nbi_trace *tr) {
@@ -161,7 +175,11 @@ nb_status nbi_trace_program(const char *fn, nb_fn *f, const nb_shape *shapes,
   uint64_t seq0 = nbi_next_seq();
   for (int k = 0; k < f->n_in && !st; k++)
     if (!(x[k] = nbi_placeholder(&shapes[k], dtypes[k]))) st = nb_last_status();
-  if (!st) st = nb_call(f, x, y);
+  if (!st) {
+    nbi_trace_depth++;
+    st = nb_call(f, x, y);
+    nbi_trace_depth--;
+  }
   if (!st) st = nbi_program_build(fn, x, f->n_in, y, f->n_out, seq0, prog, capt, n_capt);
   nb_scope_end();
   free(x);

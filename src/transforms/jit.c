@@ -36,10 +36,20 @@
  * of traced values): entries are keyed by that mesh too. A call inside an
  * nb_shard_map body records collectives over the body's mesh (their groups
  * are that mesh's axes): entries are keyed by the body's mesh as well.
+ *
+ * Threads: one jitted function may be called from several threads at once.
+ * A mutex guards the cache (lookup, insertion, eviction, the clock); tracing
+ * and running happen outside it. An entry in use is pinned (running) so no
+ * thread evicts it; its executable runs one call at a time (exec_busy), a
+ * concurrent call replays the program instead. Captures are realized when the
+ * entry is cached: another thread's replay reads them as realized tensors
+ * (through leaves of its own, src/core/tensor.c nbi_record; the refcounts
+ * involved are atomic).
  */
 #include "transforms.h"
 #include "tree.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "../sharding/sharding.h"
@@ -57,6 +67,7 @@ typedef struct jit_entry {
   nbi_exec *exec; /* the program planned once for top-level calls (NULL: not yet) */
   int running;    /* calls of this entry in progress (a nested call may not evict it) */
   bool no_exec;   /* planning it failed: replay instead */
+  bool exec_busy; /* a call runs exec (one at a time; others replay) */
   uint64_t last_used;
 } jit_entry;
 
@@ -64,6 +75,7 @@ typedef struct jit_fn {
   nb_fn *f;
   jit_entry cache[JIT_CACHE];
   uint64_t clock;
+  pthread_mutex_t lock; /* guards cache[] bookkeeping and clock */
 } jit_fn;
 
 static const char *FN = "nb_jit";
@@ -83,6 +95,7 @@ static void jit_destroy(void *p) {
   for (int i = 0; i < JIT_CACHE; i++)
     entry_clear(&j->cache[i]);
   nb_fn_release(j->f);
+  pthread_mutex_destroy(&j->lock);
   free(j);
 }
 
@@ -265,7 +278,11 @@ static nb_status trace(jit_fn *j, nb_tensor *const *in, const jit_entry *check, 
   uint64_t seq0 = nbi_next_seq();
   for (int k = 0; k < f->n_in && !st; k++)
     if (!(x[k] = nbi_placeholder(&in[k]->shape, in[k]->dtype))) st = nb_last_status();
-  if (!st) st = nb_call(f, x, y);
+  if (!st) {
+    nbi_trace_depth++;
+    st = nb_call(f, x, y);
+    nbi_trace_depth--;
+  }
   if (!st) st = outside_reads(y, f->n_out, seq0, &ext, &n_ext);
   if (!st && check && n_ext == check->n_ext) {
     *same = true;
@@ -284,57 +301,112 @@ static nb_status trace(jit_fn *j, nb_tensor *const *in, const jit_entry *check, 
   return st;
 }
 
+/* Unpins e (a cached entry; fresh ones are the caller's). */
+static void entry_unpin(jit_fn *j, jit_entry *e) {
+  pthread_mutex_lock(&j->lock);
+  e->running--;
+  pthread_mutex_unlock(&j->lock);
+}
+
+/* Caches fresh (traced by this thread) unless its captures are traced or
+ * another thread cached the same signature meanwhile; returns the entry to
+ * use, pinned when cached. Called with j->lock held. */
+static jit_entry *entry_insert(jit_fn *j, nb_tensor *const *in, jit_entry *fresh) {
+  bool cacheable = true;
+  for (int c = 0; c < fresh->n_capt; c++)
+    if (fresh->capt[c]->flags & NBI_T_TRACED) cacheable = false;
+  jit_entry *e = cacheable ? lookup(j, in) : NULL;
+  bool same = e && e->n_ext == fresh->n_ext;
+  for (int c = 0; same && c < e->n_ext; c++)
+    same = e->ext[c] == fresh->ext[c];
+  if (e && !same) e = NULL; /* a stale entry another call still runs: keep both */
+  if (e) {                  /* another thread won the race: use its entry */
+    entry_clear(fresh);
+  } else if (cacheable && (e = victim(j))) {
+    *e = *fresh;
+    *fresh = (jit_entry){0};
+  } else {
+    return fresh;
+  }
+  e->running++;
+  return e;
+}
+
 static nb_status jit_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
   jit_fn *j = user;
-  jit_entry *e = lookup(j, in), fresh = {0};
+  jit_entry fresh = {0};
+  pthread_mutex_lock(&j->lock);
+  jit_entry *e = lookup(j, in);
+  if (e) e->running++; /* pinned: no thread (nor a nested call) evicts it */
+  pthread_mutex_unlock(&j->lock);
   nb_status st = NB_OK;
-  bool same = e && e->n_ext == 0;
-  if (e && !same) { /* the guard: does f still read the tensors it captured? */
+  if (e && e->n_ext) { /* the guard: does f still read the tensors it captured? */
+    bool same;
     st = trace(j, in, e, &fresh, &same);
     if (st) {
+      entry_unpin(j, e);
       entry_clear(&fresh);
       return st;
     }
-    if (!same && !e->running) entry_clear(e); /* its captures are stale: fresh replaces it */
+    if (!same) { /* its captures are stale: fresh (already traced) replaces it */
+      pthread_mutex_lock(&j->lock);
+      if (--e->running == 0) entry_clear(e);
+      pthread_mutex_unlock(&j->lock);
+      e = NULL;
+    }
   }
-  nbi_stats_jit(same);
-  if (!same) {
-    if (!fresh.prog) st = trace(j, in, NULL, &fresh, &same);
-    if (st) {
+  nbi_stats_jit(e != NULL);
+  if (!e) {
+    bool same;
+    if (!fresh.prog && (st = trace(j, in, NULL, &fresh, &same))) {
       entry_clear(&fresh);
       return st;
     }
     if (nbi_trace_mesh()) fresh.mesh = nb_mesh_retain(nbi_trace_mesh());
     if (nbi_smap_mesh()) fresh.body = nb_mesh_retain(nbi_smap_mesh());
-    bool cacheable = true;
+    /* a cached entry is read by every calling thread: its captures must be
+     * data, not this thread's pending nodes */
+    bool traced = false;
     for (int c = 0; c < fresh.n_capt; c++)
-      if (fresh.capt[c]->flags & NBI_T_TRACED) cacheable = false;
-    e = NULL;
-    if (cacheable && (e = victim(j))) {
-      *e = fresh;
-      fresh = (jit_entry){0};
-    } else {
-      e = &fresh;
+      traced |= (fresh.capt[c]->flags & NBI_T_TRACED) != 0;
+    if (!traced && fresh.n_capt && (st = nbi_realize(fresh.capt, fresh.n_capt))) {
+      entry_clear(&fresh);
+      return st;
     }
+    pthread_mutex_lock(&j->lock);
+    e = entry_insert(j, in, &fresh);
+    pthread_mutex_unlock(&j->lock);
   }
-  e->last_used = ++j->clock;
+  bool cached = e != &fresh;
   nb_tensor *local[LOCAL_ARGS], **args = gather_args(e, in, n_in, local);
   if (!args) {
+    if (cached) entry_unpin(j, e);
     entry_clear(&fresh);
     return nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
   }
-  if (e != &fresh && !e->no_exec && plain(args, e->prog->n_in)) {
+  bool run_exec = false;
+  if (cached && plain(args, e->prog->n_in)) {
+    pthread_mutex_lock(&j->lock);
+    e->last_used = ++j->clock;
+    if (!e->no_exec && !e->exec_busy) run_exec = e->exec_busy = true;
+    pthread_mutex_unlock(&j->lock);
+  }
+  if (run_exec) {
     if (!e->exec) build_exec(e, args);
-    if (e->exec && nbi_exec_fits(e->exec, args)) {
-      e->running++; /* a nested call (a kernel calling f) must not evict e */
-      st = nbi_exec_run(e->exec, args, out);
-      e->running--;
+    bool fits = e->exec && nbi_exec_fits(e->exec, args);
+    if (fits) st = nbi_exec_run(e->exec, args, out);
+    pthread_mutex_lock(&j->lock);
+    e->exec_busy = false;
+    pthread_mutex_unlock(&j->lock);
+    if (fits) {
+      entry_unpin(j, e);
       if (args != local) free(args);
       return st;
     }
   }
   st = nbi_program_apply(FN, e->prog, args, out);
   if (args != local) free(args);
+  if (cached) entry_unpin(j, e);
   entry_clear(&fresh);
   if (st) return st;
   for (int k = 0; k < n_out; k++)
@@ -353,6 +425,7 @@ nb_fn *nb_jit(nb_fn *f) {
     nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
     return NULL;
   }
+  pthread_mutex_init(&j->lock, NULL);
   j->f = nb_fn_retain(f);
   return nbi_fn_make(FN, jit_body, j, jit_destroy, f->n_in, f->n_out);
 }

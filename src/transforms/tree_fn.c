@@ -333,7 +333,11 @@ static nb_status discover(const char *fn, const tnode *t, const treedef *in, con
   for (int i = 0; i < n && !st; i++)
     if (!(xs[i] = nbi_placeholder(&shapes[i], in->dtypes[i]))) st = nb_last_status();
   if (!st) st = td_build(fn, in, xs, trees);
-  if (!st) st = run_body(fn, t->body, t->user, trees, t->n_in, outs, t->n_out);
+  if (!st) {
+    nbi_trace_depth++; /* a trace: the seeded generator refuses, as in any */
+    st = run_body(fn, t->body, t->user, trees, t->n_in, outs, t->n_out);
+    nbi_trace_depth--;
+  }
   if (!st) st = td_of(fn, outs, t->n_out, out);
   release_trees(trees, t->n_in);
   release_trees(outs, t->n_out);

@@ -39,7 +39,9 @@ nb_status nbi_cpu_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const nbi
  *     ... element j of op k is at off[k] + j * it.strides[k][it.ndim - 1]
  *   }
  */
-#define NBI_ITER_MAX_OPS NBI_FUSE_OPERANDS
+/* The most views one iteration walks: also the most outputs and operands an
+ * elementwise group may have together here (k_fused.c, the CPU's group_ok). */
+#define NBI_ITER_MAX_OPS 16
 typedef struct nbi_iter {
   int ndim; /* >= 1 */
   int n_ops;

@@ -40,7 +40,7 @@
  * and a group runs on the small kernel (k_gemm_small.c): a oneDNN primitive
  * always opens an OpenMP region, while gemm.c runs such products on the
  * calling thread (NBI_GEMM_SERIAL_MACS). */
-enum { EPI_MAX_ALIASES = 4, EPI_MIN_WORK = NBI_GEMM_SERIAL_MACS };
+enum { EPI_MIN_WORK = NBI_GEMM_SERIAL_MACS };
 
 /* ---- matching ------------------------------------------------------------------------ */
 static int act_alg(int op, float *alpha) {
@@ -55,55 +55,57 @@ static int act_alg(int op, float *alpha) {
   }
 }
 
-/* Whether step i's value is read by a step other than `user` or held. */
-static bool used_elsewhere(nb_tensor *const *nodes, int n, int i, int user, const bool *held) {
-  if (held[i]) return true;
-  for (int j = i + 1; j < n; j++) {
-    if (j == user) continue;
-    for (int k = 0; k < nodes[j]->n_in; k++)
-      if (nodes[j]->in[k]->mark == i) return true;
-  }
-  return false;
-}
-
-/* The bias operand of `add` (the input that is not `mm`) when it is a row bias
- * of mm's [M, N] value: f32, shape [N] or [1, N], the sum shaped like mm. */
-static const nb_tensor *row_bias(const nb_tensor *add, const nb_tensor *mm) {
-  if (add->op != NBI_OP_ADD || add->n_in != 2 || add->dtype != NB_F32) return NULL;
-  const nb_tensor *b = add->in[0] == mm ? add->in[1] : add->in[1] == mm ? add->in[0] : NULL;
-  if (!b || b == mm || b->dtype != NB_F32 || !nbi_shape_eq(&add->shape, &mm->shape)) return NULL;
-  int64_t n = mm->shape.dims[1];
-  if (b->shape.ndim == 1) return b->shape.dims[0] == n ? b : NULL;
-  if (b->shape.ndim == 2) return b->shape.dims[0] == 1 && b->shape.dims[1] == n ? b : NULL;
-  return NULL;
-}
-
 /* IDENTITY and STOP_GRADIENT alias their input (no kernel). Transforms wrap
  * traced inputs in them, so a bias parameter's alias is often recorded between
  * the product and its add; the group then takes it in as a member. */
-static bool is_alias(const nb_tensor *t) {
-  return t->op == NBI_OP_IDENTITY || t->op == NBI_OP_STOP_GRADIENT;
+static bool is_alias(int op) { return op == NBI_OP_IDENTITY || op == NBI_OP_STOP_GRADIENT; }
+
+/* Member src (or operand -1 - src) of g, looking through alias members. */
+static int resolve(const nbi_group *g, int src) {
+  while (src >= 0 && is_alias(g->m[src].op))
+    src = g->m[src].src[0];
+  return src;
 }
 
-int nbi_cpu_gemm_epi_match(nb_tensor *const *nodes, int n, int i, const bool *held) {
-  const nb_tensor *mm = nodes[i];
-  if (mm->op != NBI_OP_MATMUL || mm->dtype != NB_F32 || mm->shape.ndim != 2) return 0;
-  if (mm->in[0]->shape.ndim != 2 || mm->in[1]->shape.ndim != 2 || mm->in[0]->dtype != NB_F32 ||
-      mm->in[1]->dtype != NB_F32)
-    return 0;
-  /* any size: below EPI_MIN_WORK (= NBI_GEMM_SMALL_MACS) the small kernel runs the group */
-  int j = i + 1; /* the add, after aliases of values from outside the group */
-  while (j < n && j - i < EPI_MAX_ALIASES && is_alias(nodes[j]) && nodes[j]->in[0]->mark < i)
-    j++;
-  if (j >= n || !row_bias(nodes[j], mm) || used_elsewhere(nodes, n, i, j, held)) return 0;
-  if (j + 1 < n) {
-    const nb_tensor *act = nodes[j + 1];
-    float alpha;
-    if (act->n_in == 1 && act->in[0] == nodes[j] && act->dtype == NB_F32 &&
-        act_alg(act->op, &alpha) >= 0)
-      return j + 2 - i;
+/* An epilogue group as the planner describes it (backend.h, "GEMM epilogues"):
+ * member 0 the product of operands a and b, then aliases, member add the sum
+ * of the product and operand bias, then the activation when add + 1 < m. */
+typedef struct epi_plan {
+  int m, add, a, b, bias;
+} epi_plan;
+
+/* Parses g into p; false when it is not an f32 2-D epilogue this file runs. */
+static bool epi_parse(const nbi_group *g, epi_plan *p) {
+  float alpha;
+  *p = (epi_plan){.m = g->n_members, .add = 1};
+  if (g->kind != NBI_GROUP_GEMM || p->m < 2 || p->m > NBI_FUSE_MAX) return false;
+  const nbi_group_member *mm = &g->m[0];
+  if (mm->op != NBI_OP_MATMUL || mm->n_in != 2 || mm->dtype != NB_F32 || mm->shape.ndim != 2 ||
+      mm->src[0] >= 0 || mm->src[1] >= 0 || mm->out >= 0)
+    return false;
+  p->a = -1 - mm->src[0], p->b = -1 - mm->src[1];
+  if (g->operand[p->a].dtype != NB_F32 || g->operand[p->b].dtype != NB_F32) return false;
+  while (p->add < p->m && is_alias(g->m[p->add].op)) {
+    const nbi_group_member *e = &g->m[p->add++];
+    if (e->n_in != 1 || e->src[0] >= 0) return false; /* aliases of outside values only */
   }
-  return j + 1 - i;
+  if (p->add >= p->m || p->add + 2 < p->m) return false;
+  const nbi_group_member *add = &g->m[p->add];
+  if (add->op != NBI_OP_ADD || add->n_in != 2 || add->dtype != NB_F32 ||
+      (add->src[0] == 0) == (add->src[1] == 0))
+    return false;
+  int bias = resolve(g, add->src[add->src[0] == 0 ? 1 : 0]);
+  if (bias >= 0 || g->operand[-1 - bias].dtype != NB_F32) return false;
+  p->bias = -1 - bias;
+  if (p->add + 1 == p->m) return true;
+  const nbi_group_member *act = &g->m[p->add + 1];
+  return act->n_in == 1 && act->src[0] == p->add && act->dtype == NB_F32 &&
+         act_alg(act->op, &alpha) >= 0;
+}
+
+bool nbi_cpu_gemm_epi_ok(const nbi_group *g) {
+  epi_plan p;
+  return epi_parse(g, &p);
 }
 
 /* ---- the primitive cache --------------------------------------------------------------- */
@@ -315,51 +317,55 @@ bool nbi_cpu_gemm_prim(int nd, const int64_t *ad, const int64_t *as, const float
 }
 
 /* ---- running a group --------------------------------------------------------------- */
-/* A group being run: nodes[0] is the product, nodes[add] the bias add. */
+/* A group being run: g's plan p, its operand views in, its output slots out. */
 typedef struct epi_group {
-  nb_tensor *const *nodes;
-  int m, add; /* members; the add's index (the product is member 0) */
-  const bool *store;
+  const nbi_group *g;
+  epi_plan p;
   nbi_view *out;
+  const nbi_view *in;
 } epi_group;
 
-/* The view of t, an input of a member: a member's value (v[0..upto)) or an
- * outside tensor's. */
-static nbi_view input_view(const epi_group *g, const nbi_view *v, int upto, const nb_tensor *t) {
-  int c = t->mark - g->nodes[0]->mark;
-  return c >= 0 && c < upto ? v[c] : nbi_tensor_view(t);
+/* Member k's output slot view, or NULL when it is not stored. */
+static nbi_view *slot(const epi_group *eg, int k) {
+  return eg->g->m[k].out >= 0 ? &eg->out[eg->g->m[k].out] : NULL;
 }
 
-/* The members one by one through their ops' kernels (values not stored live in
- * scratch, aliases alias): the path when oneDNN has no fast primitive for the
- * case. Also stores every stored alias member (both paths). */
-static nb_status run_unfused(const epi_group *g, bool aliases_only) {
+/* The members one by one through the CPU's own kernels (values not stored
+ * live in scratch, aliases alias): the path when oneDNN has no fast primitive
+ * for the case. Also stores every stored alias member (both paths). */
+static nb_status run_unfused(const epi_group *eg, bool aliases_only) {
+  const nbi_group *g = eg->g;
   nbi_view v[NBI_FUSE_MAX];
   void *tmp[NBI_FUSE_MAX] = {0};
   nb_status st = NB_OK;
-  for (int k = 0; k < g->m && !st; k++) {
-    const nb_tensor *t = g->nodes[k];
-    if (is_alias(t)) { /* its input is from outside the group */
-      v[k] = nbi_tensor_view(t->in[0]);
-      if (g->store[k] && aliases_only) nbi_copy_view(&g->out[k], &v[k]);
+  for (int k = 0; k < g->n_members && !st; k++) {
+    const nbi_group_member *e = &g->m[k];
+    if (is_alias(e->op)) { /* its input is an operand */
+      v[k] = eg->in[-1 - e->src[0]];
+      if (slot(eg, k) && aliases_only) nbi_copy_view(slot(eg, k), &v[k]);
       continue;
     }
     if (aliases_only) continue;
     nbi_view in[2];
-    for (int j = 0; j < t->n_in && j < 2; j++)
-      in[j] = input_view(g, v, k, t->in[j]);
-    if (g->store[k]) {
-      v[k] = g->out[k];
+    for (int j = 0; j < e->n_in && j < 2; j++)
+      in[j] = e->src[j] >= 0 ? v[e->src[j]] : eg->in[-1 - e->src[j]];
+    if (slot(eg, k)) {
+      v[k] = *slot(eg, k);
     } else {
-      v[k] = (nbi_view){.dtype = t->dtype, .ndim = t->shape.ndim};
-      memcpy(v[k].dims, t->shape.dims, sizeof v[k].dims);
-      nbi_contig_strides(&t->shape, v[k].strides);
-      tmp[k] = nbi_cpu_scratch("nb_eval", (size_t)nbi_numel(&t->shape) * nb_dtype_size(t->dtype));
+      v[k] = (nbi_view){.dtype = e->dtype, .ndim = e->shape.ndim};
+      memcpy(v[k].dims, e->shape.dims, sizeof v[k].dims);
+      nbi_contig_strides(&e->shape, v[k].strides);
+      tmp[k] = nbi_cpu_scratch("nb_eval", (size_t)nbi_numel(&e->shape) * nb_dtype_size(e->dtype));
       if (!(v[k].data = tmp[k])) st = NB_ERR_OOM;
     }
-    if (!st) st = nbi_cpu_run_op(NULL, t, &v[k], in);
+    /* the member as a node: what the kernels read (op, dtype, shape, attrs) */
+    nb_tensor t = {.op = e->op, .dtype = e->dtype, .shape = e->shape, .n_in = e->n_in, .mark = -1};
+    for (int a = 0; a < NBI_GROUP_ATTRS; a++)
+      t.attrs.i[a] = e->ai[a];
+    t.attrs.f[0] = e->af[0], t.attrs.f[1] = e->af[1];
+    if (!st) st = nbi_cpu_run_op(NULL, &t, &v[k], in);
   }
-  for (int k = 0; k < g->m; k++)
+  for (int k = 0; k < g->n_members; k++)
     nbi_cpu_scratch_free(tmp[k]);
   return st;
 }
@@ -380,16 +386,6 @@ static const float *operand(const nbi_view *v, int64_t s[2], void **owned) {
   return nbi_cpu_contig("nb_matmul", v, NB_F32, owned);
 }
 
-/* The view of an outside tensor t, looking through alias members. */
-static nbi_view outside_view(const epi_group *g, const nb_tensor *t) {
-  int c = t->mark - g->nodes[0]->mark;
-  while (c > 0 && c < g->m && is_alias(g->nodes[c])) {
-    t = g->nodes[c]->in[0];
-    c = t->mark - g->nodes[0]->mark;
-  }
-  return nbi_tensor_view(t);
-}
-
 /* The epilogue activation of op (NBI_EPI_NONE for none of them). */
 static nbi_epi_act epi_act(int op) {
   switch (op) {
@@ -405,10 +401,11 @@ static nbi_epi_act epi_act(int op) {
 /* A group below oneDNN's sizes on the small kernel, operands at their strides
  * (a, b: the product's 2-D inputs; bias: its row, [N] or [1, N]); the sum is
  * stored first where it is needed (two_pass), then the activation from it. */
-static nb_status run_small(const epi_group *g, const nbi_view *a, const nbi_view *b,
+static nb_status run_small(const epi_group *eg, const nbi_view *a, const nbi_view *b,
                            const nbi_view *bias, int res, bool two_pass) {
-  bool has_act = g->add + 1 < g->m;
-  nbi_epi_act act = has_act ? epi_act(g->nodes[g->add + 1]->op) : NBI_EPI_NONE;
+  int add = eg->p.add;
+  bool has_act = add + 1 < eg->p.m;
+  nbi_epi_act act = has_act ? epi_act(eg->g->m[add + 1].op) : NBI_EPI_NONE;
   int64_t rows = a->dims[0], cols = b->dims[1];
   nbi_gemm_small_args s = {.m = rows,
                            .n = cols,
@@ -422,39 +419,38 @@ static nb_status run_small(const epi_group *g, const nbi_view *a, const nbi_view
                            .bias = (const float *)bias->data,
                            .s_bias = bias->strides[bias->ndim - 1],
                            .act = two_pass ? NBI_EPI_NONE : act,
-                           .c = (float *)g->out[res].data,
+                           .c = (float *)slot(eg, res)->data,
                            .ldc = cols};
   nb_status st = nbi_gemm_small(&s);
-  if (!st && two_pass && g->store[g->add + 1])
-    nbi_epi_act_apply(act, (const float *)g->out[g->add].data, (float *)g->out[g->add + 1].data,
+  if (!st && two_pass && slot(eg, add + 1))
+    nbi_epi_act_apply(act, (const float *)slot(eg, add)->data, (float *)slot(eg, add + 1)->data,
                       rows * cols);
   return st;
 }
 
-nb_status nbi_cpu_gemm_epi_run(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out) {
-  epi_group g = {.nodes = nodes, .m = m, .add = 1, .store = store, .out = out};
-  while (is_alias(nodes[g.add]))
-    g.add++;
-  const nb_tensor *mm = nodes[0], *add = nodes[g.add];
-  bool has_act = g.add + 1 < m, two_pass = has_act && store[g.add]; /* the sum is needed too */
-  int res = two_pass || !has_act ? g.add : g.add + 1;
-  nb_status st = run_unfused(&g, true); /* stored aliases */
-  if (st || !store[res]) return st;     /* no value of the group is needed */
-  nbi_view a = outside_view(&g, mm->in[0]), b = outside_view(&g, mm->in[1]);
-  nbi_view bias = outside_view(&g, row_bias(add, mm));
+nb_status nbi_cpu_gemm_epi_run(const nbi_group *g, nbi_view *out, const nbi_view *in) {
+  epi_group eg = {.g = g, .out = out, .in = in};
+  if (!epi_parse(g, &eg.p))
+    return nbi_error(NB_ERR_INTERNAL, "nb_eval: a GEMM group the CPU does not take");
+  int add = eg.p.add;
+  bool has_act = add + 1 < eg.p.m, two_pass = has_act && slot(&eg, add); /* the sum is needed too */
+  int res = two_pass || !has_act ? add : add + 1;
+  nb_status st = run_unfused(&eg, true); /* stored aliases */
+  if (st || !slot(&eg, res)) return st;  /* no value of the group is needed */
+  nbi_view a = in[eg.p.a], b = in[eg.p.b], bias = in[eg.p.bias];
   epi_key key;
   memset(&key, 0, sizeof key);
   key.kind = KIND_MATMUL;
   key.nd = 2;
   int64_t rows = a.dims[0], inner = a.dims[1], cols = b.dims[1];
   if (rows == 0 || cols == 0) return NB_OK;
-  if (inner == 0) return run_unfused(&g, false);
-  if (nbi_gemm_small_fits(rows, cols, inner)) return run_small(&g, &a, &b, &bias, res, two_pass);
+  if (inner == 0) return run_unfused(&eg, false);
+  if (nbi_gemm_small_fits(rows, cols, inner)) return run_small(&eg, &a, &b, &bias, res, two_pass);
   key.ad[0] = key.cd[0] = rows;
   key.ad[1] = key.bd[0] = inner;
   key.bd[1] = key.cd[1] = cols;
   float alpha;
-  key.alg = has_act && !two_pass ? act_alg(nodes[g.add + 1]->op, &alpha) : -1;
+  key.alg = has_act && !two_pass ? act_alg(g->m[add + 1].op, &alpha) : -1;
   void *own[3];
   const float *pa = operand(&a, key.as, &own[0]), *pb = operand(&b, key.bs, &own[1]);
   bias.dims[0] = bias.dims[bias.ndim - 1]; /* [N] or [1, N]: the row is the last dim */
@@ -463,12 +459,12 @@ nb_status nbi_cpu_gemm_epi_run(nb_tensor *const *nodes, int m, const bool *store
   const float *pbias = (const float *)nbi_cpu_contig("nb_matmul", &bias, NB_F32, &own[2]);
   st = pa && pb && pbias ? NB_OK : NB_ERR_OOM;
   key.bias = 1;
-  bool done = !st && gemm_prim(&key, false, pa, pb, pbias, (float *)out[res].data);
-  if (done && two_pass && store[g.add + 1])
-    done = eltwise_prim(act_alg(nodes[g.add + 1]->op, &alpha), rows, cols,
-                        (const float *)out[g.add].data, (float *)out[g.add + 1].data);
+  bool done = !st && gemm_prim(&key, false, pa, pb, pbias, (float *)slot(&eg, res)->data);
+  if (done && two_pass && slot(&eg, add + 1))
+    done = eltwise_prim(act_alg(g->m[add + 1].op, &alpha), rows, cols,
+                        (const float *)slot(&eg, add)->data, (float *)slot(&eg, add + 1)->data);
   for (int k = 0; k < 3; k++)
     nbi_cpu_scratch_free(own[k]);
-  if (!st && !done) st = run_unfused(&g, false);
+  if (!st && !done) st = run_unfused(&eg, false);
   return st;
 }

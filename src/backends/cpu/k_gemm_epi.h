@@ -6,19 +6,17 @@
 
 #include "cpu.h"
 
-/* For the planner (src/core/fuse.c): the length (2 or 3) of the epilogue group
- * that starts at step i of nodes[0..n-1] (topological order, mark = index,
- * held[j]: step j's value is kept after the realization), or 0 when none does.
- * A group is an f32 2-D MATMUL (any size: below 2^20 multiply-adds it runs on the small kernel
- * of k_gemm_small.c, above as a oneDNN primitive), the ADD of a row bias ([N] or [1, N]) to it, and
- * optionally one activation (relu, gelu, tanh, sigmoid, silu) of that sum. The product's value must
- * be needed by the add only; the sum's may be needed elsewhere too (the group then stores it: the
- * activation runs as a second pass from the stored sum). */
-int nbi_cpu_gemm_epi_match(nb_tensor *const *nodes, int n, int i, const bool *held);
+/* The CPU's answer for an epilogue group g (backend.h, "GEMM epilogues"): an
+ * f32 2-D MATMUL (any size: below 2^20 multiply-adds it runs on the small
+ * kernel of k_gemm_small.c, above as a oneDNN primitive) of f32 operands, the
+ * ADD of an f32 row bias to it, and optionally one activation (relu, gelu,
+ * tanh, sigmoid, silu) of that sum; the product not stored. The sum may be
+ * stored too (the activation then runs as a second pass from the stored sum). */
+bool nbi_cpu_gemm_epi_ok(const nbi_group *g);
 
-/* Runs a group nbi_cpu_gemm_epi_match claimed: nodes[0..m-1]; out[k] is member
- * k's buffer where store[k]. */
-nb_status nbi_cpu_gemm_epi_run(nb_tensor *const *nodes, int m, const bool *store, nbi_view *out);
+/* Runs a group nbi_cpu_gemm_epi_ok took: in[k] is operand k's view (at its own
+ * shape), out[j] output slot j's buffer. */
+nb_status nbi_cpu_gemm_epi_run(const nbi_group *g, nbi_view *out, const nbi_view *in);
 
 /* C = A @ B for f32 (batched) matrices through a cached oneDNN matmul
  * primitive (no epilogue), over nd dims (batch dims, then rows and columns):

@@ -38,7 +38,8 @@
 
 /* Hot row and column loops are compiled twice, for AVX2 and for the baseline
  * ISA, and picked at load time (ifunc): the build targets plain x86-64. */
-#if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(NBI_NO_CLONES) /* a ThreadSanitizer build: the default clone */
 #define HOT __attribute__((target_clones("avx2", "default")))
 #else
 #define HOT
@@ -870,8 +871,8 @@ nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
 }
 
 /* ---- one row, for fused groups ---------------------------------------------------- */
-bool nbi_cpu_reduce_row_fusible(const nb_tensor *n) {
-  switch (n->op) {
+bool nbi_cpu_reduce_row_ok(int op, nb_dtype dt, nb_dtype in_dt) {
+  switch (op) {
   case NBI_OP_REDUCE_SUM:
   case NBI_OP_REDUCE_PROD:
   case NBI_OP_REDUCE_MAX:
@@ -879,7 +880,7 @@ bool nbi_cpu_reduce_row_fusible(const nb_tensor *n) {
   case NBI_OP_REDUCE_VAR: break;
   default: return false;
   }
-  return (n->dtype == NB_F32 || n->dtype == NB_F64) && n->in[0]->dtype == n->dtype;
+  return (dt == NB_F32 || dt == NB_F64) && in_dt == dt;
 }
 
 /* Folds one output's reduced elements x[0..len) (len >= 1) into *acc from its
@@ -901,25 +902,25 @@ static void fold_one_row(pass *p, fold_op op, const void *x, int64_t len, int64_
   }
 }
 
-double nbi_cpu_reduce_row(const nb_tensor *n, const void *x, int64_t len, int64_t n_out) {
-  pass p = {.ct = n->dtype};
+double nbi_cpu_reduce_row(const nbi_group_member *e, const void *x, int64_t len, int64_t n_out) {
+  pass p = {.ct = e->dtype};
   double acc, count = (double)len;
   if (len == 0) { /* every state stays initial */
-    p.op = n->op == NBI_OP_REDUCE_VAR ? F_SUM : simple_fold(n->op);
+    p.op = e->op == NBI_OP_REDUCE_VAR ? F_SUM : simple_fold(e->op);
     state_init(&p, &acc, NULL, 1);
   }
-  switch (n->op) {
+  switch (e->op) {
   case NBI_OP_REDUCE_SUM:
     if (len > 0) fold_one_row(&p, F_SUM, x, len, n_out, 0, &acc);
-    return n->attrs.f[0] == 1 ? acc : mean_of(acc, n->attrs.f[0]);
+    return e->af[0] == 1 ? acc : mean_of(acc, e->af[0]);
   case NBI_OP_REDUCE_VAR:
     if (len > 0) {
       fold_one_row(&p, F_SUM, x, len, n_out, 0, &acc);
       fold_one_row(&p, F_SQDEV, x, len, n_out, acc / count, &acc);
     }
-    return var_of(acc, count, n->attrs.i[1]);
+    return var_of(acc, count, e->ai[1]);
   default:
-    if (len > 0) fold_one_row(&p, simple_fold(n->op), x, len, n_out, 0, &acc);
+    if (len > 0) fold_one_row(&p, simple_fold(e->op), x, len, n_out, 0, &acc);
     return acc;
   }
 }
@@ -1098,13 +1099,11 @@ nb_status nbi_cpu_cumsum(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
 }
 
 /* ---- one row of an axis op, for fused groups ---------------------------------------- */
-bool nbi_cpu_axis_row_fusible(const nb_tensor *n) {
-  if (n->op != NBI_OP_SOFTMAX && n->op != NBI_OP_LOG_SOFTMAX && n->op != NBI_OP_CUMSUM)
-    return false;
-  return (n->dtype == NB_F32 || n->dtype == NB_F64) && n->in[0]->dtype == n->dtype &&
-         n->attrs.i[0] == n->shape.ndim - 1;
+bool nbi_cpu_axis_row_ok(int op, nb_dtype dt, nb_dtype in_dt) {
+  if (op != NBI_OP_SOFTMAX && op != NBI_OP_LOG_SOFTMAX && op != NBI_OP_CUMSUM) return false;
+  return (dt == NB_F32 || dt == NB_F64) && in_dt == dt;
 }
 
-void nbi_cpu_axis_row(const nb_tensor *n, const void *x, void *y, int64_t len) {
-  axis_task(n->op, n->dtype, x, y, 0, len, 1, 1); /* run_axis_op's task for one row */
+void nbi_cpu_axis_row(const nbi_group_member *e, const void *x, void *y, int64_t len) {
+  axis_task(e->op, e->dtype, x, y, 0, len, 1, 1); /* run_axis_op's task for one row */
 }

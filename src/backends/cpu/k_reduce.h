@@ -10,16 +10,22 @@
  * in[0] is any shape with any strides; the reduced axes are the bits of
  * n->attrs.i[0]; out holds the kept axes in order (keepdims or not). */
 nb_status nbi_cpu_reduce(const nb_tensor *n, nbi_view *out, const nbi_view *in);
-/* Fused row groups (nbi.h, nbi_cpu_reduce_row_fusible): the value (before the
- * conversion to n's dtype) that nbi_cpu_reduce gives an output whose reduced
- * elements are x[0..len), contiguous of n's dtype, in an input of n_out outputs
- * that reduces its trailing axes: the same folds in the same order, so fused and
- * unfused results agree bit for bit. */
-double nbi_cpu_reduce_row(const nb_tensor *n, const void *x, int64_t len, int64_t n_out);
-/* The same for an axis op over its last axis (nbi.h, nbi_cpu_axis_row_fusible):
- * y[0..len) from x[0..len), both contiguous of n's dtype, as nbi_cpu_softmax /
- * nbi_cpu_cumsum compute each row. */
-void nbi_cpu_axis_row(const nb_tensor *n, const void *x, void *y, int64_t len);
+/* Fused row groups (k_fused.c). Whether a reduction member (op, result dtype
+ * dt, input dtype in_dt) has a row routine: sum (mean too), prod, max, min,
+ * var (std too) of f32 or f64, input of the same dtype. */
+bool nbi_cpu_reduce_row_ok(int op, nb_dtype dt, nb_dtype in_dt);
+/* Its value (before the conversion to e's dtype) as nbi_cpu_reduce gives it
+ * for an output whose reduced elements are x[0..len), contiguous of e's dtype,
+ * in an input of n_out outputs that reduces its trailing axes: the same folds
+ * in the same order, so fused and unfused results agree bit for bit. e: the
+ * member (op, dtype, ai[1] = ddof of var, af[0] = mean's count or 1). */
+double nbi_cpu_reduce_row(const nbi_group_member *e, const void *x, int64_t len, int64_t n_out);
+/* The same for an axis op over its last axis: softmax, log_softmax, cumsum of
+ * f32 or f64, input of the same dtype; y[0..len) from x[0..len), both
+ * contiguous of e's dtype, as nbi_cpu_softmax / nbi_cpu_cumsum compute each
+ * row. */
+bool nbi_cpu_axis_row_ok(int op, nb_dtype dt, nb_dtype in_dt);
+void nbi_cpu_axis_row(const nbi_group_member *e, const void *x, void *y, int64_t len);
 /* SOFTMAX / LOG_SOFTMAX along axis n->attrs.i[0]; out has in[0]'s shape. */
 nb_status nbi_cpu_softmax(const nb_tensor *n, nbi_view *out, const nbi_view *in);
 /* CUMSUM (inclusive) along axis n->attrs.i[0]; out has in[0]'s shape. */

@@ -14,6 +14,7 @@
 #include "k_index.h"
 #include "k_linalg.h"
 #include "k_nn.h"
+#include "k_random.h"
 #include "k_reduce.h"
 #include "k_shape.h"
 
@@ -98,6 +99,7 @@
 #define K_SCATTER_ADD nbi_cpu_scatter_add
 #define K_SCATTER_ADD_ALONG_AXIS nbi_cpu_scatter_add_along_axis
 #define K_ONE_HOT nbi_cpu_one_hot
+#define K_RANDOM nbi_cpu_random
 /* linear algebra and NN (k_linalg.c, k_nn.c) */
 #define K_MATMUL nbi_cpu_matmul
 #define K_CONV2D nbi_cpu_conv2d
@@ -124,7 +126,7 @@
 /* clang-format on */
 
 static const nbi_kernel table[] = {
-#define NB_OP(id, name, arity) [NBI_OP_##id] = K_##id,
+#define NB_OP(id, name, arity, traits) [NBI_OP_##id] = K_##id,
 #include "../../ops/ops.def"
 #undef NB_OP
 };

@@ -196,7 +196,6 @@ static void group_one(nbi_group *g, uint8_t kind, const nb_tensor *n, const nbi_
   if (ai0 >= 0) m->ai[0] = ai0;
   m->af[0] = n->attrs.f[0];
   m->af[1] = n->attrs.f[1];
-  g->nodes = NULL;
   group_key(g);
 }
 
@@ -492,6 +491,7 @@ typedef struct op_route {
 #define ROUTE_IDENTITY R_VIEW
 #define ROUTE_STOP_GRADIENT R_VIEW
 #define ROUTE_PLACEHOLDER R_NONE
+#define ROUTE_RANDOM R_NONE /* keyed random numbers: CPU only for now */
 #define ROUTE_TUPLE_GET R_NONE
 #define ROUTE_TAKE {nbi_cuda_take, DT_ALL}
 #define ROUTE_TAKE_ALONG_AXIS {nbi_cuda_take_along_axis, DT_ALL}
@@ -523,7 +523,7 @@ typedef struct op_route {
 /* clang-format on */
 
 static const op_route routes[] = {
-#define NB_OP(id, name, arity) [NBI_OP_##id] = ROUTE_##id,
+#define NB_OP(id, name, arity, traits) [NBI_OP_##id] = ROUTE_##id,
 #include "../../ops/ops.def"
 #undef NB_OP
 };

@@ -6,10 +6,9 @@
  * or write that bypasses the backend faults at once instead of silently
  * working. Only this file translates addresses back. Kernels are the CPU's,
  * run on translated views; kernel errors are deferred to the next sync, as an
- * asynchronous device reports them. Fused groups are not offered (group_ok is
- * false): the CPU's fused executors read their operands from graph nodes, not
- * from views, so every step runs alone here (their results are bitwise the
- * unfused ones on the CPU anyway). */
+ * asynchronous device reports them. Fused groups are the CPU's too: its answer
+ * (group_ok), its executors on translated views, so a program groups and runs
+ * here as on the CPU. */
 #include "../backend.h"
 #include "../cpu/cpu.h" /* the CPU kernel table */
 
@@ -89,20 +88,22 @@ static bool emu_supports(void *ctx, int op, nb_dtype dt) {
   return nbi_cpu_supports(NULL, op, dt);
 }
 
-/* Runs the CPU kernel on translated views. A failure is kept for the next sync
- * (the thread's error is restored to what it was), as on a device whose
- * kernels run after the call returns. */
-static nb_status emu_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const nbi_view *in) {
-  emu_ctx *c = ctx;
-  nbi_view o = real_view(out), local[4], *r = n->n_in <= 4 ? local : malloc(sizeof *r * (size_t)n->n_in);
-  if (!r) return nbi_error(NB_ERR_OOM, "nb_eval: out of memory");
-  for (int k = 0; k < n->n_in; k++)
-    r[k] = real_view(&in[k]);
-  nb_status before = nb_last_status();
-  char saved[512];
-  if (before) snprintf(saved, sizeof saved, "%s", nb_last_error());
-  nb_status st = nbi_cpu_run_op(NULL, n, &o, r);
-  if (r != local) free(r);
+/* The thread's error before a kernel runs, restored after it (defer). */
+typedef struct emu_saved {
+  nb_status st;
+  char message[512];
+} emu_saved;
+
+static emu_saved save_error(void) {
+  emu_saved s = {.st = nb_last_status()};
+  if (s.st) snprintf(s.message, sizeof s.message, "%s", nb_last_error());
+  return s;
+}
+
+/* A kernel's status st, as an asynchronous device gives it: a failure is kept
+ * for the next sync (the first since the last one) and the thread's error is
+ * restored to before (saved), so the call itself succeeds. */
+static nb_status defer(emu_ctx *c, nb_status st, const emu_saved *before) {
   if (!st) return NB_OK;
   pthread_mutex_lock(&c->lock);
   if (!c->deferred) {
@@ -111,17 +112,37 @@ static nb_status emu_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const 
   }
   pthread_mutex_unlock(&c->lock);
   nb_clear_error();
-  if (before) nbi_error(before, "%s", saved);
+  if (before->st) nbi_error(before->st, "%s", before->message);
   return NB_OK;
 }
 
+/* Runs the CPU kernel on translated views, its failure deferred. */
+static nb_status emu_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const nbi_view *in) {
+  nbi_view o = real_view(out), local[4],
+           *r = n->n_in <= 4 ? local : malloc(sizeof *r * (size_t)n->n_in);
+  if (!r) return nbi_error(NB_ERR_OOM, "nb_eval: out of memory");
+  for (int k = 0; k < n->n_in; k++)
+    r[k] = real_view(&in[k]);
+  emu_saved before = save_error();
+  nb_status st = nbi_cpu_run_op(NULL, n, &o, r);
+  if (r != local) free(r);
+  return defer(ctx, st, &before);
+}
+
+/* Fused groups: the CPU's answer, and its executors on translated views (a
+ * failure deferred, as a kernel's). */
 static bool emu_group_ok(void *ctx, const nbi_group *g) {
-  (void)ctx, (void)g;
-  return false;
+  (void)ctx;
+  return nbi_cpu_backend.group_ok(NULL, g);
 }
 static nb_status emu_run_group(void *ctx, const nbi_group *g, nbi_view *out, const nbi_view *in) {
-  (void)ctx, (void)g, (void)out, (void)in;
-  return nbi_error(NB_ERR_INTERNAL, "nb_eval: emu devices run no fused groups");
+  nbi_view o[NBI_FUSE_MAX], r[NBI_FUSE_MAX];
+  for (int j = 0; j < g->n_outputs; j++)
+    o[j] = real_view(&out[j]);
+  for (int k = 0; k < g->n_operands; k++)
+    r[k] = real_view(&in[k]);
+  emu_saved before = save_error();
+  return defer(ctx, nbi_cpu_backend.run_group(NULL, g, o, r), &before);
 }
 
 static const nbi_backend emu_backend = {

@@ -1,0 +1,389 @@
+/* src/backends/mpi/mpi.c — the job (nb_init_distributed, ranks) and the host
+ * collectives between its processes (mpi_be.h), over Open MPI when built with
+ * `make MPI=1` (NABLA_MPI); otherwise the job is this process alone.
+ *
+ * Two communicators duplicate MPI_COMM_WORLD (errors return codes): one for the
+ * signatures, one for the data. A collective first sends its signature
+ * (sequence number, kind, count, dtype, op) to every other rank and receives
+ * theirs (point to point, so a rank that never arrives is named when the
+ * deadline passes), compares them, then moves the data with the non-blocking
+ * MPI call, polled until done or the deadline. O(ranks) signature messages per
+ * call: meant for the few ranks of a CPU mesh. */
+#include "mpi_be.h"
+
+#include <nabla/distributed.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static nb_distributed_error_fn on_error;
+static void *on_error_user;
+
+void nb_on_distributed_error(nb_distributed_error_fn fn, void *user) {
+  on_error = fn;
+  on_error_user = user;
+}
+
+static int rank_, world_ = 1, local_rank_;
+static char prefix[48];
+
+int nb_rank(void) { return rank_; }
+int nb_world_size(void) { return world_; }
+int nb_local_rank(void) { return local_rank_; }
+const char *nb_rank_prefix(void) { return prefix; }
+
+static void set_prefix(void) {
+  if (world_ > 1)
+    snprintf(prefix, sizeof prefix, "[rank %d/%d] ", rank_, world_);
+  else
+    prefix[0] = '\0';
+}
+
+#ifndef NABLA_MPI
+/* Size of a job launched by mpirun, from its environment (0: not launched). */
+static int launched_size(void) {
+  const char *v = getenv("OMPI_COMM_WORLD_SIZE");
+  if (!v) v = getenv("PMI_SIZE");
+  return v ? atoi(v) : 0;
+}
+
+nb_status nb_init_distributed(int *argc, char ***argv) {
+  (void)argc, (void)argv;
+  if (launched_size() > 1)
+    return nbi_error(NB_ERR_DISTRIBUTED,
+                     "nb_init_distributed: started by mpirun with %d processes, but this nabla "
+                     "was built without MPI (rebuild with `make MPI=1`)",
+                     launched_size());
+  set_prefix();
+  return NB_OK;
+}
+nb_status nb_finalize(void) { return NB_OK; }
+
+static nb_status alone(const void *send, void *recv, int64_t n, nb_dtype dt) {
+  if (send != recv && n > 0) memmove(recv, send, (size_t)n * nb_dtype_size(dt));
+  return NB_OK;
+}
+nb_status nbi_mpi_allreduce(void *buf, int64_t n, nb_dtype dt, int op) {
+  (void)buf, (void)n, (void)dt, (void)op;
+  return NB_OK;
+}
+nb_status nbi_mpi_allgather(const void *send, void *recv, int64_t n, nb_dtype dt) {
+  return alone(send, recv, n, dt);
+}
+nb_status nbi_mpi_reduce_scatter(const void *send, void *recv, int64_t n, nb_dtype dt, int op) {
+  (void)op;
+  return alone(send, recv, n, dt);
+}
+nb_status nbi_mpi_alltoall(const void *send, void *recv, int64_t n, nb_dtype dt) {
+  return alone(send, recv, n, dt);
+}
+nb_status nbi_mpi_permute(const void *send, void *recv, int64_t n, nb_dtype dt, int dest, int src) {
+  if (dest > 0 || src > 0)
+    return nbi_error(NB_ERR_DISTRIBUTED, "nabla: permute to rank %d from rank %d in a job of 1",
+                     dest, src);
+  return src == 0 ? alone(send, recv, n, dt) : NB_OK;
+}
+
+#else /* NABLA_MPI */
+#include <mpi.h>
+#include <stdarg.h>
+#include <time.h>
+
+static MPI_Comm sig_comm = MPI_COMM_NULL, data_comm = MPI_COMM_NULL;
+static bool joined, we_initialized;
+static uint64_t seq; /* collectives called so far (equal on every rank) */
+
+static double timeout_s(void) {
+  const char *v = getenv("NABLA_COLLECTIVE_TIMEOUT_S");
+  double t = v ? atof(v) : 0;
+  return t > 0 ? t : 300;
+}
+
+/* Reports a failed collective: to the handler, else on stderr and MPI_Abort. */
+static nb_status fail(nb_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static nb_status fail(nb_status s, const char *fmt, ...) {
+  char msg[768];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  nbi_error(s, "%s%s", prefix, msg);
+  if (on_error) {
+    on_error(s, nb_last_error(), on_error_user);
+    return s;
+  }
+  fprintf(stderr, "nabla: %s%s (NB_ERR_DISTRIBUTED): aborting the job\n", prefix, msg);
+  fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  return s;
+}
+
+static nb_status mpi_fail(const char *what, int rc) {
+  char err[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, err, &len);
+  return fail(NB_ERR_DISTRIBUTED, "%s: MPI error: %s", what, err);
+}
+
+nb_status nb_init_distributed(int *argc, char ***argv) {
+  if (joined) return NB_OK;
+  int inited = 0, provided = 0;
+  MPI_Initialized(&inited);
+  if (!inited) {
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+      return nbi_error(NB_ERR_DISTRIBUTED, "nb_init_distributed: MPI_Init_thread failed");
+    we_initialized = true;
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_);
+  MPI_Comm node;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) ==
+      MPI_SUCCESS) {
+    MPI_Comm_rank(node, &local_rank_);
+    MPI_Comm_free(&node);
+  }
+  if (MPI_Comm_dup(MPI_COMM_WORLD, &sig_comm) != MPI_SUCCESS ||
+      MPI_Comm_dup(MPI_COMM_WORLD, &data_comm) != MPI_SUCCESS)
+    return nbi_error(NB_ERR_DISTRIBUTED, "nb_init_distributed: MPI_Comm_dup failed");
+  MPI_Comm_set_errhandler(sig_comm, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(data_comm, MPI_ERRORS_RETURN);
+  joined = true;
+  set_prefix();
+  return NB_OK;
+}
+
+nb_status nb_finalize(void) {
+  if (!joined) return NB_OK;
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Comm_free(&sig_comm);
+  MPI_Comm_free(&data_comm);
+  joined = false;
+  if (we_initialized) MPI_Finalize();
+  rank_ = 0, world_ = 1, local_rank_ = 0;
+  set_prefix();
+  return NB_OK;
+}
+
+static void nap(void) { nanosleep(&(struct timespec){0, 20000}, NULL); }
+
+/* Polls reqs[0..n) until all are done or the deadline; on the deadline,
+ * missing (if given) gets which are not done. */
+static bool wait_all(MPI_Request *reqs, int n, double deadline, bool *missing, int *rc) {
+  for (;;) {
+    int all = 1;
+    *rc = MPI_Testall(n, reqs, &all, MPI_STATUSES_IGNORE);
+    if (*rc != MPI_SUCCESS || all) return *rc == MPI_SUCCESS;
+    if (MPI_Wtime() > deadline) {
+      for (int i = 0; missing && i < n; i++) {
+        int done = 0;
+        MPI_Test(&reqs[i], &done, MPI_STATUS_IGNORE);
+        missing[i] = !done;
+      }
+      return false;
+    }
+    nap();
+  }
+}
+
+enum { SIG_WORDS = 5 };
+static const char *const kinds[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                    "permute"};
+
+/* The signature exchange of collective kind (n elements of dt, op); peers:
+ * the ranks it talks to (NULL: all). */
+static nb_status check_signature(int kind, int64_t n, nb_dtype dt, int op, const bool *peers) {
+  int64_t mine[SIG_WORDS] = {(int64_t)++seq, kind, n, dt, op};
+  int64_t *theirs = malloc(sizeof *theirs * SIG_WORDS * (size_t)world_);
+  MPI_Request *reqs = malloc(sizeof *reqs * 2 * (size_t)world_);
+  bool *missing = calloc((size_t)world_, sizeof *missing);
+  if (!theirs || !reqs || !missing) {
+    free(theirs), free(reqs), free(missing);
+    return nbi_error(NB_ERR_OOM, "nabla: %s: out of memory", kinds[kind]);
+  }
+  int nr = 0;
+  int *who = malloc(sizeof *who * (size_t)world_);
+  int n_recv = 0;
+  for (int r = 0; r < world_ && who; r++) {
+    if (r == rank_ || (peers && !peers[r])) continue;
+    MPI_Irecv(theirs + SIG_WORDS * r, SIG_WORDS, MPI_INT64_T, r, 7, sig_comm, &reqs[n_recv]);
+    who[n_recv++] = r;
+  }
+  nr = n_recv;
+  for (int r = 0; r < world_ && who; r++) {
+    if (r == rank_ || (peers && !peers[r])) continue;
+    MPI_Isend(mine, SIG_WORDS, MPI_INT64_T, r, 7, sig_comm, &reqs[nr++]);
+  }
+  nb_status st = NB_OK;
+  int rc = MPI_SUCCESS;
+  double t = timeout_s();
+  if (!who) {
+    st = nbi_error(NB_ERR_OOM, "nabla: %s: out of memory", kinds[kind]);
+  } else if (!wait_all(reqs, nr, MPI_Wtime() + t, missing, &rc)) {
+    if (rc != MPI_SUCCESS) {
+      st = mpi_fail(kinds[kind], rc);
+    } else {
+      char list[256] = "";
+      size_t len = 0;
+      for (int i = 0; i < n_recv; i++)
+        if (missing[i] && len + 12 < sizeof list)
+          len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", len ? ", " : "", who[i]);
+      st = fail(NB_ERR_DISTRIBUTED,
+                "%s (call %llu): no word from rank(s) %s within %.0f s "
+                "(NABLA_COLLECTIVE_TIMEOUT_S)",
+                kinds[kind], (unsigned long long)mine[0], len ? list : "?", t);
+    }
+  } else {
+    for (int i = 0; i < n_recv && !st; i++) {
+      const int64_t *o = theirs + SIG_WORDS * who[i];
+      if (memcmp(o, mine, sizeof mine) != 0)
+        st = fail(NB_ERR_DISTRIBUTED,
+                  "%s (call %llu, %lld elements of %s): rank %d called %s (call %lld, %lld "
+                  "elements of %s): the ranks' programs differ",
+                  kinds[kind], (unsigned long long)mine[0], (long long)n, nb_dtype_name(dt), who[i],
+                  o[1] >= 0 && o[1] < 5 ? kinds[o[1]] : "?", (long long)o[0], (long long)o[2],
+                  o[3] >= 0 && o[3] < NB_DTYPE_COUNT ? nb_dtype_name((nb_dtype)o[3]) : "?");
+    }
+  }
+  free(who), free(theirs), free(reqs), free(missing);
+  return st;
+}
+
+static MPI_Datatype mpi_type(nb_dtype dt) {
+  switch (dt) {
+  case NB_F32: return MPI_FLOAT;
+  case NB_F64: return MPI_DOUBLE;
+  case NB_I32: return MPI_INT32_T;
+  case NB_I64: return MPI_INT64_T;
+  case NB_BOOL: return MPI_UINT8_T;
+  default: return MPI_DATATYPE_NULL;
+  }
+}
+
+static MPI_Op mpi_op(int op) {
+  return op == NBI_MPI_MAX ? MPI_MAX : op == NBI_MPI_MIN ? MPI_MIN : MPI_SUM;
+}
+
+/* Waits for the data phase of a collective. */
+static nb_status finish(int kind, MPI_Request *reqs, int n) {
+  int rc = MPI_SUCCESS;
+  double t = timeout_s();
+  if (wait_all(reqs, n, MPI_Wtime() + t, NULL, &rc)) return NB_OK;
+  if (rc != MPI_SUCCESS) return mpi_fail(kinds[kind], rc);
+  return fail(NB_ERR_DISTRIBUTED, "%s (call %llu): the data did not arrive within %.0f s",
+              kinds[kind], (unsigned long long)seq, t);
+}
+
+static bool too_big(int64_t n, nb_dtype dt) {
+  return n < 0 || (double)n * (double)nb_dtype_size(dt) > (double)(1u << 31) - 1;
+}
+
+/* f16/bf16 reductions: staged as f32 (and rounded once at the end). */
+static nb_status reduce_half(void *buf, int64_t n, nb_dtype dt, int op, const void *send,
+                             int64_t n_send, bool scatter) {
+  float *w = malloc(sizeof *w * (size_t)(n_send > 0 ? n_send : 1));
+  float *r = scatter ? malloc(sizeof *r * (size_t)(n > 0 ? n : 1)) : w;
+  if (!w || !r) {
+    free(w);
+    if (r != w) free(r);
+    return nbi_error(NB_ERR_OOM, "nabla: %s: out of memory",
+                     scatter ? "reduce_scatter" : "all_reduce");
+  }
+  for (int64_t i = 0; i < n_send; i++)
+    w[i] = (float)nbi_load_f64(send, dt, i);
+  nb_status st =
+      scatter ? nbi_mpi_reduce_scatter(w, r, n, NB_F32, op) : nbi_mpi_allreduce(w, n, NB_F32, op);
+  for (int64_t i = 0; !st && i < n; i++)
+    nbi_store_f64(buf, dt, i, r[i]);
+  free(w);
+  if (r != w) free(r);
+  return st;
+}
+
+nb_status nbi_mpi_allreduce(void *buf, int64_t n, nb_dtype dt, int op) {
+  if (!joined || world_ == 1) return NB_OK;
+  if (dt == NB_F16 || dt == NB_BF16) return reduce_half(buf, n, dt, op, buf, n, false);
+  if (too_big(n, dt) || mpi_type(dt) == MPI_DATATYPE_NULL)
+    return nbi_error(NB_ERR_DTYPE, "nabla: all_reduce of %lld %s over MPI", (long long)n,
+                     nb_dtype_name(dt));
+  nb_status st = check_signature(0, n, dt, op, NULL);
+  if (st) return st;
+  MPI_Request r;
+  int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(dt), mpi_op(op), data_comm, &r);
+  return rc != MPI_SUCCESS ? mpi_fail("all_reduce", rc) : finish(0, &r, 1);
+}
+
+nb_status nbi_mpi_allgather(const void *send, void *recv, int64_t n, nb_dtype dt) {
+  size_t es = nb_dtype_size(dt);
+  if (!joined || world_ == 1) {
+    if (n > 0 && send != recv) memmove(recv, send, (size_t)n * es);
+    return NB_OK;
+  }
+  if (too_big(n * world_, dt))
+    return nbi_error(NB_ERR_OVERFLOW, "nabla: all_gather of %lld elements", (long long)n);
+  nb_status st = check_signature(1, n, dt, 0, NULL);
+  if (st) return st;
+  MPI_Request r;
+  int rc = MPI_Iallgather(send, (int)((size_t)n * es), MPI_BYTE, recv, (int)((size_t)n * es),
+                          MPI_BYTE, data_comm, &r);
+  return rc != MPI_SUCCESS ? mpi_fail("all_gather", rc) : finish(1, &r, 1);
+}
+
+nb_status nbi_mpi_reduce_scatter(const void *send, void *recv, int64_t n, nb_dtype dt, int op) {
+  if (!joined || world_ == 1) {
+    if (n > 0 && send != recv) memmove(recv, send, (size_t)n * nb_dtype_size(dt));
+    return NB_OK;
+  }
+  if (dt == NB_F16 || dt == NB_BF16) return reduce_half(recv, n, dt, op, send, n * world_, true);
+  if (too_big(n * world_, dt) || mpi_type(dt) == MPI_DATATYPE_NULL)
+    return nbi_error(NB_ERR_DTYPE, "nabla: reduce_scatter of %lld %s over MPI", (long long)n,
+                     nb_dtype_name(dt));
+  nb_status st = check_signature(2, n, dt, op, NULL);
+  if (st) return st;
+  MPI_Request r;
+  int rc = MPI_Ireduce_scatter_block(send, recv, (int)n, mpi_type(dt), mpi_op(op), data_comm, &r);
+  return rc != MPI_SUCCESS ? mpi_fail("reduce_scatter", rc) : finish(2, &r, 1);
+}
+
+nb_status nbi_mpi_alltoall(const void *send, void *recv, int64_t n, nb_dtype dt) {
+  size_t es = nb_dtype_size(dt);
+  if (!joined || world_ == 1) {
+    if (n > 0 && send != recv) memmove(recv, send, (size_t)n * es);
+    return NB_OK;
+  }
+  if (too_big(n * world_, dt))
+    return nbi_error(NB_ERR_OVERFLOW, "nabla: all_to_all of %lld elements", (long long)n);
+  nb_status st = check_signature(3, n, dt, 0, NULL);
+  if (st) return st;
+  MPI_Request r;
+  int rc = MPI_Ialltoall(send, (int)((size_t)n * es), MPI_BYTE, recv, (int)((size_t)n * es),
+                         MPI_BYTE, data_comm, &r);
+  return rc != MPI_SUCCESS ? mpi_fail("all_to_all", rc) : finish(3, &r, 1);
+}
+
+nb_status nbi_mpi_permute(const void *send, void *recv, int64_t n, nb_dtype dt, int dest, int src) {
+  size_t es = nb_dtype_size(dt);
+  if (dest >= world_ || src >= world_)
+    return nbi_error(NB_ERR_DISTRIBUTED, "nabla: permute to rank %d from rank %d in a job of %d",
+                     dest, src, world_);
+  if (!joined || world_ == 1) {
+    if (src == 0 && n > 0 && send != recv) memmove(recv, send, (size_t)n * es);
+    return NB_OK;
+  }
+  if (too_big(n, dt))
+    return nbi_error(NB_ERR_OVERFLOW, "nabla: permute of %lld elements", (long long)n);
+  bool *peers = calloc((size_t)world_, sizeof *peers);
+  if (!peers) return nbi_error(NB_ERR_OOM, "nabla: permute: out of memory");
+  if (dest >= 0) peers[dest] = true;
+  if (src >= 0) peers[src] = true;
+  nb_status st = check_signature(4, n, dt, 0, peers);
+  free(peers);
+  if (st) return st;
+  MPI_Request r[2];
+  int k = 0, rc = MPI_SUCCESS;
+  if (src >= 0) rc = MPI_Irecv(recv, (int)((size_t)n * es), MPI_BYTE, src, 9, data_comm, &r[k++]);
+  if (rc == MPI_SUCCESS && dest >= 0)
+    rc = MPI_Isend(send, (int)((size_t)n * es), MPI_BYTE, dest, 9, data_comm, &r[k++]);
+  return rc != MPI_SUCCESS ? mpi_fail("permute", rc) : finish(4, r, k);
+}
+#endif

@@ -1,0 +1,136 @@
+/* test/mpi/test_mpi.c — the job and the host collectives between its processes
+ * (src/backends/mpi), run by `make MPI=1 test-mpi` under mpirun with 2 and 4
+ * processes. A standalone binary (test/mini_criterion.h): Criterion's runner
+ * forks, which MPI processes must not. Every rank checks every value against
+ * what it computes alone from the ranks' known inputs.
+ *   test_mpi             the collectives, signature mismatches
+ *   test_mpi deadline    rank 1 never arrives: rank 0 must report it and abort
+ *                        the job within NABLA_COLLECTIVE_TIMEOUT_S */
+#define TC_STANDALONE
+#define TC_OWN_MAIN
+#include <unistd.h>
+
+#include "../../src/backends/mpi/mpi_be.h"
+#include "../common.h"
+
+static int R, N; /* this rank, the job's size */
+
+/* rank r's i-th value */
+static double val(int r, int64_t i) {
+  return (double)((r + 1) * 10 + (i % 7)) - 3.0 * (double)(i % 3);
+}
+
+TestSuite(mpi);
+
+Test(mpi, ranks) {
+  cr_assert_eq(nb_world_size(), N);
+  cr_assert(R >= 0 && R < N);
+  cr_assert(nb_local_rank() >= 0 && nb_local_rank() < N);
+  int64_t mine = R, all[64];
+  cr_assert_eq(nbi_mpi_allgather(&mine, all, 1, NB_I64), NB_OK, "%s", nb_last_error());
+  for (int r = 0; r < N; r++)
+    cr_assert_eq(all[r], r);
+  char want[48];
+  snprintf(want, sizeof want, "[rank %d/%d] ", R, N);
+  cr_assert(N == 1 ? !*nb_rank_prefix() : strcmp(nb_rank_prefix(), want) == 0, "%s",
+            nb_rank_prefix());
+}
+
+Test(mpi, all_reduce_every_dtype_and_op) {
+  const nb_dtype dts[] = {NB_F32, NB_F64, NB_I32, NB_I64, NB_F16, NB_BF16};
+  enum { n = 1000 };
+  for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
+    for (int op = NBI_MPI_SUM; op <= NBI_MPI_MIN; op++) {
+      nb_dtype dt = dts[d];
+      char buf[n * 8];
+      for (int64_t i = 0; i < n; i++)
+        nbi_store_f64(buf, dt, i, val(R, i));
+      cr_assert_eq(nbi_mpi_allreduce(buf, n, dt, op), NB_OK, "%s", nb_last_error());
+      for (int64_t i = 0; i < n; i++) {
+        double want = op == NBI_MPI_SUM ? 0 : val(0, i);
+        for (int r = 0; r < N; r++) {
+          char one[8];
+          nbi_store_f64(one, dt, 0, val(r, i)); /* each rank's value as stored */
+          double v = nbi_load_f64(one, dt, 0);
+          want = op == NBI_MPI_SUM ? want + v : op == NBI_MPI_MAX ? fmax(want, v) : fmin(want, v);
+        }
+        char w[8];
+        nbi_store_f64(w, dt, 0, want); /* rounded once */
+        cr_assert_eq(nbi_load_f64(buf, dt, i), nbi_load_f64(w, dt, 0), "%s op %d [%lld]",
+                     nb_dtype_name(dt), op, (long long)i);
+      }
+    }
+}
+
+Test(mpi, gather_scatter_all_to_all_permute) {
+  enum { n = 37 };
+  double send[64 * n], recv[64 * n];
+  for (int64_t i = 0; i < N * n; i++)
+    send[i] = val(R, i);
+  cr_assert_eq(nbi_mpi_allgather(send, recv, n, NB_F64), NB_OK, "%s", nb_last_error());
+  for (int r = 0; r < N; r++)
+    for (int64_t i = 0; i < n; i++)
+      cr_assert_eq(recv[r * n + i], val(r, i));
+  cr_assert_eq(nbi_mpi_reduce_scatter(send, recv, n, NB_F64, NBI_MPI_SUM), NB_OK, "%s",
+               nb_last_error());
+  for (int64_t i = 0; i < n; i++) {
+    double want = 0;
+    for (int r = 0; r < N; r++)
+      want += val(r, R * n + i);
+    cr_assert_eq(recv[i], want);
+  }
+  cr_assert_eq(nbi_mpi_alltoall(send, recv, n, NB_F64), NB_OK, "%s", nb_last_error());
+  for (int r = 0; r < N; r++)
+    for (int64_t i = 0; i < n; i++)
+      cr_assert_eq(recv[r * n + i], val(r, R * n + i));
+  /* a ring: rank r sends to r + 1 */
+  for (int64_t i = 0; i < n; i++)
+    recv[i] = -1;
+  int dest = N > 1 ? (R + 1) % N : 0, src = N > 1 ? (R + N - 1) % N : 0;
+  cr_assert_eq(nbi_mpi_permute(send, recv, n, NB_F64, dest, src), NB_OK, "%s", nb_last_error());
+  for (int64_t i = 0; i < n; i++)
+    cr_assert_eq(recv[i], val(src, i));
+}
+
+static int handled;
+static char handled_msg[1024];
+static void record(nb_status s, const char *msg, void *u) {
+  (void)u;
+  handled += s == NB_ERR_DISTRIBUTED;
+  snprintf(handled_msg, sizeof handled_msg, "%s", msg);
+}
+
+/* Rank 0 reduces 4 elements, the others 5: every rank reports it. */
+Test(mpi, a_mismatch_is_reported_on_every_rank) {
+  if (N == 1) return;
+  nb_on_distributed_error(record, NULL);
+  float buf[5] = {1, 2, 3, 4, 5};
+  nb_status st = nbi_mpi_allreduce(buf, R == 0 ? 4 : 5, NB_F32, NBI_MPI_SUM);
+  cr_assert_eq(st, NB_ERR_DISTRIBUTED);
+  cr_assert_eq(handled, 1);
+  cr_assert(strstr(handled_msg, "all_reduce") && strstr(handled_msg, "differ"), "%s", handled_msg);
+  cr_assert_eq(buf[0], 1.0f, "the data never moved");
+  nb_clear_error();
+  nb_on_distributed_error(NULL, NULL);
+  /* the job goes on */
+  cr_assert_eq(nbi_mpi_allreduce(buf, 5, NB_F32, NBI_MPI_SUM), NB_OK, "%s", nb_last_error());
+  cr_assert_eq(buf[4], 5.0f * (float)N);
+}
+
+int main(int argc, char **argv) {
+  if (nb_init_distributed(&argc, &argv) != NB_OK) {
+    fprintf(stderr, "%s\n", nb_last_error());
+    return 2;
+  }
+  R = nb_rank(), N = nb_world_size();
+  if (argc > 1 && strcmp(argv[1], "deadline") == 0) {
+    if (R == 1) sleep(60); /* never arrives in time */
+    float x = 1;
+    nbi_mpi_allreduce(&x, 1, NB_F32, NBI_MPI_SUM); /* rank 0 aborts the job here */
+    return 0;
+  }
+  int rc = tcm_main();
+  nb_finalize();
+  if (R == 0) fprintf(stderr, "test_mpi: %d ranks: %s\n", N, rc ? "FAILED" : "ok");
+  return rc;
+}
