@@ -11,5 +11,7 @@
 #include "sharding.h"
 #include "distributed.h"
 #include "random.h"
+#include "tree.h"
+#include "optim.h"
 
 #endif

@@ -55,15 +55,24 @@ int nb_fn_n_out(const nb_fn *f); /* -1 for NULL */
 nb_status nb_call(nb_fn *f, nb_tensor *const *in, nb_tensor **out);
 
 /* ---- functional transforms (JAX semantics) ----------------------------------------
- * argnums lists the differentiated inputs (negative counts from the end; a
- * list holds at most NB_MAX_DIMS; NB_ALL = every input, however many); they must be floating-point
- * tensors. Gradients have the shape and dtype of their input. Each returns a new nb_fn, NULL on a
- * bad argument (argnums out of range or repeated, NULL f). */
+ * argnums lists the differentiated inputs (negative counts from the end; an
+ * nb_axes list holds at most NB_MAX_DIMS; NB_ALL = every input, however many;
+ * nb_grad_argnums takes a list of any length); listed inputs must be
+ * floating-point tensors. Gradients have the shape and dtype of their input.
+ * With NB_ALL, integer and bool inputs are passed through: their "gradient"
+ * is zeros of their shape and dtype (a token batch beside the weights).
+ * Each returns a new nb_fn, NULL on a bad argument (argnums out of range or
+ * repeated, NULL f). A function of trees (nabla/tree.h) is accepted by
+ * nb_grad, nb_value_and_grad (and their _argnums forms), nb_jit, nb_vmap and
+ * nb_checkpoint; argnums then count trees. */
 
 /* out: one gradient per argnum. f's out[0] must have exactly one element. */
 nb_fn *nb_grad(nb_fn *f, nb_axes argnums);
 /* out: f's outputs, then one gradient (of out[0]) per argnum. */
 nb_fn *nb_value_and_grad(nb_fn *f, nb_axes argnums);
+/* The same with argnums[0..n-1], n >= 1, of any length. */
+nb_fn *nb_grad_argnums(nb_fn *f, const int *argnums, int n);
+nb_fn *nb_value_and_grad_argnums(nb_fn *f, const int *argnums, int n);
 /* in: primals (n_in), then one cotangent per output (n_out, each of the
  * output's shape and dtype). out: f's outputs, then one cotangent per input
  * (zeros for integer inputs and inputs the outputs do not depend on). */
@@ -106,9 +115,16 @@ nb_fn *nb_vmap(nb_fn *f, const int *in_axes, const int *out_axes);
  * another transform the program is recorded into the enclosing trace, so
  * jit composes with every transform. The last 16 signatures are kept (least
  * recently used out); nb_stats counts jit_cache_hits / jit_cache_misses.
- * As in JAX, the body must be pure: tensors it captures from outside are read
- * when a call runs (nb_assign on them is seen), C-side effects happen only
- * while tracing, and nb_rand inside the body is drawn once, at the trace. */
+ * As in JAX, the body must be pure: C-side effects happen only while
+ * tracing, and nb_rand inside the body is drawn once, at the trace.
+ * Tensors the body captures from outside (through `user`) are read when a
+ * call runs (nb_assign on them is seen), and a call never uses a tensor the
+ * body no longer reads: when the body captured any, each call first runs it
+ * again on placeholders (recording, not computing; its C side effects
+ * happen again) to check that it reads the same tensors, and traces anew
+ * when a captured pointer was swapped. Pass values that change from call to
+ * call as arguments (trees hold any number, nabla/tree.h): then the body
+ * runs only when a new signature is traced. */
 nb_fn *nb_jit(nb_fn *f);
 
 /* The same function, but its internals are not kept for the backward pass:
@@ -162,7 +178,12 @@ nb_status nb_fori_loop(int64_t lower, int64_t upper, nb_fn *body, nb_tensor *con
  * provenance, adds d loss / d leaf into each leaf's .grad, and then frees the
  * provenance (a second nb_backward through the same graph is an error, as
  * PyTorch without retain_graph). The loss and the new gradients are computed in
- * one realization. Tensors made without requires-grad inputs keep nothing. */
+ * one realization, which frees the forward's intermediates as it goes: each
+ * dies after the backward's last use of it, even when a scope holds it, so
+ * imperative training peaks near the functional style's memory. Such an
+ * intermediate read afterwards is recomputed (lazily) from the values its
+ * inputs had (an nb_assign'd parameter's old buffer is kept for it while the
+ * intermediate lives). Tensors made without requires-grad inputs keep nothing. */
 
 /* Returns t. Only floating-point tensors may require gradients. on = false
  * makes t an ordinary tensor again (its .grad is kept). */
@@ -182,11 +203,37 @@ nb_tensor *nb_detach(nb_tensor *t);
 /* Rebinds dst's value to src's (same shape; converted to dst's dtype and moved
  * to dst's device): same handle, same requires-grad flag and .grad. An in-place update such as
  * w = w - lr * g:  nb_assign(w, nb_sub(w, nb_mul_scalar(g, lr))).
- * Every pending tensor in the calling thread's scopes is realized first, so
- * values computed before the assign (a loss you print afterwards) see the old
- * value of dst; tensors you hold outside any scope must be realized by you.
- * Neither may be traced (inside a transform, return new values instead). */
+ * What it realizes, in one plan: src, and every pending tensor that reads
+ * dst (directly or through other pending tensors) and is registered in one
+ * of the calling thread's scopes, so values computed before the assign (a
+ * loss you print afterwards) keep dst's old value. A lazy tensor (a result
+ * a realization left pending to recompute on demand) that reads dst is not
+ * run: it is pointed at dst's old buffer. Pending tensors that do not read
+ * dst stay pending; tensors you hold outside any scope (nb_retain, a tree's
+ * own reference) are not looked at: realize them first if they read dst.
+ * dst's old value dies in that plan, so an elementwise update writes over
+ * dst's buffer when nothing else shares it. Neither may be traced (inside a
+ * transform, return new values instead). */
 nb_status nb_assign(nb_tensor *dst, nb_tensor *src);
+/* nb_assign of src[k] to dst[k] for k < n, all in one plan: every src and
+ * every scope-held pending tensor that reads any dst are realized together
+ * (each sees every dst's old value), then each dst is rebound. An optimizer
+ * step over 100 parameters is one realization, not 100. The dsts must be
+ * distinct (NB_ERR_ARG); a src may be another dst (a swap). Sharded dsts are
+ * assigned after the others, one by one. */
+nb_status nb_assign_n(nb_tensor *const *dst, nb_tensor *const *src, int n);
+
+/* No-grad mode (torch.no_grad): between nb_no_grad_begin and the matching
+ * nb_no_grad_end, ops on tensors that require grad record no provenance, so
+ * inference keeps no graph for nb_backward (nb_backward of such a result is
+ * an error: it depends on no tensor that requires grad). Nested pairs count;
+ * per thread. The transforms are unaffected. nb_no_grad_end without a begin
+ * is NB_ERR_SCOPE. */
+void nb_no_grad_begin(void);
+nb_status nb_no_grad_end(void);
+/* False between nb_no_grad_begin and its end (and while nb_backward builds
+ * its graph). */
+bool nb_is_grad_enabled(void);
 
 #ifdef __cplusplus
 }

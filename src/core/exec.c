@@ -57,7 +57,7 @@ nbi_exec *nbi_exec_build(nb_tensor *const *slots, int n_slots, nb_tensor *const 
   bool ok = uses && flags;
   if (ok) {
     nbi_graph_flags(&x->g, roots, n_roots, uses, flags);
-    ok = nbi_plan_fill(&x->p, &x->g, flags, -1);
+    ok = nbi_plan_fill(&x->p, &x->g, flags, NULL);
   }
   free(uses);
   free(flags);

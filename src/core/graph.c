@@ -221,7 +221,13 @@ nb_status nbi_plan_run(const nbi_plan *p, nbi_graph *g, nb_tensor **cn) {
   return st;
 }
 
-nb_status nbi_realize_dying(nb_tensor *const *ts, int n, const nb_tensor *dying_t) {
+/* nbi_realize, where dying_t[0..n_dying-1] (realized tensors) are nb_assign's
+ * dsts: their values die in this realization. seq0 > 0: nb_backward's
+ * realization (nbi_realize_backward): held nodes with provenance are planned
+ * as temporaries and left lazy; nodes made since seq0 (the backward's own)
+ * as temporaries. */
+static nb_status realize(nb_tensor *const *ts, int n, nb_tensor *const *dying_t, int n_dying,
+                         uint64_t seq0) {
   int r = 0;
   while (r < n && (ts[r]->flags & NBI_T_REALIZED))
     r++;
@@ -241,12 +247,25 @@ nb_status nbi_realize_dying(nb_tensor *const *ts, int n, const nb_tensor *dying_
   nbi_cpu_init();
   int *uses = calloc((size_t)g.n, sizeof(int));
   uint8_t *flags = calloc((size_t)g.n, 1);
-  if (!uses || !flags) {
+  bool *dying = n_dying ? calloc((size_t)g.n_leaves + 1, 1) : NULL;
+  if (!uses || !flags || (n_dying && !dying)) {
     st = nbi_error(NB_ERR_OOM, "nb_eval: out of memory planning %d nodes", g.n);
     goto done;
   }
   nbi_graph_flags(&g, ts, n, uses, flags);
-  int dying = dying_t && dying_t->mark <= -3 ? -3 - dying_t->mark : -1;
+  /* nb_backward: the forward's intermediates that scopes hold are not kept
+   * for them; the plan frees each after its last use in the backward */
+  const uint8_t released = 4; /* a flags bit no plan reads (NBI_HELD, NBI_ROOT are 1, 2) */
+  for (int i = 0; i < g.n && seq0; i++) {
+    const nb_tensor *t = g.nodes[i];
+    if ((flags[i] & (NBI_HELD | NBI_ROOT)) != NBI_HELD) continue;
+    if (t->seq >= seq0)
+      flags[i] = 0; /* held by nb_backward's own scope only */
+    else if ((t->flags & NBI_T_GRAD_PATH) && !(t->flags & NBI_T_REQUIRES_GRAD))
+      flags[i] = released;
+  }
+  for (int k = 0; k < n_dying; k++)
+    if (dying_t[k]->mark <= -3) dying[-3 - dying_t[k]->mark] = true;
 
   if (!(p = nbi_plan_get(&g, uses, flags, dying))) {
     st = nbi_error(NB_ERR_OOM, "nb_eval: out of memory planning %d nodes", g.n);
@@ -260,7 +279,7 @@ nb_status nbi_realize_dying(nb_tensor *const *ts, int n, const nb_tensor *dying_
    * the steps ran: nested realizations (control flow) may have added theirs */
   int n_lazy = 0;
   for (int i = 0; i < g.n; i++)
-    n_lazy += p->fate[i] == NBI_FATE_LAZY && (flags[i] & NBI_HELD);
+    n_lazy += (p->fate[i] == NBI_FATE_LAZY && (flags[i] & NBI_HELD)) || flags[i] == released;
   if (!st) st = nbi_lazy_reserve(n_lazy);
   p->pinned--;
   if (st) { /* leave every node pending; drop partial results */
@@ -276,8 +295,8 @@ nb_status nbi_realize_dying(nb_tensor *const *ts, int n, const nb_tensor *dying_
     if (p->fate[i] == NBI_FATE_KEEP) {
       t->flags |= NBI_T_REALIZED;
       nbi_lazy_remove(t);
-    } else if (p->fate[i] == NBI_FATE_LAZY && (flags[i] & NBI_HELD)) {
-      nbi_lazy_add(t);
+    } else if ((p->fate[i] == NBI_FATE_LAZY && (flags[i] & NBI_HELD)) || flags[i] == released) {
+      nbi_lazy_add(t); /* recomputed if it is ever read */
     } else { /* pending, but only other nodes hold it */
       nbi_lazy_remove(t);
     }
@@ -296,11 +315,22 @@ nb_status nbi_realize_dying(nb_tensor *const *ts, int n, const nb_tensor *dying_
     if (!(t->flags & NBI_T_GRAD_PATH) || (t->flags & NBI_T_GRAD_FREED)) nbi_tensor_drop_graph(t);
   }
 done:
+  free(dying);
   free(uses);
   free(flags);
   nbi_graph_free(&g);
   if (t1 && !depth) STAT_ADD(exec_ns, nbi_now_ns() - t1);
   return st;
+}
+
+nb_status nbi_realize_dying(nb_tensor *const *ts, int n, nb_tensor *const *dying, int n_dying) {
+  if (depth)
+    return nbi_error(NB_ERR_STATE, "nb_assign: cannot rebind a tensor while a kernel runs");
+  return realize(ts, n, dying, n_dying, 0);
+}
+
+nb_status nbi_realize_backward(nb_tensor *const *ts, int n, uint64_t seq0) {
+  return realize(ts, n, NULL, 0, seq0 ? seq0 : 1);
 }
 
 /* A sharded root stands for its physical tensors: they are realized instead
@@ -309,7 +339,7 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
   int extra = 0;
   for (int i = 0; i < n; i++)
     if (ts[i]->mesh) extra += ts[i]->n_phys;
-  if (!extra) return nbi_realize_dying(ts, n, NULL);
+  if (!extra) return realize(ts, n, NULL, 0, 0);
   nb_tensor **all = malloc(sizeof *all * (size_t)(n + extra));
   if (!all) return nbi_error(NB_ERR_OOM, "nb_eval: out of memory");
   int m = 0;
@@ -318,7 +348,7 @@ nb_status nbi_realize(nb_tensor *const *ts, int n) {
     for (int d = 0; ts[i]->mesh && d < ts[i]->n_phys; d++)
       all[m++] = ts[i]->phys[d];
   }
-  nb_status st = nbi_realize_dying(all, m, NULL);
+  nb_status st = realize(all, m, NULL, 0, 0);
   free(all);
   return st;
 }

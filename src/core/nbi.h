@@ -666,6 +666,14 @@ void nbi_plan_describe_free(nbi_plan_desc *d);
  * own realization runs; nested realizations count in nb_stats like any other
  * but their time is not added to plan_ns/exec_ns twice. */
 nb_status nbi_realize(nb_tensor *const *ts, int n);
+/* nb_backward's realization (single-device ts): as nbi_realize, except that
+ * nodes with provenance (NBI_T_GRAD_PATH, not requires-grad leaves, not
+ * roots) that scopes hold are planned as temporaries, freed after their last
+ * use, and left lazy: the forward's intermediates die as the backward
+ * consumes them, and one read later recomputes it. Non-root nodes made since
+ * seq0 (the backward graph, held by nb_backward's own scope only) are
+ * temporaries too. */
+nb_status nbi_realize_backward(nb_tensor *const *ts, int n, uint64_t seq0);
 /* Realizations (and executable runs) in progress on this thread: > 0 while a
  * kernel runs, e.g. one running a body program (nbi_program_run). */
 int nbi_realize_depth(void);
@@ -692,6 +700,10 @@ void nbi_exec_free(nbi_exec *x);
  * write over dst's buffer (if the realization then fails, dst keeps its
  * buffer but its values are unspecified). */
 nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val);
+/* The same for several: realizes val[0..n_val-1] with every held pending
+ * tensor that reads one of dst[0..n_dst-1], in one plan (distinct dsts; a
+ * dst that is also one of the vals keeps its value in the plan). */
+nb_status nbi_realize_assign_n(nb_tensor *const *dst, int n_dst, nb_tensor *const *val, int n_val);
 /* nb_assign's rebind of a single-device dst (src/core/assign.c): realizes
  * val with dst's pending readers (nbi_realize_assign), then dst becomes a
  * realized leaf sharing val's storage, keeping only its requires-grad flag
@@ -700,6 +712,11 @@ nb_status nbi_realize_assign(nb_tensor *dst, nb_tensor *val);
  * sharding layer calls it per physical tensor). Error status on failure
  * (dst then keeps its buffer, as nbi_realize_assign says). */
 nb_status nbi_assign_rebind(nb_tensor *dst, nb_tensor *val);
+/* nb_assign_n's rebind: realizes val[0..n-1] and extra[0..n_extra-1] with the
+ * dsts' pending readers in one plan (nbi_realize_assign_n), then rebinds each
+ * dst[k] to val[k] as nbi_assign_rebind does. The dsts are distinct. */
+nb_status nbi_assign_rebind_n(nb_tensor *const *dst, nb_tensor *const *val, int n,
+                              nb_tensor *const *extra, int n_extra);
 void nbi_stats_jit(bool hit);
 /* One collective of kind NBI_COLL_* sending bytes (summed over devices). */
 enum {

@@ -233,8 +233,8 @@ void nbi_graph_flags(const nbi_graph *g, nb_tensor *const *ts, int n, int *uses,
 
 /* ---- planning ---------------------------------------------------------------------------- */
 
-/* flags[i]: NBI_HELD / NBI_ROOT; dying: the leaf nb_assign rebinds (or -1). */
-static void graph_hash(const nbi_graph *g, const int *uses, const uint8_t *flags, int dying,
+/* flags[i]: NBI_HELD / NBI_ROOT; dying[k]: leaf k is one nb_assign rebinds (NULL: none). */
+static void graph_hash(const nbi_graph *g, const int *uses, const uint8_t *flags, const bool *dying,
                        hasher *h) {
   hash_i64(h, g->n);
   for (int i = 0; i < g->n; i++) {
@@ -249,7 +249,7 @@ static void graph_hash(const nbi_graph *g, const int *uses, const uint8_t *flags
   }
   for (int i = 0; i < g->n_leaves; i++) {
     const nb_tensor *l = g->leaves[i];
-    int64_t head[4] = {l->dtype, l->shape.ndim, i == dying, l->device};
+    int64_t head[4] = {l->dtype, l->shape.ndim, dying && dying[i], l->device};
     hash_words(h, head, 4);
     hash_words(h, l->shape.dims, (size_t)l->shape.ndim);
     hash_words(h, l->shard0.strides, (size_t)l->shape.ndim);
@@ -277,17 +277,18 @@ static void simplified_view(const nbi_plan *p, const nbi_graph *g, nb_tensor *co
  * or f == e == k alone) may take: 4 * j + q for cn[j]->in[q], or -1; on the
  * simplified view. spare[c]: run position c's buffer is temporary (nothing
  * keeps it, no kept alias shares it); last/llast: the run position after
- * which a step / leaf is dead; dying: the leaf nb_assign rebinds, or -1. */
+ * which a step / leaf is dead; dies[k]: leaf k is one nb_assign rebinds. */
 static int inplace_source(nb_tensor *const *cn, const nbi_plan *p, const bool *spare,
-                          const int *last, const int *llast, int dying, int f, int e, int k) {
+                          const int *last, const int *llast, const bool *dies, int f, int e,
+                          int k) {
   const nb_tensor *t = cn[k];
   for (int j = f; j <= e; j++)
     for (int q = 0; q < cn[j]->n_in; q++) {
       const nb_tensor *x = cn[j]->in[q];
       int m = x->mark;
       if (m >= f && m <= e) continue; /* a member of the group */
-      bool dies = m >= 0 ? spare[m] && last[m] == e : -3 - m == dying && llast[-3 - m] == e;
-      if (!dies || x->dtype != t->dtype || !nbi_shape_eq(&x->shape, &t->shape)) continue;
+      bool dead = m >= 0 ? spare[m] && last[m] == e : dies[-3 - m] && llast[-3 - m] == e;
+      if (!dead || x->dtype != t->dtype || !nbi_shape_eq(&x->shape, &t->shape)) continue;
       bool ok = true;
       for (int r = k + 1; r <= e && ok; r++) /* no later member reads it */
         for (int c = 0; c < cn[r]->n_in; c++)
@@ -300,16 +301,18 @@ static int inplace_source(nb_tensor *const *cn, const nbi_plan *p, const bool *s
 }
 
 /* Fills p (all zero) for g (see the memory policy at the top). flags[i]:
- * NBI_HELD / NBI_ROOT; dying: the leaf nb_assign rebinds, or -1. In order:
+ * NBI_HELD / NBI_ROOT; dying[k]: leaf k is one nb_assign rebinds (NULL: none). In order:
  * simplification; grouping and last uses on the simplified graph (a last use,
  * last[c]: the run position after which c's buffer is dead, inside a fused
  * group counts at the group's last step, when it runs; uses of an aliased
  * step count as uses of its source); fates on the original edges; kept
  * aliases' shares of their sources' storage; in-place steps; frees. On
  * failure p keeps what it allocated (nbi_plan_clear frees it). */
-bool nbi_plan_fill(nbi_plan *p, const nbi_graph *g, const uint8_t *flags, int dying) {
+bool nbi_plan_fill(nbi_plan *p, const nbi_graph *g, const uint8_t *flags, const bool *dying) {
   int n = g->n, m = n ? n : 1;
   size_t mm = (size_t)m;
+  bool *dies = calloc((size_t)g->n_leaves + 1, 1); /* still dying (a lazy reader may revive) */
+  if (dies && dying) memcpy(dies, dying, (size_t)g->n_leaves);
   bool *held = calloc(mm, 1), *needed = malloc(mm), *root_run = calloc(mm, 1), *has = malloc(mm);
   bool *keep = calloc(mm, 1), *spare = malloc(mm);
   int *pos = malloc(sizeof(int) * mm), *last = malloc(sizeof(int) * mm);
@@ -325,7 +328,7 @@ bool nbi_plan_fill(nbi_plan *p, const nbi_graph *g, const uint8_t *flags, int dy
   p->free_start = malloc(sizeof(int) * ((size_t)n + 1));
   p->mat_start = calloc((size_t)n + 2, sizeof(int));
   bool ok = held && needed && root_run && has && keep && spare && pos && last && llast && count &&
-            cn && p->alias && p->run && p->group && p->store && p->fate && p->inplace &&
+            cn && dies && p->alias && p->run && p->group && p->store && p->fate && p->inplace &&
             p->free_start && p->mat_start;
   if (!ok) goto done;
   for (int i = 0; i < n; i++)
@@ -406,8 +409,8 @@ bool nbi_plan_fill(nbi_plan *p, const nbi_graph *g, const uint8_t *flags, int dy
         keep[x] = true;
       else if (x >= 0)
         p->fate[x] = NBI_FATE_LAZY;
-      else if (-3 - x == dying)
-        dying = -1; /* a lazy node will read its value later */
+      else
+        dies[-3 - x] = false; /* a lazy node will read its value later */
     }
   }
   for (int i = 0; i < n; i++)
@@ -426,8 +429,8 @@ bool nbi_plan_fill(nbi_plan *p, const nbi_graph *g, const uint8_t *flags, int dy
       slot = e + 1;
       if (last[pos[a]] < e) last[pos[a]] = e;
       spare[pos[a]] = false;
-    } else if (-3 - a == dying) {
-      dying = -1;
+    } else {
+      dies[-3 - a] = false;
     }
     count[slot]++, n_mat++;
   }
@@ -458,7 +461,7 @@ bool nbi_plan_fill(nbi_plan *p, const nbi_graph *g, const uint8_t *flags, int dy
     bool no_inplace = e > f && p->fused[gi++].g.kind != NBI_GROUP_ELEMENTWISE;
     for (int k = f; k <= e && !no_inplace; k++)
       if (has[p->run[k]] && nbi_fuse_elementwise_step(cn[k]))
-        p->inplace[k] = inplace_source(cn, p, spare, last, llast, dying, f, e, k);
+        p->inplace[k] = inplace_source(cn, p, spare, last, llast, dies, f, e, k);
     f = e + 1;
   }
   simplified_view(p, g, cn, false);
@@ -495,11 +498,12 @@ done:
   free(llast);
   free(count);
   free(cn);
+  free(dies);
   return ok;
 }
 
-static nbi_plan *plan_build(const nbi_graph *g, const uint8_t *flags, int dying, uint64_t h1,
-                            uint64_t h2) {
+static nbi_plan *plan_build(const nbi_graph *g, const uint8_t *flags, const bool *dying,
+                            uint64_t h1, uint64_t h2) {
   nbi_plan *p = plan_cache_slot();
   if (!p) return NULL;
   if (!nbi_plan_fill(p, g, flags, dying)) {
@@ -514,7 +518,8 @@ static nbi_plan *plan_build(const nbi_graph *g, const uint8_t *flags, int dying,
 
 /* The structural hash keys the cache: the graph (graph_hash) and the settings
  * that change a plan. */
-nbi_plan *nbi_plan_get(const nbi_graph *g, const int *uses, const uint8_t *flags, int dying) {
+nbi_plan *nbi_plan_get(const nbi_graph *g, const int *uses, const uint8_t *flags,
+                       const bool *dying) {
   hasher h = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull};
   graph_hash(g, uses, flags, dying, &h);
   hash_i64(&h, nbi_fusion_enabled()); /* the grouping is part of the plan */
@@ -544,7 +549,7 @@ nb_status nbi_plan_describe(nb_tensor *const *ts, int n, nbi_plan_desc *d) {
   d->held = calloc((size_t)m, sizeof(bool));
   if (!st && (!x->uses || !x->flags || !d->held)) st = NB_ERR_OOM;
   if (!st) nbi_graph_flags(&x->g, ts, n, x->uses, x->flags);
-  if (!st && !nbi_plan_fill(&x->p, &x->g, x->flags, -1)) st = NB_ERR_OOM;
+  if (!st && !nbi_plan_fill(&x->p, &x->g, x->flags, NULL)) st = NB_ERR_OOM;
   if (st) {
     nbi_plan_describe_free(d);
     return nbi_error(st, "nb_graph_dot: out of memory planning the graph");

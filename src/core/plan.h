@@ -102,9 +102,9 @@ enum {
 };
 
 /* Fills p (all zero) for g, marked (see the memory policy, plan.c). flags[i]:
- * NBI_HELD / NBI_ROOT; dying: the leaf nb_assign rebinds, or -1. On failure (out of
- * memory) p keeps what it allocated (nbi_plan_clear frees it). */
-bool nbi_plan_fill(nbi_plan *p, const nbi_graph *g, const uint8_t *flags, int dying);
+ * NBI_HELD / NBI_ROOT; dying[k]: leaf k is one nb_assign rebinds (NULL: none). On failure
+ * (out of memory) p keeps what it allocated (nbi_plan_clear frees it). */
+bool nbi_plan_fill(nbi_plan *p, const nbi_graph *g, const uint8_t *flags, const bool *dying);
 /* Frees what p holds; p is all zero after. */
 void nbi_plan_clear(nbi_plan *p);
 /* The thread's cached plan for g (marked; uses and flags as nbi_graph_flags
@@ -112,7 +112,8 @@ void nbi_plan_clear(nbi_plan *p);
  * NULL when out of memory or when every cache slot is running (no error
  * recorded). The plan stays cached until evicted: pin it (p->pinned) while it
  * runs. */
-nbi_plan *nbi_plan_get(const nbi_graph *g, const int *uses, const uint8_t *flags, int dying);
+nbi_plan *nbi_plan_get(const nbi_graph *g, const int *uses, const uint8_t *flags,
+                       const bool *dying);
 /* Points every input the plan swaps at its alias source (on) or back (off). */
 void nbi_plan_swap_inputs(const nbi_plan *p, const nbi_graph *g, bool on);
 
@@ -122,9 +123,11 @@ void nbi_plan_swap_inputs(const nbi_plan *p, const nbi_graph *g, bool on);
  * errors of checking steps. cn: room for p->n_run nodes, or NULL. On failure
  * some nodes may hold partial results (the caller drops them). */
 nb_status nbi_plan_run(const nbi_plan *p, nbi_graph *g, nb_tensor **cn);
-/* nbi_realize of ts[0..n-1] (no sharded root), where dying_t (a realized
- * tensor, or NULL) is nb_assign's dst: its value dies in this realization. */
-nb_status nbi_realize_dying(nb_tensor *const *ts, int n, const nb_tensor *dying_t);
+/* nbi_realize of ts[0..n-1] (no sharded root), where the realized tensors
+ * dying[0..n_dying-1] (nb_assign's dsts) may be written over: their values
+ * die in this realization. An error while a kernel runs (a nested
+ * realization may not rebind). */
+nb_status nbi_realize_dying(nb_tensor *const *ts, int n, nb_tensor *const *dying, int n_dying);
 /* nb_stats counters of the planner and the executables. */
 void nbi_stats_plan(bool cache_hit);
 void nbi_stats_exec_ns(uint64_t ns);

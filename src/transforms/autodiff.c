@@ -19,6 +19,7 @@
 
 #include "../ops/rule_util.h"
 #include "../sharding/sharding.h"
+#include "tree.h"
 
 enum kind { K_VJP, K_JVP, K_GRAD, K_VALUE_AND_GRAD, K_JACREV, K_JACFWD };
 
@@ -26,6 +27,7 @@ typedef struct xform {
   enum kind kind;
   const char *name;
   nb_fn *f;
+  bool int_zero; /* grad: integer arguments get zero gradients (else an error) */
   int n_arg;
   int arg[]; /* argnums, normalized: n_arg entries (NB_ALL: every input) */
 } xform;
@@ -155,23 +157,40 @@ static nb_status body_grad(const xform *x, nbi_trace *tr, nb_tensor **out) {
                      "(use nb_jacrev or nb_vjp_fn otherwise)",
                      x->name, nb_dtype_name(y->dtype), nb_shape_str(y->shape, b, sizeof b));
   }
-  nb_status st = check_float_args(x, tr);
+  nb_status st = x->int_zero ? NB_OK : check_float_args(x, tr);
   if (st) return st;
-  /* heap, not the stack: NB_ALL may cover any number of inputs */
-  nb_tensor **xs = calloc(2 * (size_t)x->n_arg, sizeof *xs), **g = xs + x->n_arg;
+  /* heap, not the stack: NB_ALL may cover any number of inputs. xs: the
+   * floating-point arguments (the sweep's sources); an integer argument
+   * passed through (int_zero) gets zeros. */
+  nb_tensor **xs = calloc(3 * (size_t)x->n_arg, sizeof *xs), **g = xs + x->n_arg,
+            **all = g + x->n_arg;
   if (!xs) return nbi_error(NB_ERR_OOM, "%s: out of memory", x->name);
-  for (int a = 0; a < x->n_arg; a++)
-    xs[a] = tr->x[x->arg[a]];
+  int n_src = 0;
+  for (int a = 0; a < x->n_arg; a++) {
+    all[a] = tr->x[x->arg[a]];
+    if (nb_dtype_is_float(all[a]->dtype)) xs[n_src++] = all[a];
+  }
+  if (n_src == 0) {
+    free(xs);
+    return nbi_error(NB_ERR_DTYPE,
+                     "%s: no differentiated input is floating-point (integer "
+                     "inputs are passed through with zero gradients)",
+                     x->name);
+  }
   nbi_sweep s = {.fn = x->name, .seq0 = tr->seq0};
   nb_tensor *seed = nbi_ones_like(y);
-  st = seed ? nbi_sweep_collect(&s, &y, 1, xs, x->n_arg) : nb_last_status();
+  st = seed ? nbi_sweep_collect(&s, &y, 1, xs, n_src) : nb_last_status();
   if (!st) st = nbi_sweep_reverse(&s, &y, &seed, 1, g);
   nbi_sweep_free(&s);
   int base = x->kind == K_VALUE_AND_GRAD ? tr->n_out : 0;
   for (int k = 0; k < base && !st; k++)
     out[k] = tr->y[k];
-  for (int a = 0; a < x->n_arg && !st; a++)
-    if (!(out[base + a] = cotangent_of(g[a], xs[a]))) st = nb_last_status();
+  for (int a = 0, j = 0; a < x->n_arg && !st; a++) {
+    bool fl = nb_dtype_is_float(all[a]->dtype);
+    nb_tensor *r = fl ? cotangent_of(g[j], xs[j]) : nbi_zeros_like(all[a]);
+    j += fl;
+    if (!(out[base + a] = r)) st = nb_last_status();
+  }
   free(xs);
   return st;
 }
@@ -276,15 +295,27 @@ static nb_status xform_body(void *user, nb_tensor *const *in, int n_in, nb_tenso
 }
 
 /* ---- constructors ---------------------------------------------------------------- */
-static nb_fn *make(const char *name, enum kind kind, nb_fn *f, nb_axes argnums, bool uses_args) {
+/* argnums[0..n-1] (n < 0: every input); int_zero: integer arguments of a
+ * gradient get zeros instead of an error. */
+static nb_fn *make(const char *name, enum kind kind, nb_fn *f, const int *argnums, int n,
+                   bool uses_args, bool int_zero) {
   if (!f) {
     nbi_error(NB_ERR_NULL, "%s: f is NULL", name);
     return NULL;
   }
-  /* NB_ALL covers every input, however many; an explicit list holds at most
-   * NB_MAX_DIMS (nb_axes). */
-  int max_arg = f->n_in > NB_MAX_DIMS ? f->n_in : NB_MAX_DIMS;
-  xform *x = calloc(1, sizeof *x + sizeof(int) * (size_t)max_arg);
+  if (nbi_fn_is_tree(f)) {
+    nbi_error(NB_ERR_ARG,
+              "%s: f takes trees; %s applies to functions of tensors (nb_grad, "
+              "nb_value_and_grad, nb_jit, nb_vmap and nb_checkpoint take trees)",
+              name, name);
+    return NULL;
+  }
+  if (uses_args && n > 0 && !argnums) {
+    nbi_error(NB_ERR_NULL, "%s: argnums is NULL", name);
+    return NULL;
+  }
+  int max_arg = n < 0 ? f->n_in : n;
+  xform *x = calloc(1, sizeof *x + sizeof(int) * (size_t)(max_arg + 1));
   if (!x) {
     nbi_error(NB_ERR_OOM, "%s: out of memory", name);
     return NULL;
@@ -292,20 +323,21 @@ static nb_fn *make(const char *name, enum kind kind, nb_fn *f, nb_axes argnums, 
   x->kind = kind;
   x->name = name;
   x->f = f;
+  x->int_zero = int_zero;
   if (uses_args) {
-    if (argnums.n < 0) {
+    if (n < 0) {
       for (int k = 0; k < f->n_in; k++)
         x->arg[x->n_arg++] = k;
     } else {
-      for (int a = 0; a < argnums.n && a < NB_MAX_DIMS; a++) {
-        int v = argnums.v[a] < 0 ? argnums.v[a] + f->n_in : argnums.v[a];
+      for (int a = 0; a < n; a++) {
+        int v = argnums[a] < 0 ? argnums[a] + f->n_in : argnums[a];
         bool dup = false;
-        for (int b = 0; b < a; b++)
-          dup |= x->arg[b] == v;
+        for (int b = 0; b < a && !dup; b++)
+          dup = x->arg[b] == v;
         if (v < 0 || v >= f->n_in || dup) {
           free(x);
-          nbi_error(NB_ERR_ARG, "%s: argnums[%d] = %d is %s (f has %d inputs)", name, a,
-                    argnums.v[a], dup ? "repeated" : "out of range", f->n_in);
+          nbi_error(NB_ERR_ARG, "%s: argnums[%d] = %d is %s (f has %d inputs)", name, a, argnums[a],
+                    dup ? "repeated" : "out of range", f->n_in);
           return NULL;
         }
         x->arg[x->n_arg++] = v;
@@ -329,23 +361,56 @@ static nb_fn *make(const char *name, enum kind kind, nb_fn *f, nb_axes argnums, 
   return nbi_fn_make(name, xform_body, x, xform_destroy, n_in, n_out);
 }
 
-nb_fn *nb_vjp_fn(nb_fn *f) { return make("nb_vjp_fn", K_VJP, f, NB_ALL, false); }
-nb_fn *nb_jvp_fn(nb_fn *f) { return make("nb_jvp_fn", K_JVP, f, NB_ALL, false); }
-nb_fn *nb_grad(nb_fn *f, nb_axes argnums) { return make("nb_grad", K_GRAD, f, argnums, true); }
-nb_fn *nb_value_and_grad(nb_fn *f, nb_axes argnums) {
-  return make("nb_value_and_grad", K_VALUE_AND_GRAD, f, argnums, true);
-}
-nb_fn *nb_jacrev(nb_fn *f, nb_axes argnums) {
-  return make("nb_jacrev", K_JACREV, f, argnums, true);
-}
-nb_fn *nb_jacfwd(nb_fn *f, nb_axes argnums) {
-  return make("nb_jacfwd", K_JACFWD, f, argnums, true);
+/* nb_axes as a list: n < 0 for NB_ALL. */
+static int axes_n(nb_axes a) { return a.n < 0 ? -1 : a.n > NB_MAX_DIMS ? NB_MAX_DIMS : a.n; }
+static nb_fn *make_axes(const char *name, enum kind kind, nb_fn *f, nb_axes argnums) {
+  return make(name, kind, f, argnums.v, axes_n(argnums), true, false);
 }
 
+static nb_fn *grad_of(const char *name, nb_fn *f, const int *argnums, int n, bool with_value) {
+  if (nbi_fn_is_tree(f)) return nbi_tree_grad(name, f, argnums, n, with_value);
+  /* NB_ALL passes integer inputs through (zero gradients); a list names
+   * only floating-point inputs */
+  return make(name, with_value ? K_VALUE_AND_GRAD : K_GRAD, f, argnums, n, true, n < 0);
+}
+
+nb_fn *nbi_grad_flat(const char *name, nb_fn *f, const int *argnums, int n, bool with_value) {
+  return make(name, with_value ? K_VALUE_AND_GRAD : K_GRAD, f, argnums, n, true, true);
+}
+
+nb_fn *nb_vjp_fn(nb_fn *f) { return make("nb_vjp_fn", K_VJP, f, NULL, -1, false, false); }
+nb_fn *nb_jvp_fn(nb_fn *f) { return make("nb_jvp_fn", K_JVP, f, NULL, -1, false, false); }
+nb_fn *nb_grad(nb_fn *f, nb_axes argnums) {
+  return f ? grad_of("nb_grad", f, argnums.v, axes_n(argnums), false)
+           : make("nb_grad", K_GRAD, f, NULL, -1, true, false);
+}
+nb_fn *nb_value_and_grad(nb_fn *f, nb_axes argnums) {
+  return f ? grad_of("nb_value_and_grad", f, argnums.v, axes_n(argnums), true)
+           : make("nb_value_and_grad", K_GRAD, f, NULL, -1, true, false);
+}
+nb_fn *nb_grad_argnums(nb_fn *f, const int *argnums, int n) {
+  if (n < 0) {
+    nbi_error(NB_ERR_ARG, "nb_grad_argnums: n is %d", n);
+    return NULL;
+  }
+  return f ? grad_of("nb_grad_argnums", f, argnums, n, false)
+           : make("nb_grad_argnums", K_GRAD, f, NULL, -1, true, false);
+}
+nb_fn *nb_value_and_grad_argnums(nb_fn *f, const int *argnums, int n) {
+  if (n < 0) {
+    nbi_error(NB_ERR_ARG, "nb_value_and_grad_argnums: n is %d", n);
+    return NULL;
+  }
+  return f ? grad_of("nb_value_and_grad_argnums", f, argnums, n, true)
+           : make("nb_value_and_grad_argnums", K_GRAD, f, NULL, -1, true, false);
+}
+nb_fn *nb_jacrev(nb_fn *f, nb_axes argnums) { return make_axes("nb_jacrev", K_JACREV, f, argnums); }
+nb_fn *nb_jacfwd(nb_fn *f, nb_axes argnums) { return make_axes("nb_jacfwd", K_JACFWD, f, argnums); }
+
 nb_fn *nb_hessian(nb_fn *f, nb_axes argnums) {
-  nb_fn *jr = make("nb_hessian", K_JACREV, f, argnums, true);
+  nb_fn *jr = make_axes("nb_hessian", K_JACREV, f, argnums);
   if (!jr) return NULL;
-  nb_fn *h = make("nb_hessian", K_JACFWD, jr, argnums, true);
+  nb_fn *h = make_axes("nb_hessian", K_JACFWD, jr, argnums);
   nb_fn_release(jr);
   return h;
 }

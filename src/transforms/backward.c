@@ -246,6 +246,7 @@ nb_status nb_backward(nb_tensor *loss) {
   bool *set = NULL; /* set[j]: source j's .grad was replaced (old[j] is the one before) */
   int n_roots = 1;
   nb_scope_begin();
+  uint64_t seq0 = nbi_next_seq(); /* the backward graph's nodes come after */
   bool saved = nbi_no_grad;
   nbi_no_grad = true;
   if (loss->mesh) st = sharded_roots(fn, loss, &roots, &n_roots);
@@ -265,7 +266,10 @@ nb_status nb_backward(nb_tensor *loss) {
   int n_eval = 0;
   if (!st) {
     eval[n_eval++] = loss;
-    for (int j = 0; j < s.n_sources; j++) {
+    /* the last source found first: the walk from the loss reaches the
+     * first layer's leaves first, and a plan that starts with the layers
+     * nearest the loss frees their activations sooner */
+    for (int j = s.n_sources - 1; j >= 0; j--) {
       nb_tensor *leaf = s.sources[j];
       if (!g[j]) continue;
       nb_tensor *acc = leaf->grad ? nb_add(leaf->grad, g[j]) : g[j];
@@ -279,8 +283,12 @@ nb_status nb_backward(nb_tensor *loss) {
       eval[n_eval++] = acc;
     }
   }
-  /* the loss and every new gradient in one realization */
-  if (!st) st = nbi_realize(eval, n_eval);
+  /* the loss and every new gradient in one realization; the forward's
+   * intermediates die as the backward consumes them (left lazy) */
+  bool sharded = false;
+  for (int k = 0; k < n_eval && !st; k++)
+    sharded |= eval[k]->mesh != NULL;
+  if (!st) st = sharded ? nbi_realize(eval, n_eval) : nbi_realize_backward(eval, n_eval, seq0);
   /* a failed backward (an index out of range found by a kernel) leaves every
    * .grad as it was: a pending gradient would hold the forward graph, whose
    * leaf holds the gradient (a cycle nothing frees) */
@@ -336,3 +344,67 @@ nb_status nb_assign(nb_tensor *dst, nb_tensor *src) {
   nb_scope_end();
   return st;
 }
+
+nb_status nb_assign_n(nb_tensor *const *dst, nb_tensor *const *src, int n) {
+  const char *fn = "nb_assign_n";
+  if (n < 0) return nbi_error(NB_ERR_ARG, "%s: n is %d", fn, n);
+  if (n > 0 && (!dst || !src))
+    return nbi_error(NB_ERR_NULL, "%s: %s is NULL", fn, dst ? "src" : "dst");
+  nb_status st = NB_OK;
+  for (int k = 0; k < n && !st; k++) {
+    if (!dst[k] || !src[k])
+      return nbi_error(NB_ERR_NULL, "%s: %s[%d] is NULL", fn, dst[k] ? "src" : "dst", k);
+    st = check_untraced(fn, dst[k]);
+    if (!st) st = check_untraced(fn, src[k]);
+    if (!st && !nbi_shape_eq(&dst[k]->shape, &src[k]->shape)) {
+      char a[160], b[160];
+      st = nbi_error(NB_ERR_SHAPE, "%s: src[%d] has shape %s but dst[%d] has shape %s", fn, k,
+                     nb_shape_str(src[k]->shape, a, sizeof a), k,
+                     nb_shape_str(dst[k]->shape, b, sizeof b));
+    }
+    for (int j = 0; j < k && !st; j++)
+      if (dst[j] == dst[k])
+        st = nbi_error(NB_ERR_ARG, "%s: dst[%d] and dst[%d] are the same tensor", fn, j, k);
+  }
+  if (st || n == 0) return st;
+  nb_tensor **d = malloc(sizeof *d * 2 * (size_t)n), **v = d ? d + n : NULL;
+  if (!d) return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  nb_scope_begin();
+  int m = 0; /* the single-device dsts, assigned in one plan */
+  for (int k = 0; k < n && !st; k++) {
+    if (dst[k]->mesh) continue;
+    nb_tensor *val = src[k]->dtype == dst[k]->dtype ? src[k] : nb_cast(src[k], dst[k]->dtype);
+    if (val && val->mesh) val = nbi_readable(fn, val);
+    if (!val) st = nb_last_status();
+    d[m] = dst[k], v[m++] = val;
+  }
+  if (!st && m) st = nbi_assign_rebind_n(d, v, m, NULL, 0);
+  /* sharded dsts keep their layouts (src/sharding), one by one: their values
+   * were realized above when they read a single-device dst */
+  for (int k = 0; k < n && !st; k++) {
+    if (!dst[k]->mesh) continue;
+    nb_tensor *val = src[k]->dtype == dst[k]->dtype ? src[k] : nb_cast(src[k], dst[k]->dtype);
+    st = val ? nbi_sharded_assign(dst[k], val) : nb_last_status();
+  }
+  nb_scope_end();
+  free(d);
+  return st;
+}
+
+/* ---- no-grad mode ------------------------------------------------------------------- */
+static _Thread_local int no_grad_depth;
+
+void nb_no_grad_begin(void) {
+  no_grad_depth++;
+  nbi_no_grad = true;
+}
+
+nb_status nb_no_grad_end(void) {
+  if (no_grad_depth == 0)
+    return nbi_error(NB_ERR_SCOPE, "nb_no_grad_end: no nb_no_grad_begin is open (begin/end are "
+                                   "unbalanced)");
+  nbi_no_grad = --no_grad_depth > 0;
+  return NB_OK;
+}
+
+bool nb_is_grad_enabled(void) { return !nbi_no_grad; }

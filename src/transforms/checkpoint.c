@@ -17,6 +17,7 @@
  * So higher derivatives and batched derivatives stay checkpointed too.
  */
 #include "transforms.h"
+#include "tree.h"
 
 #include "../ops/rule_util.h"
 
@@ -111,6 +112,7 @@ nb_fn *nb_checkpoint(nb_fn *f) {
     nbi_error(NB_ERR_NULL, "%s: f is NULL", FN);
     return NULL;
   }
+  if (nbi_fn_is_tree(f)) return nbi_tree_checkpoint(f);
   return nbi_fn_make(FN, checkpoint_body, nb_fn_retain(f), checkpoint_destroy, f->n_in, f->n_out);
 }
 

@@ -21,6 +21,15 @@
  * transform's value) is valid for this call only: it is applied and not
  * cached.
  *
+ * Captures are guarded. The tensors from outside that f reads (captured
+ * through its user pointer: tensors older than the trace) are listed in the
+ * entry. When there are any, every call first runs f's body on placeholders
+ * (recording only) and walks what it returned to list the outside tensors it
+ * reads now: the same tensors, in the same order, and the entry runs; other
+ * ones (a pointer swapped since the trace), and that recording becomes the
+ * entry's new program. So a call never computes with a tensor the body no
+ * longer reads. A function that captures nothing never runs its body again.
+ *
  * A call on sharded values traces the jitted function into the caller's
  * program (src/transforms/fn.c, call_sharded) under a trace mesh, which
  * changes what f records (gradients laid out like their primals, nb_reshard
@@ -38,6 +47,7 @@
  * involved are atomic).
  */
 #include "transforms.h"
+#include "tree.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -50,6 +60,8 @@ typedef struct jit_entry {
   nbi_program *prog; /* NULL: empty slot */
   nb_tensor **capt;  /* retained captures: the program's inputs after f's */
   int n_capt;
+  nb_tensor **ext; /* retained: the outside tensors f read when traced (the guard) */
+  int n_ext;
   nb_mesh *mesh;  /* retained: the trace mesh it was traced under (NULL: none) */
   nb_mesh *body;  /* retained: the shard_map body's mesh it was traced in (NULL: none) */
   nbi_exec *exec; /* the program planned once for top-level calls (NULL: not yet) */
@@ -74,6 +86,7 @@ static void entry_clear(jit_entry *e) {
   if (e->body) nb_mesh_release(e->body);
   nbi_program_release(e->prog);
   nbi_release_all(e->capt, e->n_capt);
+  nbi_release_all(e->ext, e->n_ext);
   *e = (jit_entry){0};
 }
 
@@ -161,6 +174,133 @@ static void build_exec(jit_entry *e, nb_tensor *const *args) {
   if (t != local) free(t);
 }
 
+/* ---- tracing and the capture guard ------------------------------------------------------ */
+/* A set of tensors by address (open addressing; the tensors' scratch fields
+ * belong to sweeps and realizations that may be running). */
+typedef struct tset {
+  const nb_tensor **slot;
+  size_t cap, n;
+} tset;
+
+static bool tset_add(tset *s, const nb_tensor *t, bool *added) {
+  if (2 * (s->n + 1) > s->cap) {
+    size_t cap = s->cap ? 2 * s->cap : 64;
+    const nb_tensor **slot = calloc(cap, sizeof *slot);
+    if (!slot) return false;
+    for (size_t i = 0; i < s->cap; i++)
+      if (s->slot[i]) {
+        size_t h = ((uintptr_t)s->slot[i] >> 4) & (cap - 1);
+        while (slot[h])
+          h = (h + 1) & (cap - 1);
+        slot[h] = s->slot[i];
+      }
+    free(s->slot);
+    s->slot = slot;
+    s->cap = cap;
+  }
+  size_t h = ((uintptr_t)t >> 4) & (s->cap - 1);
+  for (; s->slot[h]; h = (h + 1) & (s->cap - 1))
+    if (s->slot[h] == t) {
+      *added = false;
+      return true;
+    }
+  s->slot[h] = t;
+  s->n++;
+  *added = true;
+  return true;
+}
+
+/* The tensors older than seq0 that ys read (walking back from them through
+ * nodes made since seq0), in order of discovery, retained into *ext. */
+static nb_status outside_reads(nb_tensor *const *ys, int n_y, uint64_t seq0, nb_tensor ***ext,
+                               int *n_ext) {
+  tset seen = {0};
+  nb_tensor **stack = NULL, **found = NULL;
+  size_t sp = 0, cap = 0, nf = 0, cap_f = 0;
+  bool ok = true, added;
+  for (int j = n_y - 1; j >= 0 && ok; j--) {
+    if (sp == cap) {
+      cap = cap ? 2 * cap : 64;
+      nb_tensor **g = realloc(stack, sizeof *g * cap);
+      if (!(ok = g != NULL)) break;
+      stack = g;
+    }
+    stack[sp++] = ys[j];
+  }
+  while (sp && ok) {
+    nb_tensor *t = stack[--sp];
+    if (!(ok = tset_add(&seen, t, &added)) || !added) continue;
+    if (t->seq < seq0) {
+      if (nf == cap_f) {
+        cap_f = cap_f ? 2 * cap_f : 16;
+        nb_tensor **g = realloc(found, sizeof *g * cap_f);
+        if (!(ok = g != NULL)) break;
+        found = g;
+      }
+      found[nf++] = nb_retain(t);
+      continue;
+    }
+    for (int k = t->n_in - 1; k >= 0 && ok; k--) {
+      if (sp == cap) {
+        cap *= 2;
+        nb_tensor **g = realloc(stack, sizeof *g * cap);
+        if (!(ok = g != NULL)) break;
+        stack = g;
+      }
+      stack[sp++] = t->in[k];
+    }
+  }
+  free(seen.slot);
+  free(stack);
+  if (!ok) {
+    nbi_release_all(found, (int)nf);
+    return nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
+  }
+  *ext = found;
+  *n_ext = (int)nf;
+  return NB_OK;
+}
+
+/* Runs f's body on placeholders of in's types. With check (an entry of this
+ * signature that reads outside tensors), *same tells whether the body reads
+ * the same ones now; then nothing else is done. Otherwise (or when they
+ * differ) the recording becomes fresh's program, captures and guard. */
+static nb_status trace(jit_fn *j, nb_tensor *const *in, const jit_entry *check, jit_entry *fresh,
+                       bool *same) {
+  nb_fn *f = j->f;
+  *same = false;
+  nb_tensor **x = calloc((size_t)(f->n_in + f->n_out) + 1, sizeof *x), **y = x + f->n_in;
+  if (!x) return nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
+  nb_tensor **ext = NULL;
+  int n_ext = 0;
+  nb_status st = NB_OK;
+  nb_scope_begin();
+  uint64_t seq0 = nbi_next_seq();
+  for (int k = 0; k < f->n_in && !st; k++)
+    if (!(x[k] = nbi_placeholder(&in[k]->shape, in[k]->dtype))) st = nb_last_status();
+  if (!st) {
+    nbi_trace_depth++;
+    st = nb_call(f, x, y);
+    nbi_trace_depth--;
+  }
+  if (!st) st = outside_reads(y, f->n_out, seq0, &ext, &n_ext);
+  if (!st && check && n_ext == check->n_ext) {
+    *same = true;
+    for (int c = 0; c < n_ext && *same; c++)
+      *same = ext[c] == check->ext[c];
+  }
+  if (!st && !*same) {
+    st = nbi_program_build(FN, x, f->n_in, y, f->n_out, seq0, &fresh->prog, &fresh->capt,
+                           &fresh->n_capt);
+    fresh->ext = ext, fresh->n_ext = n_ext;
+    ext = NULL;
+  }
+  nb_scope_end();
+  nbi_release_all(ext, ext ? n_ext : 0);
+  free(x);
+  return st;
+}
+
 /* Unpins e (a cached entry; fresh ones are the caller's). */
 static void entry_unpin(jit_fn *j, jit_entry *e) {
   pthread_mutex_lock(&j->lock);
@@ -176,7 +316,11 @@ static jit_entry *entry_insert(jit_fn *j, nb_tensor *const *in, jit_entry *fresh
   for (int c = 0; c < fresh->n_capt; c++)
     if (fresh->capt[c]->flags & NBI_T_TRACED) cacheable = false;
   jit_entry *e = cacheable ? lookup(j, in) : NULL;
-  if (e) { /* another thread won the race: use its entry */
+  bool same = e && e->n_ext == fresh->n_ext;
+  for (int c = 0; same && c < e->n_ext; c++)
+    same = e->ext[c] == fresh->ext[c];
+  if (e && !same) e = NULL; /* a stale entry another call still runs: keep both */
+  if (e) {                  /* another thread won the race: use its entry */
     entry_clear(fresh);
   } else if (cacheable && (e = victim(j))) {
     *e = *fresh;
@@ -195,11 +339,29 @@ static nb_status jit_body(void *user, nb_tensor *const *in, int n_in, nb_tensor 
   jit_entry *e = lookup(j, in);
   if (e) e->running++; /* pinned: no thread (nor a nested call) evicts it */
   pthread_mutex_unlock(&j->lock);
-  nbi_stats_jit(e != NULL);
   nb_status st = NB_OK;
+  if (e && e->n_ext) { /* the guard: does f still read the tensors it captured? */
+    bool same;
+    st = trace(j, in, e, &fresh, &same);
+    if (st) {
+      entry_unpin(j, e);
+      entry_clear(&fresh);
+      return st;
+    }
+    if (!same) { /* its captures are stale: fresh (already traced) replaces it */
+      pthread_mutex_lock(&j->lock);
+      if (--e->running == 0) entry_clear(e);
+      pthread_mutex_unlock(&j->lock);
+      e = NULL;
+    }
+  }
+  nbi_stats_jit(e != NULL);
   if (!e) {
-    st = nbi_trace_program_like(FN, j->f, in, &fresh.prog, &fresh.capt, &fresh.n_capt);
-    if (st) return st;
+    bool same;
+    if (!fresh.prog && (st = trace(j, in, NULL, &fresh, &same))) {
+      entry_clear(&fresh);
+      return st;
+    }
     if (nbi_trace_mesh()) fresh.mesh = nb_mesh_retain(nbi_trace_mesh());
     if (nbi_smap_mesh()) fresh.body = nb_mesh_retain(nbi_smap_mesh());
     /* a cached entry is read by every calling thread: its captures must be
@@ -257,6 +419,7 @@ nb_fn *nb_jit(nb_fn *f) {
     nbi_error(NB_ERR_NULL, "%s: f is NULL", FN);
     return NULL;
   }
+  if (nbi_fn_is_tree(f)) return nbi_tree_jit(f);
   jit_fn *j = calloc(1, sizeof *j);
   if (!j) {
     nbi_error(NB_ERR_OOM, "%s: out of memory", FN);

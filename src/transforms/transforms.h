@@ -26,6 +26,7 @@ struct nb_fn {
   void *user;
   void (*destroy)(void *user); /* frees user (transforms' own state), or NULL */
   bool user_body;              /* made by nb_fn_create (else a transform's) */
+  bool takes_trees;            /* a function of trees (tree_fn.c): n_in, n_out count trees */
 };
 
 /* Makes an nb_fn whose user state is freed by destroy when the last reference
@@ -121,6 +122,11 @@ nb_fn *nbi_select_fn(const char *fn, nb_fn *g, const int *idx, int n);
 enum { NBI_XF_PLAIN, NBI_XF_VJP, NBI_XF_JVP, NBI_XF_VMAP };
 nb_fn *nbi_program_xform(const char *fn, nbi_program *p, int kind, const int *in_axes,
                          const int *idx, int n);
+/* nb_grad (with_value: nb_value_and_grad) of a function of tensors f over
+ * argnums[0..n-1] (n < 0: every input), integer arguments passed through
+ * with zero gradients: the flat form of a gradient of a function of trees
+ * (tree_fn.c). */
+nb_fn *nbi_grad_flat(const char *name, nb_fn *f, const int *argnums, int n, bool with_value);
 /* Releases n tensors and frees the array (captures). */
 void nbi_release_all(nb_tensor **ts, int n);
 

@@ -9,6 +9,7 @@
  * axis moved to out_axes (unbatched outputs are broadcast).
  */
 #include "transforms.h"
+#include "tree.h"
 
 #include "../ops/rule_util.h"
 
@@ -133,6 +134,7 @@ nb_fn *nb_vmap(nb_fn *f, const int *in_axes, const int *out_axes) {
     nbi_error(NB_ERR_NULL, "%s: f is NULL", FN);
     return NULL;
   }
+  if (nbi_fn_is_tree(f)) return nbi_tree_vmap(f, in_axes, out_axes);
   vmap_fn *v = calloc(1, sizeof *v);
   if (v) {
     v->in_axes = calloc((size_t)f->n_in + 1, sizeof(int));
