@@ -3,6 +3,8 @@
 #                    build, run the Criterion suite
 #   make test SAN=1  the same under AddressSanitizer + UBSan (build-san/)
 #   make test TSAN=1 the thread tests under ThreadSanitizer (build-tsan/)
+#   make fuzz        the libFuzzer target (clang, build-fuzz/) for FUZZ_SECS s; make fuzz-ci in CI
+#   make test-allocfail  every allocation of a training step failed in turn (build-san/)
 #   make demo        build and run the examples
 #   make bench       benchmarks (bench/README.md)
 #   make install PREFIX=/usr/local
@@ -18,6 +20,13 @@ endif
 ifeq ($(SAN),1)
 BUILD ?= build-san
 OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+LDSAN := -fsanitize=address,undefined
+else ifeq ($(FUZZ),1)
+# make fuzz / make fuzz-ci (clang): the library instrumented for libFuzzer's
+# coverage, under AddressSanitizer + UBSan.
+BUILD ?= build-fuzz
+OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined \
+  -fno-sanitize-recover=undefined
 LDSAN := -fsanitize=address,undefined
 else ifeq ($(TSAN),1)
 # ThreadSanitizer checks the threads of the application (test/test_threads.c):
@@ -222,6 +231,34 @@ test-allocfail: deps
 run-allocfail: $(ALLOCFAIL_BIN)
 	$(ALLOCFAIL_BIN) $(ALLOCFAIL_ARGS)
 
+# make fuzz: the libFuzzer target test/fuzz/ (test/fuzz/README.md) built with clang in
+# build-fuzz/ and run for FUZZ_SECS seconds on the committed seed corpus
+# (test/fuzz/corpus/, read only) plus build-fuzz/fuzz/corpus/ (what it finds is kept
+# there); crashes go to build-fuzz/fuzz/artifacts/. make fuzz-ci: the same from an
+# empty scratch corpus, its final statistics printed; any crash, leak or timeout fails.
+FUZZ_SECS ?= 180
+FUZZ_BIN := $(BUILD)/fuzz/fuzz_api
+FUZZ_SRCS := $(sort $(wildcard test/fuzz/*.c))
+# a huge creation must reach the library's NB_ERR_OOM path, not libFuzzer's malloc limit
+FUZZ_FLAGS := -timeout=60 -rss_limit_mb=3072 -malloc_limit_mb=1000000000 \
+  -dict=test/fuzz/fuzz_api.dict -artifact_prefix=$(BUILD)/fuzz/artifacts/
+$(FUZZ_BIN): $(FUZZ_SRCS) test/fuzz/fuzz.h $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -fsanitize=fuzzer $(FUZZ_SRCS) -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS) -lpthread
+
+.PHONY: fuzz fuzz-ci fuzz-run fuzz-ci-run
+fuzz: deps
+	@$(MAKE) --no-print-directory FUZZ=1 CC=clang fuzz-run
+fuzz-ci: deps
+	@$(MAKE) --no-print-directory FUZZ=1 CC=clang fuzz-ci-run
+fuzz-run: $(FUZZ_BIN)
+	@mkdir -p $(BUILD)/fuzz/corpus $(BUILD)/fuzz/artifacts
+	$(FUZZ_BIN) $(FUZZ_FLAGS) -max_total_time=$(FUZZ_SECS) $(BUILD)/fuzz/corpus test/fuzz/corpus
+fuzz-ci-run: $(FUZZ_BIN)
+	@rm -rf $(BUILD)/fuzz/ci-corpus && mkdir -p $(BUILD)/fuzz/ci-corpus $(BUILD)/fuzz/artifacts
+	$(FUZZ_BIN) $(FUZZ_FLAGS) -max_total_time=$(FUZZ_SECS) -print_final_stats=1 \
+	  $(BUILD)/fuzz/ci-corpus test/fuzz/corpus
+
 $(BUILD)/examples/%: examples/%.c $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS)
@@ -298,4 +335,4 @@ format:
 	clang-format -i $(shell find include src test examples bench -name '*.[ch]')
 
 clean:
-	rm -rf build build-san build-clang
+	rm -rf build build-san build-clang build-fuzz

@@ -550,8 +550,8 @@ nb_status nbi_apply_all(nbi_apply *a, nb_status (*node)(void *ctx, nbi_apply *a,
     out[j] = r >= 0 ? a->t[r] : nbi_identity(a->in[-1 - r]);
     if (!out[j]) st = nb_last_status();
   }
-  for (int j = 0; j < p->n_out && !st; j++)
-    nb_keep(out[j]);
+  for (int j = 0; j < p->n_out && !st; j++) /* kept or, out of memory, released with the scope */
+    if (!nb_keep(out[j])) st = nb_last_status();
   nb_scope_end();
   if (st)
     for (int j = 0; j < p->n_out; j++)

@@ -250,8 +250,8 @@ static nb_status finish(const char *fn, int n_dev, nb_tensor **out, bool ok, gro
   if (ok) {
     memcpy(sorted, out, (size_t)n_dev * sizeof *sorted);
     qsort(sorted, (size_t)n_dev, sizeof *sorted, cmp_ptr);
-    for (int d = 0; d < n_dev; d++)
-      if (d == 0 || sorted[d] != sorted[d - 1]) nb_keep(sorted[d]);
+    for (int d = 0; d < n_dev && ok; d++) /* out of memory: released with the scope */
+      if ((d == 0 || sorted[d] != sorted[d - 1]) && !nb_keep(sorted[d])) ok = false;
     free(sorted);
   }
   nb_scope_end();

@@ -257,8 +257,8 @@ nb_status nbi_smap_exec(const char *fn, nb_mesh *m, const nbi_program *prog, nb_
         st = nb_last_status();
     }
     free(phys);
-    for (int j = 0; j < prog->n_out && !st; j++)
-      nb_keep(out[j]);
+    for (int j = 0; j < prog->n_out && !st; j++) /* out of memory: released with the scope */
+      if (!nb_keep(out[j])) st = nb_last_status();
     nb_scope_end();
     if (st)
       for (int j = 0; j < prog->n_out; j++)

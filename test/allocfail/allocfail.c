@@ -237,8 +237,7 @@ static nb_status scan_loss_body(void *u, nb_tensor *const *in, int n_in, nb_tens
 }
 
 /* in: W1 b1 W2 b2 x y -> loss, the updated W1 b1 W2 b2; u: value_and_grad of the loss */
-static nb_status update_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
-                             int n_out) {
+static nb_status update_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
   (void)n_in, (void)n_out;
   nb_tensor *o[1 + N_PARAMS];
   nb_status st = nb_call(u, in, o);
@@ -350,9 +349,12 @@ typedef struct style {
 } style;
 
 static const style styles[] = {
-    {"imperative", setup_none, step_imperative}, {"functional", setup_functional, step_vg},
-    {"jit", setup_jit, step_jit},                {"sharded", setup_sharded, step_vg},
-    {"checkpoint", setup_checkpoint, step_vg},   {"scan", setup_scan, step_vg},
+    {"imperative", setup_none, step_imperative},
+    {"functional", setup_functional, step_vg},
+    {"jit", setup_jit, step_jit},
+    {"sharded", setup_sharded, step_vg},
+    {"checkpoint", setup_checkpoint, step_vg},
+    {"scan", setup_scan, step_vg},
 };
 enum { N_STYLES = sizeof styles / sizeof styles[0] };
 
@@ -392,21 +394,18 @@ static bool check_numbers(run *r, const char *what, nb_tensor *const *p, double 
   return true;
 }
 
-/* One step of r's style in a scope: fresh inputs, the step (armed with r->fail_at
- * when armed_step), its numbers checked when it succeeds. */
+/* One step of r's style in a scope: (cold: the style's functions,) fresh inputs
+ * and the step, armed with r->fail_at when armed_step; its numbers checked when it
+ * succeeds. */
 static bool one_step(run *r, fns *s, bool armed_step) {
   bool ok = true;
   nb_tensor *p[N_PARAMS + 2];
   nb_scope_begin();
-  nb_status st = make_inputs(s, p);
-  if (st) {
-    snprintf(r->why, sizeof r->why, "inputs: %s", nb_last_error());
-    nb_scope_end();
-    return false;
-  }
+  nb_status st = NB_OK;
   double loss = NAN;
   if (armed_step) arm(r->fail_at);
-  if (armed_step && !r->warm) st = r->st->setup(s);
+  if (armed_step && !r->warm) st = r->st->setup(s); /* the mesh first: the inputs go on it */
+  if (!st) st = make_inputs(s, p);
   if (!st) st = r->st->step(s, p, &loss);
   if (armed_step) {
     disarm();
@@ -515,9 +514,13 @@ static int sweep(int k, bool warm, long from, long only, bool verbose) {
     if (!r.hit || only) break;
     last = n;
   }
-  printf("allocfail: %-10s %s, failing %s: N = %ld..%ld swept (the step makes %ld "
-         "allocations)\n",
-         r.st->name, warm ? "warm" : "cold", mode, only ? only : from, last, r.n_allocs);
+  if (only)
+    printf("allocfail: %-10s %s, failing %s: N = %ld held\n", r.st->name, warm ? "warm" : "cold",
+           mode, only);
+  else
+    printf("allocfail: %-10s %s, failing %s: N = %ld..%ld swept (the step makes %ld "
+           "allocations)\n",
+           r.st->name, warm ? "warm" : "cold", mode, from, last, r.n_allocs);
   fflush(stdout);
   return 0;
 }
