@@ -78,6 +78,16 @@ Test(imperative, assign_n_swaps) {
   tc_assert_close(b, (double[]){2, 2.25, 2.5}, NB_SHAPE(3));
 }
 
+Test(imperative, assign_n_moves_a_value_to_its_dst_device) {
+  nb_tensor *a = filled(3, 1), *b = filled(3, 5);
+  nb_device other = nb_device_of(a).kind == NB_DEVICE_CPU ? NB_EMU(1) : NB_CPU;
+  nb_tensor *src[2] = {nb_to_device(filled(3, 7), other), nb_add_scalar(b, 1)};
+  cr_assert(nb_assign_n((nb_tensor *[]){a, b}, src, 2) == NB_OK, "%s", nb_last_error());
+  cr_assert_eq(nb_device_of(a).kind, nb_device_of(b).kind, "a stays on its device");
+  tc_assert_close(a, (double[]){7, 7.25, 7.5}, NB_SHAPE(3));
+  tc_assert_close(b, (double[]){6, 6.25, 6.5}, NB_SHAPE(3));
+}
+
 Test(imperative, assign_n_rejects_bad_arguments) {
   nb_tensor *a = filled(3, 1), *b = filled(4, 1);
   cr_assert_eq(nb_assign_n((nb_tensor *[]){a, a}, (nb_tensor *[]){a, a}, 2), NB_ERR_ARG);

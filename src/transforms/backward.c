@@ -375,6 +375,9 @@ nb_status nb_assign_n(nb_tensor *const *dst, nb_tensor *const *src, int n) {
     if (dst[k]->mesh) continue;
     nb_tensor *val = src[k]->dtype == dst[k]->dtype ? src[k] : nb_cast(src[k], dst[k]->dtype);
     if (val && val->mesh) val = nbi_readable(fn, val);
+    /* dst keeps its device, as in nb_assign */
+    if (val && val->device != dst[k]->device)
+      val = nb_to_device(val, nbi_device_public(dst[k]->device));
     if (!val) st = nb_last_status();
     d[m] = dst[k], v[m++] = val;
   }

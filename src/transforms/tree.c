@@ -161,10 +161,7 @@ nb_status nbi_tree_pack_add(const char *fn, nb_tree *t, const int *idx, int n, n
 
 nb_tensor *nbi_tree_flat(const char *fn, const nb_tree *t, const int *idx, int n) {
   const nbi_tree_pack *p = nbi_tree_pack_find(t, idx, n);
-  if (p) {
-    nbi_scope_register(nb_retain(p->flat));
-    return p->flat;
-  }
+  if (p) return nbi_scope_register(nb_retain(p->flat)); /* NULL + NB_ERR_OOM if it cannot */
   nb_tensor *local[16], **parts = n <= 16 ? local : malloc(sizeof *parts * (size_t)n);
   if (!parts) {
     nbi_error(NB_ERR_OOM, "%s: out of memory", fn);

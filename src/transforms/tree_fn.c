@@ -280,8 +280,8 @@ static nb_status run_body(const char *fn, nb_tree_body body, void *user, nb_tree
     }
   if (st && !nb_last_status()) nbi_error(st, "%s: the function returned %s", fn, nb_status_str(st));
   for (int k = 0; k < n_out && !st; k++)
-    for (int i = 0; i < out[k]->n; i++)
-      nbi_scope_register(nb_retain(out[k]->ts[i]));
+    for (int i = 0; i < out[k]->n && !st; i++)
+      if (!nbi_scope_register(nb_retain(out[k]->ts[i]))) st = nb_last_status();
   if (st) release_trees(out, n_out);
   return st;
 }
