@@ -5,8 +5,12 @@
  * Internal to src/backends/cpu.
  *
  * Every function here is static to each file that includes it, with no inline
- * hint (EW_STATIC): the compiler inlines them as it did when one file held
- * both executors. */
+ * hint (EW_STATIC), except the walk's per-unit steps and setup (EW_OUTLINE:
+ * never inlined). Each file now calls those from one place only, so the
+ * compiler would inline them into the unit loops; it did not when one file
+ * held both executors, and the inlined loop ran the 5-op f32 chain of
+ * bench_bandwidth 1.4x slower on one thread (the row functions' loads
+ * stalled), so they keep the shape they had. */
 #ifndef NABLA_K_EW_H
 #define NABLA_K_EW_H
 
@@ -21,6 +25,7 @@
 #include "vmath.h"
 
 #define EW_STATIC static __attribute__((unused))
+#define EW_OUTLINE static __attribute__((unused, noinline))
 
 /* ---- domains and conversions ---------------------------------------------------- */
 typedef enum domain { DOM_F32, DOM_F64, DOM_I64, DOM_COUNT } domain;
@@ -317,8 +322,8 @@ EW_STATIC void stream_end(bool stream) {
 }
 
 /* views[0..n_out) are the outputs. */
-EW_STATIC void walk_init(ew_walk *w, int n_ops, const nbi_view *const *views, int n_out,
-                         int64_t chunk) {
+EW_OUTLINE void walk_init(ew_walk *w, int n_ops, const nbi_view *const *views, int n_out,
+                          int64_t chunk) {
   nbi_iter_init(&w->it, n_ops, views);
   int last = w->it.ndim - 1;
   w->rows = nbi_iter_rows(&w->it);
@@ -364,7 +369,7 @@ EW_STATIC void unit_seek(const ew_walk *w, ew_unit *u, int64_t k) {
   unit_set(w, u);
 }
 
-EW_STATIC void unit_next(const ew_walk *w, ew_unit *u) {
+EW_OUTLINE void unit_next(const ew_walk *w, ew_unit *u) {
   if (++u->c == w->per_row) {
     u->c = 0;
     int d = w->it.ndim - 2;                                /* the rows' innermost dim */
@@ -401,8 +406,8 @@ EW_STATIC void fetch(const ew_plan *pl, bool cond, void *d, const char *src, nb_
 /* Operand q of unit u for a row function, as operand() gives it (cond: read
  * as bytes). A non-flat operand of a block is gathered into buf row by row (a
  * broadcast row: once, then copied). Returns the stride of *p (0 or 1). */
-EW_STATIC int64_t unit_operand(const ew_plan *pl, const ew_walk *w, const ew_unit *u, int q,
-                               bool cond, void *buf, const void **p) {
+EW_OUTLINE int64_t unit_operand(const ew_plan *pl, const ew_walk *w, const ew_unit *u, int q,
+                                bool cond, void *buf, const void **p) {
   int64_t s = w->s[q], n = w->n;
   const char *src = unit_at(w, u, q);
   *p = buf;
