@@ -53,7 +53,7 @@
 #include <sanitizer/lsan_interface.h>
 #endif
 
-/* ---- the failing allocator ------------------------------------------------------ */
+/* ---- the failing allocator ------------------------------------------------------------------ */
 void *__real_malloc(size_t n);
 void *__real_calloc(size_t k, size_t n);
 void *__real_realloc(void *p, size_t n);
@@ -117,7 +117,7 @@ static void arm(long n) {
 }
 static void disarm(void) { atomic_store(&armed, false); }
 
-/* ---- the model and its reference -------------------------------------------------- */
+/* ---- the model and its reference ------------------------------------------------------------ */
 enum { B = 8, D = 3, H = 4, N_PARAMS = 4 };
 #define LR 0.1
 static const nb_shape param_shape[N_PARAMS] = {
@@ -171,7 +171,7 @@ static void reference_step(double *loss, double p[N_PARAMS][D * H]) {
 }
 static double ref_loss, ref_p[N_PARAMS][D * H];
 
-/* ---- the styles ---------------------------------------------------------------------- */
+/* ---- the styles ----------------------------------------------------------------------------- */
 /* A style's nb_fns (any may be NULL) and its mesh. */
 typedef struct fns {
   nb_fn *f[4];
@@ -388,7 +388,7 @@ static const style styles[] = {
 };
 enum { N_STYLES = sizeof styles / sizeof styles[0] };
 
-/* ---- one run -------------------------------------------------------------------------- */
+/* ---- one run -------------------------------------------------------------------------------- */
 typedef struct run {
   const style *st;
   bool warm;
