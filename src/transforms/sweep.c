@@ -420,9 +420,10 @@ static nb_status check_batchable(const char *fn, const nb_tensor *t) {
   for (int j = 0; j < (m ? m->n_out : 1); j++) {
     int nd = m ? m->shape[j].ndim : t->shape.ndim;
     if (nd >= NB_MAX_DIMS)
-      return nbi_error(NB_ERR_SHAPE,
-                       "%s: batching %s, whose result has rank %d, needs rank %d (at most %d)", fn,
-                       nbi_op_table[t->op]->name, nd, nd + 1, NB_MAX_DIMS);
+      return nbi_error(
+          NB_ERR_SHAPE,
+          "%s: a batched value would have rank %d (the maximum is %d): the result of %s", fn,
+          nd + 1, NB_MAX_DIMS, nbi_op_table[t->op]->name);
   }
   return NB_OK;
 }
