@@ -14,7 +14,8 @@
  * hidden layer under nb_checkpoint) and scanned (the loss an nb_scan over the
  * batch rows). Each style is swept cold (its nb_fns made inside
  * the step, so tracing is swept too) and warm (made and run once before: the
- * jit's program and the plans in place), in both modes. For each N = 1, 2, ...
+ * jit's program and the plans in place) with one failure, and cold in the
+ * persistent mode (warm too with --persist alone). For each N = 1, 2, ...
  * until a step makes fewer than N allocations, a fresh thread (its own scopes,
  * plan cache and lazy set, released when it exits) runs:
  *   1. the step with allocation N failing: it must return NB_OK with the right
@@ -596,7 +597,7 @@ int main(int argc, char **argv) {
         return 1;
       }
       for (int m = 0; m < 2; m++) {
-        if (!(m ? mode_persist : mode_once)) continue;
+        if (!(m ? mode_persist && (!warm || !mode_once) : mode_once)) continue;
         persist = m;
         if (sweep(k, warm, from, only, verbose)) return 1;
       }
