@@ -1,7 +1,7 @@
 # nabla — GNU Makefile. `make` builds build/libnabla.{a,so} and build/nabla.pc.
 #   make test        install missing Debian deps, check the layering (scripts/check_layers.sh),
 #                    build, run the Criterion suite
-#   make test SAN=1  the same under AddressSanitizer + UBSan (build-san/)
+#   make test SAN=1  the same under AddressSanitizer + UBSan (build-san/; CC=clang: build-san-clang/)
 #   make test TSAN=1 the thread tests under ThreadSanitizer (build-tsan/)
 #   make fuzz        the libFuzzer target (clang, build-fuzz/) for FUZZ_SECS s; make fuzz-ci in CI
 #   make test-allocfail  every allocation of a training step failed in turn (build-san/)
@@ -18,7 +18,8 @@ CC := gcc
 endif
 
 ifeq ($(SAN),1)
-BUILD ?= build-san
+# clang's sanitizer runtime is not gcc's: a clang build has its own folder
+BUILD ?= build-san$(if $(findstring clang,$(CC)),-clang)
 OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 LDSAN := -fsanitize=address,undefined
 else ifeq ($(FUZZ),1)
@@ -335,4 +336,4 @@ format:
 	clang-format -i $(shell find include src test examples bench -name '*.[ch]')
 
 clean:
-	rm -rf build build-san build-clang build-fuzz
+	rm -rf build build-san build-clang build-san-clang build-fuzz

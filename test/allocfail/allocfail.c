@@ -10,10 +10,12 @@
  * mean squared error against y, SGD with lr 0.1) is written in each style the
  * library offers: imperative (nb_backward), functional (nb_value_and_grad), jitted
  * (nb_jit of the whole update), sharded (the batch over a virtual 2-device mesh),
- * checkpointed (the hidden layer under nb_checkpoint) and scanned (the loss an
- * nb_scan over the batch rows). Each style is swept cold (its nb_fns made inside
+ * shard_map (the same written per device, with an all-reduce), checkpointed (the
+ * hidden layer under nb_checkpoint) and scanned (the loss an nb_scan over the
+ * batch rows). Each style is swept cold (its nb_fns made inside
  * the step, so tracing is swept too) and warm (made and run once before: the
- * jit's program and the plans in place), in both modes. For each N = 1, 2, ...
+ * jit's program and the plans in place) with one failure, and cold in the
+ * persistent mode (warm too with --persist alone). For each N = 1, 2, ...
  * until a step makes fewer than N allocations, a fresh thread (its own scopes,
  * plan cache and lazy set, released when it exits) runs:
  *   1. the step with allocation N failing: it must return NB_OK with the right
@@ -52,7 +54,7 @@
 #include <sanitizer/lsan_interface.h>
 #endif
 
-/* ---- the failing allocator ------------------------------------------------------ */
+/* ---- the failing allocator ------------------------------------------------------------------ */
 void *__real_malloc(size_t n);
 void *__real_calloc(size_t k, size_t n);
 void *__real_realloc(void *p, size_t n);
@@ -116,7 +118,7 @@ static void arm(long n) {
 }
 static void disarm(void) { atomic_store(&armed, false); }
 
-/* ---- the model and its reference -------------------------------------------------- */
+/* ---- the model and its reference ------------------------------------------------------------ */
 enum { B = 8, D = 3, H = 4, N_PARAMS = 4 };
 #define LR 0.1
 static const nb_shape param_shape[N_PARAMS] = {
@@ -170,7 +172,7 @@ static void reference_step(double *loss, double p[N_PARAMS][D * H]) {
 }
 static double ref_loss, ref_p[N_PARAMS][D * H];
 
-/* ---- the styles ---------------------------------------------------------------------- */
+/* ---- the styles ----------------------------------------------------------------------------- */
 /* A style's nb_fns (any may be NULL) and its mesh. */
 typedef struct fns {
   nb_fn *f[4];
@@ -209,6 +211,24 @@ static nb_status loss_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **
   (void)n_in, (void)n_out;
   out[0] = mlp_loss(in, in[N_PARAMS], in[N_PARAMS + 1], u);
   return out[0] ? NB_OK : nb_last_status();
+}
+
+/* The data-parallel loss, per device (an nb_shard_map body): in = x and y blocks,
+ * W1 b1 W2 b2; the squared errors of the block summed, all-reduced over dp, / B. */
+static nb_status block_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  nb_tensor *h = nb_tanh(nb_add(nb_matmul(in[0], in[2]), in[3]));
+  nb_tensor *e = nb_sub(nb_add(nb_matmul(h, in[4]), in[5]), in[1]);
+  out[0] = nb_div_scalar(nb_all_reduce(nb_sum(nb_square(e), NB_ALL, false), "dp", NB_SUM), B);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+/* in: W1 b1 W2 b2 x y -> the loss, by the shard_map u */
+static nb_status smap_loss_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
+                                int n_out) {
+  (void)n_in, (void)n_out;
+  nb_tensor *a[N_PARAMS + 2] = {in[N_PARAMS], in[N_PARAMS + 1], in[0], in[1], in[2], in[3]};
+  return nb_call(u, a, out);
 }
 
 /* The scanned loss: a scan over the batch rows, carry = the sum of squared
@@ -285,6 +305,16 @@ static nb_status setup_sharded(fns *s) {
   return make_vg(s, loss_body, NULL);
 }
 
+static nb_status setup_shard_map(fns *s) {
+  if (!(s->mesh = nb_mesh_cpu("dp=2"))) return nb_last_status();
+  static const char *const in_specs[N_PARAMS + 2] = {"dp, _", "dp, _", "_, _", "_", "_, _", "_"};
+  nb_fn *body = nb_fn_create(block_body, NULL, N_PARAMS + 2, 1);
+  nb_fn *smap = nb_shard_map(body, s->mesh, in_specs, (const char *const[]){""});
+  nb_fn_release(body);
+  if (!smap) return nb_last_status();
+  return make_vg(s, smap_loss_body, smap);
+}
+
 /* The parameters (W1 b1 W2 b2) and data (x y) of one step: p[0..5]. */
 static nb_status make_inputs(const fns *s, nb_tensor **p) {
   for (int k = 0; k < N_PARAMS; k++)
@@ -353,12 +383,13 @@ static const style styles[] = {
     {"functional", setup_functional, step_vg},
     {"jit", setup_jit, step_jit},
     {"sharded", setup_sharded, step_vg},
+    {"shard_map", setup_shard_map, step_vg},
     {"checkpoint", setup_checkpoint, step_vg},
     {"scan", setup_scan, step_vg},
 };
 enum { N_STYLES = sizeof styles / sizeof styles[0] };
 
-/* ---- one run -------------------------------------------------------------------------- */
+/* ---- one run -------------------------------------------------------------------------------- */
 typedef struct run {
   const style *st;
   bool warm;
@@ -566,7 +597,7 @@ int main(int argc, char **argv) {
         return 1;
       }
       for (int m = 0; m < 2; m++) {
-        if (!(m ? mode_persist : mode_once)) continue;
+        if (!(m ? mode_persist && (!warm || !mode_once) : mode_once)) continue;
         persist = m;
         if (sweep(k, warm, from, only, verbose)) return 1;
       }

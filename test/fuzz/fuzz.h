@@ -37,7 +37,7 @@ enum {
   MAX_CALL_DEPTH = 3, /* nb_call nesting through bodies */
 };
 
-/* ---- reading the input -------------------------------------------------------------- */
+/* ---- reading the input ---------------------------------------------------------------------- */
 typedef struct reader {
   const uint8_t *p;
   size_t n, i;
@@ -138,7 +138,7 @@ static inline bool creatable(const nb_shape *s) {
   return n <= POOL_NUMEL || n >= ((int64_t)1 << 42);
 }
 
-/* ---- strings: einsum, meshes, specs ------------------------------------------------------- */
+/* ---- strings: einsum, meshes, specs --------------------------------------------------------- */
 /* Up to cap-1 raw bytes, NUL-terminated. */
 static inline void raw_string(reader *r, char *buf, size_t cap) {
   size_t n = u8(r) % cap;
@@ -217,7 +217,7 @@ static inline void spec_string(reader *r, char *buf, size_t cap) {
   if (k >= cap) buf[cap - 1] = '\0';
 }
 
-/* ---- the program's state ------------------------------------------------------------------ */
+/* ---- the program's state -------------------------------------------------------------------- */
 /* A tensor the program may use: the scope depth that holds it (the fuzzer's
  * count of open scopes when it was registered), or -1 for a reference the
  * fuzzer owns (nb_retain). */
@@ -298,7 +298,7 @@ static inline nb_shape shape_like(pool *p, reader *r) {
  * an input does). */
 extern bool fuzz_trace;
 
-/* ---- checks ---------------------------------------------------------------------------------- */
+/* ---- checks --------------------------------------------------------------------------------- */
 /* A call returning a tensor: NULL with an error recorded, or a sound tensor
  * with none (errors are cleared before each call). */
 static inline nb_tensor *checked(nb_tensor *t, const char *what) {
@@ -339,7 +339,7 @@ static inline nb_mesh *pick_mesh(state *st, reader *r) {
   return st->n_meshes && v != 255 ? st->meshes[v % st->n_meshes] : NULL;
 }
 
-/* ---- the two halves ---------------------------------------------------------------------- */
+/* ---- the two halves ------------------------------------------------------------------------- */
 extern FILE *fuzz_devnull; /* where nb_fprint and nb_graph_dot write */
 
 /* Runs up to max_steps calls read from r on the tensors of p (body: inside a
@@ -350,6 +350,8 @@ void fuzz_run_ops(state *st, pool *p, reader *r, int max_steps, bool body);
 void fuzz_make_fn(state *st, pool *p, reader *r);
 /* Calls a pooled function, or runs cond / scan / fori_loop / while_loop. */
 void fuzz_call(state *st, pool *p, reader *r, bool body);
+/* Registers the custom ops the programs call (once, at start-up). */
+void fuzz_register_ops(void);
 /* Keeps t, made inside the current call's own scope, in the scope around it and
  * in p when it is small enough; larger results go with the call's scope. */
 void fuzz_keep(pool *p, int depth, nb_tensor *t);

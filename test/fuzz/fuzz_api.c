@@ -33,7 +33,7 @@ bool fuzz_trace;
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
 
-/* ---- functions ---------------------------------------------------------------------------- */
+/* ---- functions ------------------------------------------------------------------------------ */
 /* A generated body: its inputs and captures are a pool, its bytes a program
  * run on it (errors of its calls are dropped, as a program that checks them
  * would); out[j] are pool slots after it ran. The first output is summed to a
@@ -200,7 +200,7 @@ void fuzz_make_fn(state *st, pool *p, reader *r) {
   fn_put(st, g, jac);
 }
 
-/* ---- calls and control flow ------------------------------------------------------------------ */
+/* ---- calls and control flow ----------------------------------------------------------------- */
 /* Keeps the n outputs of a successful call; out has room for MAX_ARITY. */
 static void keep_all(pool *p, int depth, nb_tensor **out, int n) {
   for (int k = 0; k < n; k++)
@@ -297,8 +297,7 @@ void fuzz_call(state *st, pool *p, reader *r, bool body) {
   nb_scope_end();
 }
 
-/* ---- one input ----------------------------------------------------------------------------------
- */
+/* ---- one input ------------------------------------------------------------------------------ */
 typedef struct input {
   const uint8_t *data;
   size_t size;
@@ -339,6 +338,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc, (void)argv;
   fuzz_devnull = fopen("/dev/null", "w");
+  fuzz_register_ops();
   const char *e = getenv("FUZZ_TRACE");
   fuzz_trace = e && *e == '1';
   return 0;

@@ -43,7 +43,7 @@ static nb_tensor *index_tensor(ctx *c) {
   return flag(c->r) ? nb_cast(t, flag(c->r) ? NB_I32 : NB_F32) : t;
 }
 
-/* ---- creation ------------------------------------------------------------------------------ */
+/* ---- creation ------------------------------------------------------------------------------- */
 static void g_create(ctx *c) {
   reader *r = c->r;
   nb_shape s = shape_like(c->p, r);
@@ -120,8 +120,7 @@ static void g_where(ctx *c) {
   }
 }
 
-/* ---- reductions and linear algebra ------------------------------------------------------------
- */
+/* ---- reductions and linear algebra ---------------------------------------------------------- */
 static void g_reduce(ctx *c) {
   static nb_tensor *(*const fns[])(nb_tensor *, nb_axes, bool) = {
       nb_sum, nb_mean, nb_prod, nb_max, nb_min, nb_var, nb_std, nb_logsumexp, nb_any, nb_all};
@@ -169,8 +168,7 @@ static void g_linalg(ctx *c) {
   }
 }
 
-/* ---- shapes
- * -------------------------------------------------------------------------------------- */
+/* ---- shapes --------------------------------------------------------------------------------- */
 static void g_shape(ctx *c) {
   reader *r = c->r;
   nb_tensor *t = T(c);
@@ -307,8 +305,7 @@ static void g_nn(ctx *c) {
   }
 }
 
-/* ---- devices, realization, queries ------------------------------------------------------------
- */
+/* ---- devices, realization, queries ---------------------------------------------------------- */
 static nb_device device_arg(reader *r) {
   uint8_t v = u8(r);
   return (nb_device){(nb_device_kind)(v % 4), (int)(u8(r) % 6) - 1};
@@ -393,7 +390,7 @@ static void g_query(ctx *c) {
         (unsigned long long)st.peak_bytes, (unsigned long long)st.live_bytes);
 }
 
-/* ---- scopes, at top level: the pool follows what each scope holds ---------------------------- */
+/* ---- scopes, at top level: the pool follows what each scope holds --------------------------- */
 static void forget(state *st, nb_tensor *t) { /* the fuzzer's own references to t are gone */
   for (int k = 0; k < st->n_owned; k++)
     if (st->owned[k] == t) return;
@@ -442,8 +439,7 @@ static void g_scope(ctx *c) {
   }
 }
 
-/* ---- autodiff
- * -------------------------------------------------------------------------------------- */
+/* ---- autodiff ------------------------------------------------------------------------------- */
 static void g_grad(ctx *c) {
   reader *r = c->r;
   nb_tensor *t = T(c), *u = T(c);
@@ -470,8 +466,7 @@ static void g_grad(ctx *c) {
   }
 }
 
-/* ---- meshes, sharding, collectives
- * ------------------------------------------------------------------ */
+/* ---- meshes, sharding, collectives ---------------------------------------------------------- */
 static void g_mesh(ctx *c) {
   state *st = c->st;
   reader *r = c->r;
@@ -545,8 +540,143 @@ static void g_setting(ctx *c) {
   }
 }
 
-/* ---- the program
- * ------------------------------------------------------------------------------------ */
+/* ---- custom ops: registered once (fuzz_register_ops), called anywhere --------------------- */
+static const nb_custom_op *twice_op, *pair_op;
+
+static int64_t elems(const nb_shape *s) {
+  int64_t n = 1;
+  for (int d = 0; d < s->ndim; d++)
+    n *= s->dims[d];
+  return n;
+}
+
+static nb_status float_only(const char *name, nb_dtype dt) {
+  if (dt == NB_F32 || dt == NB_F64) return NB_OK;
+  return nb_set_error(NB_ERR_DTYPE, "%s: f32 or f64 only, got %s", name, nb_dtype_name(dt));
+}
+
+/* fuzz_twice: out = 2 x, with every rule (elementwise sharding) */
+static nb_status twice_infer(void *u, const nb_shape *is, const nb_dtype *id, int n_in,
+                             nb_shape *os, nb_dtype *od, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  os[0] = is[0], od[0] = id[0];
+  return float_only("fuzz_twice", id[0]);
+}
+static nb_status twice_cpu(void *u, const nb_custom_buffer *in, int n_in, nb_custom_buffer *out,
+                           int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  for (int64_t i = 0, n = elems(&in[0].shape); i < n; i++)
+    if (in[0].dtype == NB_F32)
+      ((float *)out[0].data)[i] = 2 * ((const float *)in[0].data)[i];
+    else
+      ((double *)out[0].data)[i] = 2 * ((const double *)in[0].data)[i];
+  return NB_OK;
+}
+static nb_status twice_vjp(void *u, nb_tensor *const *in, int n_in, nb_tensor *const *out,
+                           nb_tensor *const *ct, int n_out, nb_tensor **in_ct) {
+  (void)u, (void)in, (void)n_in, (void)out, (void)n_out;
+  in_ct[0] = nb_mul_scalar(ct[0], 2);
+  return in_ct[0] ? NB_OK : nb_last_status();
+}
+static nb_status twice_jvp(void *u, nb_tensor *const *in, nb_tensor *const *tan, int n_in,
+                           nb_tensor *const *out, int n_out, nb_tensor **out_tan) {
+  (void)u, (void)in, (void)n_in, (void)out, (void)n_out;
+  out_tan[0] = nb_mul_scalar(tan[0], 2);
+  return out_tan[0] ? NB_OK : nb_last_status();
+}
+static nb_status twice_batch(void *u, nb_tensor *const *in, const bool *batched, int n_in,
+                             int64_t batch, nb_tensor **out, int n_out) {
+  (void)u, (void)batched, (void)batch;
+  return nb_custom_call(twice_op, in, n_in, out, n_out);
+}
+
+/* fuzz_pair: (a, b) of one shape -> (a - b, the sum of a); no rules (transforms fail,
+ * or loop over the batch) */
+static nb_status pair_infer(void *u, const nb_shape *is, const nb_dtype *id, int n_in, nb_shape *os,
+                            nb_dtype *od, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  if (is[0].ndim != is[1].ndim || elems(&is[0]) != elems(&is[1]) || id[0] != id[1])
+    return nb_set_error(NB_ERR_SHAPE, "fuzz_pair: the operands differ");
+  os[0] = is[0], od[0] = id[0];
+  os[1] = (nb_shape){0}, od[1] = id[0];
+  return float_only("fuzz_pair", id[0]);
+}
+static nb_status pair_cpu(void *u, const nb_custom_buffer *in, int n_in, nb_custom_buffer *out,
+                          int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  double sum = 0;
+  bool f32 = in[0].dtype == NB_F32;
+  for (int64_t i = 0, n = elems(&in[0].shape); i < n; i++) {
+    double a = f32 ? ((const float *)in[0].data)[i] : ((const double *)in[0].data)[i];
+    double b = f32 ? ((const float *)in[1].data)[i] : ((const double *)in[1].data)[i];
+    if (f32)
+      ((float *)out[0].data)[i] = (float)(a - b);
+    else
+      ((double *)out[0].data)[i] = a - b;
+    sum += a;
+  }
+  if (f32)
+    *(float *)out[1].data = (float)sum;
+  else
+    *(double *)out[1].data = sum;
+  return NB_OK;
+}
+
+void fuzz_register_ops(void) {
+  twice_op = nb_custom_op_register(&(nb_custom_op_def){.name = "fuzz_twice",
+                                                       .n_in = 1,
+                                                       .n_out = 1,
+                                                       .infer = twice_infer,
+                                                       .cpu = twice_cpu,
+                                                       .vjp = twice_vjp,
+                                                       .jvp = twice_jvp,
+                                                       .batch = twice_batch,
+                                                       .sharding = "... -> ..."});
+  pair_op = nb_custom_op_register(&(nb_custom_op_def){
+      .name = "fuzz_pair", .n_in = 2, .n_out = 2, .infer = pair_infer, .cpu = pair_cpu});
+  nb_clear_error();
+}
+
+static void g_custom(ctx *c) {
+  reader *r = c->r;
+  nb_tensor *in[4] = {T(c), T(c), T(c), T(c)}, *out[4] = {0};
+  int n_in = (int)(u8(r) % 4), n_out = (int)(u8(r) % 3);
+  switch (u8(r) % 5) {
+  case 0:
+  case 1: n_in = 1, n_out = 1; /* fall through */
+  case 2: {
+    const nb_custom_op *op = u8(r) % 4 ? twice_op : pair_op;
+    if (op == pair_op && flag(r)) n_in = n_out = 2;
+    nb_status st = STATUS(nb_custom_call(op, in, n_in, out, n_out), "nb_custom_call");
+    for (int j = 0; j < n_out && !st; j++)
+      fuzz_keep(c->p, c->depth, out[j]);
+    break;
+  }
+  case 3: { /* a name already taken: every check before that one runs on the input's rule */
+    char rule[40];
+    raw_string(r, rule, sizeof rule);
+    bool raw = flag(r);
+    nb_clear_error();
+    const nb_custom_op *op =
+        nb_custom_op_register(&(nb_custom_op_def){.name = "fuzz_twice",
+                                                  .n_in = n_in,
+                                                  .n_out = n_out,
+                                                  .infer = twice_infer,
+                                                  .cpu = twice_cpu,
+                                                  .sharding = raw ? rule : "a b, b c -> a c"});
+    CHECK(!op && nb_last_status() != NB_OK, "a second custom op named fuzz_twice registered");
+    break;
+  }
+  default: {
+    const nb_custom_op *op = nb_custom_op_find(flag(r) ? "fuzz_pair" : "no such op");
+    CHECK(!op || (nb_custom_op_name(op) && !nb_custom_op_sharding(op)), "nb_custom_op_find");
+    CHECK(!nb_custom_op_name(NULL), "nb_custom_op_name(NULL)");
+    break;
+  }
+  }
+}
+
+/* ---- the program ---------------------------------------------------------------------------- */
 enum {
   G_CREATE,
   G_UNARY,
@@ -572,6 +702,7 @@ enum {
   G_SHARD,
   G_COLL,
   G_SETTING,
+  G_CUSTOM,
   N_GROUPS
 };
 
@@ -581,6 +712,7 @@ static void (*const groups[N_GROUPS])(ctx *) = {
     [G_SHAPE] = g_shape,   [G_JOIN] = g_join,     [G_SLICE] = g_slice,     [G_INDEX] = g_index,
     [G_NN] = g_nn,         [G_DEVICE] = g_device, [G_REALIZE] = g_realize, [G_QUERY] = g_query,
     [G_GRAD] = g_grad,     [G_MESH] = g_mesh,     [G_SHARD] = g_shard,     [G_COLL] = g_coll,
+    [G_CUSTOM] = g_custom,
 };
 
 void fuzz_run_ops(state *st, pool *p, reader *r, int max_steps, bool body) {

@@ -11,7 +11,7 @@ corpus is what libFuzzer found from them, merged (-merge=1) to keep it small.
 import os
 
 (CREATE, UNARY, BINARY, SCALAR, WHERE, REDUCE, AXIS, LINALG, SHAPE, JOIN, SLICE, INDEX, NN,
- DEVICE, REALIZE, QUERY, SCOPE, GRAD, FN, CALL, MESH, SHARD, COLL, SETTING) = range(24)
+ DEVICE, REALIZE, QUERY, SCOPE, GRAD, FN, CALL, MESH, SHARD, COLL, SETTING, CUSTOM) = range(25)
 SMALL = [1, 2, 3, 4, 1, 2, 0, 5, 8, 3, 6, 1]
 DT = {"f32": 0, "f64": 2, "f16": 4, "bf16": 5, "i32": 6, "i64": 7, "bool": 8}
 UNARY_OPS = ["neg", "abs", "sign", "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "square",
@@ -251,6 +251,9 @@ OP_SEEDS = {
                          binary(1, 0, "pow") + binary(2, 0, "atan2")),
     "where_clip": op_seed([X45, create("randn", [4, 5], "f64")],
                           binary(0, 1, "gt") + [WHERE, 2, 0, 1, 1]),
+    "custom_twice": op_seed([X45], [CUSTOM, 0, 0, 0, 0, 0, 0, 0, 1]),
+    "custom_pair": op_seed([X45, create("randn", [4, 5], "f64")],
+                           [CUSTOM, 0, 1, 0, 0, 0, 0, 2, 0, 1]),
     "permute_reshape": op_seed([create("randn", [2, 3, 4], "f64")],
                                [SHAPE, 0, 2] + axes([2, 0, 1]) + [SHAPE, 1, 0] + shape([4, 6])),
 }
