@@ -138,6 +138,7 @@ static void compare(const char *what, nb_tensor *ref, nb_tensor *got, double sca
   nb_dtype dt = nb_dtype_of(ref);
   cr_assert_eq(nb_dtype_of(got), dt, "%s: dtype %s on CUDA, %s on the CPU", what,
                nb_dtype_name(nb_dtype_of(got)), nb_dtype_name(dt));
+  nb_shape_str(rs, b2, sizeof b2); /* named by the mismatch message below */
   void *r = read_raw(what, "CPU", ref), *g = read_raw(what, "CUDA", got);
   int64_t n = nb_numel(ref), bad = 0;
   double tol = tc_tol(dt) * scale;
@@ -781,6 +782,58 @@ Test(cuda_ops, matmul_matches_cpu_for_every_dtype) {
     for (int c = 0; c < COUNT(cases); c++)
       run_case("matmul", apply_matmul, NULL, 2, cases[c], 8, 1200 + c);
   }
+}
+
+/* ---- random ---------------------------------------------------------------------------------- */
+
+/* Draws from keys on the CPU and on CUDA: the same numbers bit for bit (tolerance 0), for every
+ * float dtype, split keys (the raw words), composites (normal, bernoulli) and a batch of keys
+ * (vmap), with more elements than one grid covers. */
+static nb_status vmap_draw_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
+                                int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_random_uniform(in[0], NB_SHAPE(3, 5), NB_F32);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(cuda_ops, random_draws_match_cpu_bit_for_bit) {
+  need_gpu();
+  nb_tensor *key[2];
+  for (int g = 0; g < 2; g++) {
+    key[g] = nb_key(0x1234567890abcdefull);
+    if (g) key[g] = nb_to_device(key[g], NB_CUDA(0));
+    cr_assert(key[g], "%s", nb_last_error());
+  }
+  const nb_shape shapes[] = {NB_SHAPE(7), NB_SHAPE(3, 1000), NB_SHAPE(0, 4), NB_SHAPE(1 << 19)};
+  char what[128];
+  for (int d = 0; d < COUNT(float_dtypes); d++)
+    for (int k = 0; k < COUNT(shapes); k++) {
+      snprintf(what, sizeof what, "random_uniform %s shape %d", nb_dtype_name(float_dtypes[d]), k);
+      compare(what, nb_random_uniform(key[0], shapes[k], float_dtypes[d]),
+              nb_random_uniform(key[1], shapes[k], float_dtypes[d]), 0);
+    }
+  nb_tensor *split[2][5];
+  for (int g = 0; g < 2; g++)
+    cr_assert_eq(nb_key_split(key[g], 5, split[g]), NB_OK, "%s", nb_last_error());
+  for (int i = 0; i < 5; i++) {
+    snprintf(what, sizeof what, "key_split %d", i);
+    compare(what, split[0][i], split[1][i], 0);
+  }
+  compare("random_normal f64", nb_random_normal(split[0][3], NB_SHAPE(4, 33), NB_F64),
+          nb_random_normal(split[1][3], NB_SHAPE(4, 33), NB_F64), 0);
+  compare("random_bernoulli", nb_random_bernoulli(split[0][4], 0.3, NB_SHAPE(999)),
+          nb_random_bernoulli(split[1][4], 0.3, NB_SHAPE(999)), 0);
+  /* a batch of keys, one of them a column of a transposed view (strided keys) */
+  nb_fn *f = nb_fn_create(vmap_draw_body, NULL, 1, 1), *v = nb_vmap(f, (int[]){0}, NULL);
+  nb_tensor *out[2][1];
+  for (int g = 0; g < 2; g++) {
+    nb_tensor *keys = nb_stack((nb_tensor *[]){split[g][0], split[g][1], split[g][2]}, 3, 1);
+    keys = nb_transpose(keys); /* [3, 2], strided */
+    cr_assert_eq(nb_call(v, &keys, out[g]), NB_OK, "%s", nb_last_error());
+  }
+  compare("vmap random_uniform over strided keys", out[0][0], out[1][0], 0);
+  nb_fn_release(v);
+  nb_fn_release(f);
 }
 
 /* ---- gradients ------------------------------------------------------------------------------- */

@@ -415,6 +415,8 @@ nb_status nbi_cuda_scatter_add(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *ou
 nb_status nbi_cuda_scatter_add_along_axis(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
                                           const nbi_view *in);
 nb_status nbi_cuda_one_hot(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out, const nbi_view *in);
+/* RANDOM (cuda_random.c): the CPU kernel's Threefry numbers, bit for bit. */
+nb_status nbi_cuda_random(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out, const nbi_view *in);
 
 /* NN family (cuda_ops_nn.c), NCHW, with k_nn.c's semantics: convolution by
  * im2col / col2im + nbi_cuda_gemm, max pooling and its derivative ops. */

@@ -491,7 +491,7 @@ typedef struct op_route {
 #define ROUTE_IDENTITY R_VIEW
 #define ROUTE_STOP_GRADIENT R_VIEW
 #define ROUTE_PLACEHOLDER R_NONE
-#define ROUTE_RANDOM R_NONE /* keyed random numbers: CPU only for now */
+#define ROUTE_RANDOM {nbi_cuda_random, DT_FLOAT | DT(NB_I64)}
 #define ROUTE_TUPLE_GET R_NONE
 #define ROUTE_TAKE {nbi_cuda_take, DT_ALL}
 #define ROUTE_TAKE_ALONG_AXIS {nbi_cuda_take_along_axis, DT_ALL}
