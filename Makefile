@@ -154,13 +154,30 @@ $(MPI_TEST): test/mpi/test_mpi.c test/common.h test/mini_criterion.h $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -Itest $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS)
 
+# test/mpi/test_mpi_mesh.c: meshes spanning the processes (nb_mesh_world), every
+# value against the same program on a virtual mesh in one process, MLP training;
+# then a rank killed before a collective: the others end the job.
+MPI_MESH_TEST := $(BUILD)/test/test_mpi_mesh
+$(MPI_MESH_TEST): test/mpi/test_mpi_mesh.c test/common.h test/mini_criterion.h $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Itest $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS)
+
 test-mpi:
 	@if [ "$(MPI)" != 1 ]; then echo "test-mpi: needs make MPI=1 test-mpi"; exit 1; fi
 	@scripts/deps.sh mpi
-	@$(MAKE) --no-print-directory MPI=1 $(MPI_TEST)
+	@$(MAKE) --no-print-directory MPI=1 $(MPI_TEST) $(MPI_MESH_TEST)
 	$(MPIRUN) -np 1 $(MPI_TEST)
 	$(MPIRUN) -np 2 $(MPI_TEST)
 	$(MPIRUN) -np 4 $(MPI_TEST)
+	OMP_NUM_THREADS=1 $(MPIRUN) -x OMP_NUM_THREADS -np 1 $(MPI_MESH_TEST)
+	OMP_NUM_THREADS=1 $(MPIRUN) -x OMP_NUM_THREADS -np 2 $(MPI_MESH_TEST)
+	OMP_NUM_THREADS=1 $(MPIRUN) -x OMP_NUM_THREADS -np 4 $(MPI_MESH_TEST)
+	@echo "==== a rank killed before a collective (deadline 3 s)"; start=$$(date +%s); \
+	  if NABLA_COLLECTIVE_TIMEOUT_S=3 $(MPIRUN) -x NABLA_COLLECTIVE_TIMEOUT_S -np 2 \
+	     $(MPI_MESH_TEST) killed > $(BUILD)/test/killed.log 2>&1; then \
+	    echo "the job did not fail"; cat $(BUILD)/test/killed.log; exit 1; fi; \
+	  took=$$(( $$(date +%s) - start )); grep -E "nabla|signal|exited" $(BUILD)/test/killed.log; \
+	  [ $$took -lt 30 ] || { echo "took $$took s"; exit 1; }; echo "ended in $$took s"
 	@echo "==== a rank that never arrives (deadline 3 s)"; start=$$(date +%s); \
 	  if NABLA_COLLECTIVE_TIMEOUT_S=3 $(MPIRUN) -x NABLA_COLLECTIVE_TIMEOUT_S -np 2 \
 	     $(MPI_TEST) deadline > $(BUILD)/test/deadline.log 2>&1; then \

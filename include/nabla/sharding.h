@@ -6,7 +6,9 @@
  * with the layouts of its results chosen by factor-based propagation and the
  * data movement it needs done by collectives (counted in nb_stats). A sharded
  * computation gives the values of the unsharded one (up to float
- * reassociation); reading a sharded tensor (nb_to_host, nb_item) assembles it.
+ * reassociation); reading a sharded tensor (nb_to_host, nb_item) assembles it
+ * (on a mesh spanning processes, nb_mesh_world: on every rank, which must all
+ * read it).
  *
  * Spec grammar (one entry per tensor dimension, comma separated, optionally
  * in brackets, then optional modifiers):
@@ -45,6 +47,23 @@ typedef struct nb_mesh nb_mesh;
  * the sizes. NULL + error (NB_ERR_SHARDING, NB_ERR_DEVICE) on failure. */
 nb_mesh *nb_mesh_cpu(const char *axes);
 nb_mesh *nb_mesh_create(const char *axes, const nb_device *devs, int n);
+/* A mesh spanning every process of the job (include/nabla/distributed.h):
+ * its devices are the processes' CPUs, n_dev / nb_world_size() virtual
+ * devices per process (which must divide), in rank order: rank r holds
+ * devices r * k .. r * k + k - 1 (k devices per rank), so the leading axes
+ * split the ranks ("dp=2,tp=2" over 2 ranks: each rank holds one dp row of
+ * two tp devices; over 4 ranks one device each). Each process holds only its
+ * own devices' blocks (the others are remote: shape only, no memory); ops
+ * compute only those, and the collectives between ranks go over MPI, giving
+ * the values of the same program on nb_mesh_cpu in one process (the same
+ * ops in the same order: bit for bit). The program is the same on every
+ * rank (SPMD): every rank makes the same meshes, shards, ops and reads, in
+ * the same order; reading a sharded tensor (nb_to_host, nb_item, nb_print)
+ * gathers it on every rank, so every rank must read it. nb_backward does not
+ * run across processes (nb_set_requires_grad on such a tensor is
+ * NB_ERR_DISTRIBUTED): differentiate with nb_grad / nb_value_and_grad. In a
+ * job of one process (or before nb_init_distributed) it is nb_mesh_cpu. */
+nb_mesh *nb_mesh_world(const char *axes);
 nb_mesh *nb_mesh_retain(nb_mesh *m);
 void nb_mesh_release(nb_mesh *m);
 int nb_mesh_n_devices(const nb_mesh *m);

@@ -184,6 +184,9 @@ enum {
   /* A held node a realization left pending (src/core/plan.c, "Memory
    * policy"); tracked in the lazy set while it lives (src/core/tensor.c). */
   NBI_T_LAZY = 1u << 5,
+  /* The block of a device another process of the job holds (a mesh spanning
+   * ranks, src/sharding): shape and dtype only, never read (nbi_remote_leaf). */
+  NBI_T_REMOTE = 1u << 6,
 };
 
 struct nb_tensor {
@@ -320,6 +323,21 @@ nb_tensor *nbi_leaf_share(nb_tensor *t);
  * is copied). NULL + NB_ERR_OOM (nothing taken over) on failure. */
 nb_tensor *nbi_sharded_new(const nb_shape *shape, nb_dtype dt, struct nb_mesh *m,
                            struct nbi_sharding *sh, nb_tensor *const *phys, int n_phys);
+/* A remote block (NBI_T_REMOTE): a realized leaf of that shape and dtype on
+ * device dev whose storage is one element (NaN, or 0 for integers) repeated
+ * (strides 0): it holds no memory of its size, and reading it by mistake
+ * shows NaN. Registered in the current scope. NULL + error on failure. */
+nb_tensor *nbi_remote_leaf(const nb_shape *shape, nb_dtype dt, int dev);
+/* Bytes between the processes of the job (src/backends/mpi implements it;
+ * alone, without MPI, it copies this process's own part): send holds, rank by
+ * rank in order, scount[r] bytes for rank r; recv gets rcount[r] bytes from
+ * each rank r, in rank order. Collective over every rank of the job (each
+ * calls it, in the same order); sig is a number every rank passes equal (the
+ * size of the whole exchange), compared first like every collective's
+ * signature (include/nabla/distributed.h: deadline, errors). scount and
+ * rcount have nb_world_size() entries. */
+nb_status nbi_dist_exchange(const void *send, const int64_t *scount, void *recv,
+                            const int64_t *rcount, int64_t sig);
 /* A symbolic input of a trace: a pending, traced node of op PLACEHOLDER with
  * that shape and dtype. It is never realized (it has no value); transforms
  * replace it (vmap by a batched value, jit by the call's arguments). */

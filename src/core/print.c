@@ -2,6 +2,8 @@
  * "..." (first and last 3 entries per dimension) past 1000 elements. */
 #include "nbi.h"
 
+#include <nabla/distributed.h>
+
 #include <stdlib.h>
 
 #define PRINT_EDGE 3
@@ -86,4 +88,23 @@ void nb_fprint(FILE *f, nb_tensor *t) {
   nb_scope_end();
 }
 
-void nb_print(nb_tensor *t) { nb_fprint(stdout, t); }
+/* In a job of several processes rank 0 prints, unless NABLA_PRINT_ALL_RANKS=1
+ * (each rank then prints, after its nb_rank_prefix()). A sharded tensor is
+ * gathered on every rank all the same: the gather is a collective. */
+void nb_print(nb_tensor *t) {
+  if (nb_world_size() > 1) {
+    const char *all = getenv("NABLA_PRINT_ALL_RANKS");
+    if (all && atoi(all) > 0) {
+      fputs(nb_rank_prefix(), stdout);
+    } else if (nb_rank() != 0) {
+      if (t && t->mesh && !(t->flags & NBI_T_TRACED)) {
+        nb_scope_begin();
+        nb_tensor *r = nbi_readable("nb_print", t);
+        if (r) nbi_realize(&r, 1);
+        nb_scope_end();
+      }
+      return;
+    }
+  }
+  nb_fprint(stdout, t);
+}

@@ -805,6 +805,16 @@ nb_tensor *nbi_full_on(int dev, const nb_shape *s, double value, nb_dtype dt) {
   return full_on("nb_full", dev, s, value, dt);
 }
 
+nb_tensor *nbi_remote_leaf(const nb_shape *shape, nb_dtype dt, int dev) {
+  if (nbi_check_shape("nb_shard", shape)) return NULL;
+  nb_tensor *t = full_on("nb_shard", dev, &NB_SCALAR_SHAPE, nb_dtype_is_float(dt) ? NAN : 0, dt);
+  if (!t) return NULL;
+  t->shape = *shape;
+  memset(t->shard0.strides, 0, sizeof t->shard0.strides);
+  t->flags |= NBI_T_REMOTE;
+  return t;
+}
+
 nb_tensor *nb_full(nb_shape s, double value, nb_dtype dt) {
   return full_on("nb_full", nbi_default_device(), &s, value, dt);
 }

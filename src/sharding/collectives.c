@@ -162,7 +162,8 @@ static nb_status make_groups(const char *fn, const nb_mesh *m, nb_tensor *const 
   }
   for (int gi = 0; gi < g->n_groups; gi++) {
     g->same_as[gi] = gi;
-    for (int gj = 0; gj < gi && g->same_as[gi] == gi; gj++) {
+    /* across processes every group combines its own fetched blocks */
+    for (int gj = 0; gj < gi && g->same_as[gi] == gi && m->n_ranks == 1; gj++) {
       if (g->same_as[gj] != gj) continue;
       bool eq = true;
       for (int r = 0; r < g->n && eq; r++)
@@ -231,6 +232,46 @@ static nb_tensor *chunk_of(nb_tensor *t, int dim, int n, int r) {
   return nb_slice(t, starts, stops, NULL);
 }
 
+/* ---- across processes --------------------------------------------------------------
+ * On a mesh spanning ranks (sharding.h, "meshes spanning processes") a
+ * collective first fetches, in one exchange, every block of another rank that
+ * a member here combines, then runs the same ops as in one process on the
+ * blocks it now holds (*ph: phys with those blocks fetched; phys itself on a
+ * mesh in one process). src_of (ppermute) names the one rank each rank reads;
+ * NULL: each member reads every member's block. The results of remote devices
+ * are then remote blocks (nbi_localize). */
+static nb_status fetch(const char *fn, const groups *g, nb_tensor *const *phys, const int *src_of,
+                       nb_tensor *const **ph, nb_tensor ***owned) {
+  const nb_mesh *m = g->m;
+  *ph = phys;
+  *owned = NULL;
+  if (m->n_ranks <= 1) return NB_OK;
+  int R = m->n_ranks;
+  bool *need = calloc((size_t)m->n_dev * (size_t)R, sizeof *need);
+  nb_tensor **got = malloc(sizeof *got * (size_t)m->n_dev);
+  if (!need || !got) {
+    free(need), free(got);
+    return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  }
+  for (int gi = 0; gi < g->n_groups; gi++)
+    for (int r = 0; r < g->n; r++) {
+      int u = nbi_mesh_rank_of(m, g->member[gi * g->n + r]);
+      for (int q = 0; q < g->n; q++) {
+        int s = g->member[gi * g->n + q];
+        if ((!src_of || src_of[r] == q) && nbi_mesh_rank_of(m, s) != u)
+          need[(size_t)s * (size_t)R + (size_t)u] = true;
+      }
+    }
+  nb_status st = nbi_fetch_blocks(fn, m, phys, need, got);
+  free(need);
+  if (st) {
+    free(got);
+    return st;
+  }
+  *ph = *owned = got;
+  return NB_OK;
+}
+
 /* ---- running one collective ----------------------------------------------------
  * The results are built in a scope of their own: on success every distinct
  * object of out[] is kept once into the caller's scope; on failure the scope
@@ -244,6 +285,7 @@ static int cmp_ptr(const void *a, const void *b) {
 static nb_status finish(const char *fn, int n_dev, nb_tensor **out, bool ok, groups *g, int kind,
                         uint64_t bytes) {
   if (ok) ok = nbi_place_all(g->m, out) == NB_OK; /* each result on its own device */
+  if (ok) ok = nbi_localize(g->m, out) == NB_OK;   /* remote devices: remote blocks */
   groups_free(g);
   nb_tensor **sorted = ok ? malloc((size_t)n_dev * sizeof *sorted) : NULL;
   if (ok && !sorted) ok = nbi_error(NB_ERR_OOM, "%s: out of memory", fn) == NB_OK;
@@ -310,7 +352,8 @@ nb_status nbi_coll_all_reduce(const char *fn, const nb_mesh *m, nb_tensor *const
     return st;
   }
   nb_scope_begin();
-  bool ok = true;
+  nb_tensor **fetched; /* blocks of other processes (NULL: none) */
+  bool ok = fetch(fn, &g, phys, NULL, &phys, &fetched) == NB_OK;
   for (int gi = 0; gi < g.n_groups && ok; gi++) {
     if (g.same_as[gi] != gi) continue;
     nb_tensor *y = reduce_group(&g, phys, gi, op);
@@ -319,6 +362,7 @@ nb_status nbi_coll_all_reduce(const char *fn, const nb_mesh *m, nb_tensor *const
       out[g.member[gi * g.n + r]] = y;
   }
   if (ok) copy_shared(&g, out);
+  free(fetched);
   return finish(fn, m->n_dev, out, ok, &g, NBI_COLL_ALL_REDUCE, bytes);
 }
 
@@ -342,7 +386,8 @@ nb_status nbi_coll_all_gather(const char *fn, const nb_mesh *m, nb_tensor *const
     return st;
   }
   nb_scope_begin();
-  bool ok = true;
+  nb_tensor **fetched; /* blocks of other processes (NULL: none) */
+  bool ok = fetch(fn, &g, phys, NULL, &phys, &fetched) == NB_OK;
   nb_tensor **blocks = malloc((size_t)g.n * sizeof *blocks);
   if (!blocks) ok = nbi_error(NB_ERR_OOM, "%s: out of memory", fn) == NB_OK;
   for (int gi = 0; gi < g.n_groups && ok; gi++) {
@@ -356,6 +401,7 @@ nb_status nbi_coll_all_gather(const char *fn, const nb_mesh *m, nb_tensor *const
   }
   free(blocks);
   if (ok) copy_shared(&g, out);
+  free(fetched);
   return finish(fn, m->n_dev, out, ok, &g, NBI_COLL_ALL_GATHER, bytes);
 }
 
@@ -376,7 +422,8 @@ nb_status nbi_coll_reduce_scatter(const char *fn, const nb_mesh *m, nb_tensor *c
     return st;
   }
   nb_scope_begin();
-  bool ok = true;
+  nb_tensor **fetched; /* blocks of other processes (NULL: none) */
+  bool ok = fetch(fn, &g, phys, NULL, &phys, &fetched) == NB_OK;
   for (int gi = 0; gi < g.n_groups && ok; gi++) {
     if (g.same_as[gi] != gi) continue;
     nb_tensor *sum = reduce_group(&g, phys, gi, NB_REDUCE_SUM);
@@ -388,6 +435,7 @@ nb_status nbi_coll_reduce_scatter(const char *fn, const nb_mesh *m, nb_tensor *c
     }
   }
   if (ok) copy_shared(&g, out);
+  free(fetched);
   return finish(fn, m->n_dev, out, ok, &g, NBI_COLL_REDUCE_SCATTER, bytes);
 }
 
@@ -415,7 +463,8 @@ nb_status nbi_coll_all_to_all(const char *fn, const nb_mesh *m, nb_tensor *const
     return st;
   }
   nb_scope_begin();
-  bool ok = true;
+  nb_tensor **fetched; /* blocks of other processes (NULL: none) */
+  bool ok = fetch(fn, &g, phys, NULL, &phys, &fetched) == NB_OK;
   nb_tensor **pieces = malloc((size_t)g.n * sizeof *pieces);
   if (!pieces) ok = nbi_error(NB_ERR_OOM, "%s: out of memory", fn) == NB_OK;
   for (int gi = 0; gi < g.n_groups && ok; gi++) {
@@ -431,6 +480,7 @@ nb_status nbi_coll_all_to_all(const char *fn, const nb_mesh *m, nb_tensor *const
   }
   free(pieces);
   if (ok) copy_shared(&g, out);
+  free(fetched);
   return finish(fn, m->n_dev, out, ok, &g, NBI_COLL_ALL_TO_ALL, bytes);
 }
 
@@ -468,7 +518,8 @@ nb_status nbi_coll_ppermute(const char *fn, const nb_mesh *m, nb_tensor *const *
     return st;
   }
   nb_scope_begin();
-  bool ok = true;
+  nb_tensor **fetched; /* blocks of other processes (NULL: none) */
+  bool ok = fetch(fn, &g, phys, src_of, &phys, &fetched) == NB_OK;
   /* Devices no pair names get zeros of their own block's shape: one object
    * per distinct shape. */
   nb_tensor **zeros = malloc((size_t)m->n_dev * sizeof *zeros);
@@ -493,6 +544,7 @@ nb_status nbi_coll_ppermute(const char *fn, const nb_mesh *m, nb_tensor *const *
   free(zeros);
   free(src_of);
   if (ok) copy_shared(&g, out);
+  free(fetched);
   return finish(fn, m->n_dev, out, ok, &g, NBI_COLL_PERMUTE, bytes);
 }
 

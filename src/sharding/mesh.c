@@ -108,6 +108,8 @@ static nb_mesh *mesh_new(const char *fn, const char *axes, const nb_device *devs
     if ((m->dev_table[i] = nbi_device_lookup(fn, m->dev[i])) < 0) goto fail;
   }
   m->refcount = 1;
+  m->n_ranks = 1;
+  m->per_rank = n;
   return m;
 fail:
   free(m->dev);
@@ -117,7 +119,7 @@ fail:
 }
 
 nb_mesh *nbi_mesh_new(const char *fn, const char *axes, const nb_device *devs, int n) {
-  return mesh_new(fn, axes, devs, n, false);
+  return mesh_new(fn, axes, devs, n, !devs && n <= 0);
 }
 
 nb_mesh *nb_mesh_cpu(const char *axes) { return mesh_new("nb_mesh_cpu", axes, NULL, 0, true); }

@@ -110,11 +110,15 @@ static nb_status cut_all(const nb_mesh *m, const nbi_sharding *from, const nbi_s
     nbi_local_block(m, from, shape, d, &fs, f0);
     nbi_local_block(m, to, shape, d, &ts, t0);
     out[d] = NULL;
+    if (!nbi_mesh_local(m, d)) { /* another process's block: none here */
+      if (!(out[d] = nbi_remote_block(m, d, &ts, in[d]->dtype))) return nb_last_status();
+      continue;
+    }
     for (int e = 0; e < d && !out[d]; e++) {
       nb_shape es;
       int64_t e0[NB_MAX_DIMS];
       nbi_local_block(m, to, shape, e, &es, e0);
-      if (in[e] == in[d] && nbi_shape_eq(&es, &ts) &&
+      if (in[e] == in[d] && nbi_mesh_local(m, e) && nbi_shape_eq(&es, &ts) &&
           !memcmp(e0, t0, sizeof(int64_t) * (size_t)shape->ndim))
         out[d] = out[e];
     }
@@ -289,7 +293,7 @@ static nb_status reshard_phys(const char *fn, const nb_mesh *m, nbi_sharding cur
   for (int i = 0; i < to->n_partial && !st; i++) {
     if (has_axis(cur.partial, cur.n_partial, &to->partial[i])) continue;
     for (int d = 0; d < n && !st; d++)
-      if (nbi_axis_coord(m, &to->partial[i], d) != 0 &&
+      if (nbi_axis_coord(m, &to->partial[i], d) != 0 && nbi_mesh_local(m, d) &&
           !(out[d] = nbi_full_on(m->dev_table[d], &out[d]->shape, 0, out[d]->dtype)))
         st = nb_last_status();
   }
@@ -331,7 +335,7 @@ static nb_status place(const char *fn, const nb_mesh *m, const nbi_sharding *s, 
     bool first = true; /* rank 0 on every partial axis */
     for (int i = 0; i < s->n_partial; i++)
       first = first && nbi_axis_coord(m, &s->partial[i], d) == 0;
-    if (!first && !(out[d] = nbi_full_on(m->dev_table[d], &out[d]->shape, 0, t->dtype)))
+    if (!first && nbi_mesh_local(m, d) && !(out[d] = nbi_full_on(m->dev_table[d], &out[d]->shape, 0, t->dtype)))
       st = nb_last_status();
   }
   return st;
@@ -409,7 +413,7 @@ nb_status nbi_sharded_assign(nb_tensor *dst, nb_tensor *val) {
       bool seen = false;
       for (int e = 0; e < d && !seen; e++)
         seen = dst->phys[e] == dst->phys[d];
-      if (!seen) st = nbi_assign_rebind(dst->phys[d], v->phys[d]);
+      if (!seen && nbi_mesh_local(m, d)) st = nbi_assign_rebind(dst->phys[d], v->phys[d]);
     }
   } else if (!st) {
     for (int d = 0; d < m->n_dev; d++) {
@@ -432,7 +436,7 @@ static nb_tensor *hook_gather(const char *fn, nb_tensor *t) {
     return NULL;
   }
   nb_status st = reshard_phys(fn, m, *sharding_of(t), &repl, &t->shape, t->phys, out);
-  nb_tensor *r = st ? NULL : out[0];
+  nb_tensor *r = st ? NULL : out[nbi_mesh_first_local(m)];
   free(out);
   return r;
 }
@@ -498,8 +502,12 @@ static nb_tensor *hook_record(int op, nb_dtype dt, const nb_shape *shape, nb_ten
     int64_t start[NB_MAX_DIMS];
     nbi_local_block(m, &out_s, shape, d, &local, start);
     res[d] = NULL;
+    if (!nbi_mesh_local(m, d)) { /* another process computes it */
+      if (!(res[d] = nbi_remote_block(m, d, &local, dt))) st = nb_last_status();
+      continue;
+    }
     for (int e = 0; e < d && !res[d]; e++) {
-      bool same = nbi_shape_eq(&res[e]->shape, &local);
+      bool same = nbi_mesh_local(m, e) && nbi_shape_eq(&res[e]->shape, &local);
       for (int k = 0; k < n_in && same; k++)
         same = phys[(size_t)k * (size_t)n + (size_t)e] == phys[(size_t)k * (size_t)n + (size_t)d];
       if (same) res[d] = res[e];

@@ -35,6 +35,10 @@ struct nb_mesh {
   int n_dev;
   nb_device *dev;                                          /* [n_dev], row-major */
   int *dev_table; /* [n_dev]: each device's index in the device table (backend.h) */
+  /* A mesh spanning the processes of the job (nb_mesh_world): n_ranks > 1,
+   * device d held by rank d / per_rank; this process is rank `rank`. Other
+   * meshes: n_ranks 1, rank 0, per_rank n_dev (every device here). */
+  int n_ranks, rank, per_rank;
   char text[NBI_MESH_MAX_AXES * (NBI_AXIS_NAME_MAX + 24)]; /* nb_mesh_str */
 };
 
@@ -62,7 +66,8 @@ typedef struct nbi_sharding {
 
 /* ---- meshes (mesh.c) ------------------------------------------------------- */
 /* Parses "x=4,y=2" into a new mesh (refcount 1) over devs (NULL: n virtual CPU
- * devices); n must equal the product of the sizes. NULL + NB_ERR_SHARDING. */
+ * devices; with n <= 0 too, as many as the axes have); n must equal the
+ * product of the sizes. NULL + NB_ERR_SHARDING. */
 nb_mesh *nbi_mesh_new(const char *fn, const char *axes, const nb_device *devs, int n);
 /* Device placement. A physical tensor of device d lives on the mesh's device d
  * (m->dev_table[d]); values move between devices by TO_DEVICE nodes
@@ -72,6 +77,37 @@ nb_mesh *nbi_mesh_new(const char *fn, const char *axes, const nb_device *devs, i
  * device). NULL / error status on failure. */
 nb_tensor *nbi_place(const nb_mesh *m, int d, nb_tensor *t);
 nb_status nbi_place_all(const nb_mesh *m, nb_tensor **t);
+
+/* ---- meshes spanning processes (remote.c) ------------------------------------
+ * On a mesh of nb_mesh_world in a job of several processes, a device another
+ * rank holds is remote: its physical tensor here is a remote block
+ * (nbi_remote_leaf: shape and dtype, no memory), and nothing is computed for
+ * it. Ops record nodes for the local devices only; collectives fetch the
+ * blocks of other ranks their local members need (nbi_fetch_blocks, one
+ * exchange between the processes) and combine them with the same ordinary
+ * ops, in the same order, as on the virtual mesh: the same values. */
+static inline int nbi_mesh_rank_of(const nb_mesh *m, int d) {
+  return m->n_ranks > 1 ? d / m->per_rank : m->rank;
+}
+static inline bool nbi_mesh_local(const nb_mesh *m, int d) {
+  return nbi_mesh_rank_of(m, d) == m->rank;
+}
+/* The first device this process holds. */
+static inline int nbi_mesh_first_local(const nb_mesh *m) {
+  return m->n_ranks > 1 ? m->rank * m->per_rank : 0;
+}
+/* A remote block of device d (shape s, dtype dt), in the current scope. */
+nb_tensor *nbi_remote_block(const nb_mesh *m, int d, const nb_shape *s, nb_dtype dt);
+/* Every remote device's entry of t[0..n_dev) that is not a remote block
+ * already replaced by one of its shape. */
+nb_status nbi_localize(const nb_mesh *m, nb_tensor **t);
+/* need[s * n_ranks + u]: rank u needs device s's block phys[s] (s held by
+ * another rank than u); every rank passes the same matrix. got[s] becomes a
+ * realized copy, here, of each block this rank needs (the others: phys[s]),
+ * all moved by one exchange between the processes (nbi_dist_exchange).
+ * Blocks with provenance (nb_backward) are refused: NB_ERR_DISTRIBUTED. */
+nb_status nbi_fetch_blocks(const char *fn, const nb_mesh *m, nb_tensor *const *phys,
+                           const bool *need, nb_tensor **got);
 
 /* Index of the axis named name[0..len), or -1. */
 int nbi_mesh_axis(const nb_mesh *m, const char *name, size_t len);

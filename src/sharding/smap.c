@@ -157,8 +157,12 @@ static nb_status run_node(run *r, int i) {
   nb_status st = NB_OK;
   for (int d = 0; d < nd && !st; d++) {
     out[d] = NULL;
+    if (!nbi_mesh_local(r->m, d)) { /* another process runs it */
+      if (!(out[d] = nbi_remote_block(r->m, d, &pn->shape, pn->dtype))) st = nb_last_status();
+      continue;
+    }
     for (int e = 0; e < d && !out[d]; e++) {
-      bool same = true;
+      bool same = nbi_mesh_local(r->m, e);
       for (int k = 0; k < pn->n_in && same; k++)
         same = ref(r, pn->in[k], e) == ref(r, pn->in[k], d);
       if (same) out[d] = out[e];

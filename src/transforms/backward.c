@@ -33,6 +33,14 @@ nb_tensor *nb_set_requires_grad(nb_tensor *t, bool on) {
               nb_sharding_str(t));
     return NULL;
   }
+  if (on && t->mesh && t->mesh->n_ranks > 1) {
+    nbi_error(NB_ERR_DISTRIBUTED,
+              "nb_set_requires_grad: the tensor is on mesh %s, which spans %d processes: "
+              "nb_backward does not run across processes (differentiate with nb_grad or "
+              "nb_value_and_grad)",
+              nb_mesh_str(t->mesh), t->mesh->n_ranks);
+    return NULL;
+  }
   if (on && !nb_dtype_is_float(t->dtype)) {
     nbi_error(NB_ERR_DTYPE,
               "nb_set_requires_grad: only floating-point tensors can require "
@@ -236,6 +244,12 @@ nb_status nb_backward(nb_tensor *loss) {
                      "%s: the loss does not depend on any tensor that requires grad (call "
                      "nb_set_requires_grad on the parameters first)",
                      fn);
+  if (loss->mesh && loss->mesh->n_ranks > 1)
+    return nbi_error(NB_ERR_DISTRIBUTED,
+                     "%s: the loss is on mesh %s, which spans %d processes: nb_backward does "
+                     "not run across processes (differentiate with nb_grad or "
+                     "nb_value_and_grad)",
+                     fn, nb_mesh_str(loss->mesh), loss->mesh->n_ranks);
   if (loss->flags & NBI_T_GRAD_FREED)
     return nbi_error(NB_ERR_STATE,
                      "%s: the graph was already freed by an earlier nb_backward (each forward "

@@ -83,6 +83,15 @@ nb_status nbi_mpi_permute(const void *send, void *recv, int64_t n, nb_dtype dt, 
                      dest, src);
   return src == 0 ? alone(send, recv, n, dt) : NB_OK;
 }
+nb_status nbi_dist_exchange(const void *send, const int64_t *scount, void *recv,
+                            const int64_t *rcount, int64_t sig) {
+  (void)sig;
+  if (scount[0] != rcount[0])
+    return nbi_error(NB_ERR_INTERNAL, "nabla: exchange of %lld bytes receiving %lld",
+                     (long long)scount[0], (long long)rcount[0]);
+  if (scount[0] > 0 && send != recv) memmove(recv, send, (size_t)scount[0]);
+  return NB_OK;
+}
 
 #else /* NABLA_MPI */
 #include <mpi.h>
@@ -187,8 +196,9 @@ static bool wait_all(MPI_Request *reqs, int n, double deadline, bool *missing, i
 }
 
 enum { SIG_WORDS = 5 };
-static const char *const kinds[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
-                                    "permute"};
+static const char *const kinds[] = {"all_reduce", "all_gather", "reduce_scatter",
+                                    "all_to_all", "permute",    "exchange"};
+enum { N_KINDS = sizeof kinds / sizeof kinds[0] };
 
 /* The signature exchange of collective kind (n elements of dt, op); peers:
  * the ranks it talks to (NULL: all). */
@@ -241,7 +251,7 @@ static nb_status check_signature(int kind, int64_t n, nb_dtype dt, int op, const
                   "%s (call %llu, %lld elements of %s): rank %d called %s (call %lld, %lld "
                   "elements of %s): the ranks' programs differ",
                   kinds[kind], (unsigned long long)mine[0], (long long)n, nb_dtype_name(dt), who[i],
-                  o[1] >= 0 && o[1] < 5 ? kinds[o[1]] : "?", (long long)o[0], (long long)o[2],
+                  o[1] >= 0 && o[1] < N_KINDS ? kinds[o[1]] : "?", (long long)o[0], (long long)o[2],
                   o[3] >= 0 && o[3] < NB_DTYPE_COUNT ? nb_dtype_name((nb_dtype)o[3]) : "?");
     }
   }
@@ -385,5 +395,39 @@ nb_status nbi_mpi_permute(const void *send, void *recv, int64_t n, nb_dtype dt, 
   if (rc == MPI_SUCCESS && dest >= 0)
     rc = MPI_Isend(send, (int)((size_t)n * es), MPI_BYTE, dest, 9, data_comm, &r[k++]);
   return rc != MPI_SUCCESS ? mpi_fail("permute", rc) : finish(4, r, k);
+}
+
+/* The sharding layer's exchange (nbi.h): MPI_Ialltoallv of bytes, counts and
+ * displacements as int (a part over 2 GiB is an error). */
+nb_status nbi_dist_exchange(const void *send, const int64_t *scount, void *recv,
+                            const int64_t *rcount, int64_t sig) {
+  if (!joined || world_ == 1) {
+    if (scount[0] != rcount[0])
+      return nbi_error(NB_ERR_INTERNAL, "nabla: exchange of %lld bytes receiving %lld",
+                       (long long)scount[0], (long long)rcount[0]);
+    if (scount[0] > 0 && send != recv) memmove(recv, send, (size_t)scount[0]);
+    return NB_OK;
+  }
+  int *c = malloc(sizeof *c * 4 * (size_t)world_);
+  if (!c) return nbi_error(NB_ERR_OOM, "nabla: exchange: out of memory");
+  int *sc = c, *sd = c + world_, *rc_ = c + 2 * world_, *rd = c + 3 * world_;
+  int64_t so = 0, ro = 0;
+  for (int r = 0; r < world_; r++) {
+    sc[r] = (int)scount[r], sd[r] = (int)so, rc_[r] = (int)rcount[r], rd[r] = (int)ro;
+    so += scount[r], ro += rcount[r];
+    if (scount[r] < 0 || rcount[r] < 0 || so > INT32_MAX || ro > INT32_MAX) {
+      free(c);
+      return nbi_error(NB_ERR_OVERFLOW,
+                       "nabla: a collective moves more than 2 GiB to or from one process");
+    }
+  }
+  nb_status st = check_signature(5, sig, NB_BOOL, 0, NULL);
+  if (!st) {
+    MPI_Request r;
+    int rc = MPI_Ialltoallv(send, sc, sd, MPI_BYTE, recv, rc_, rd, MPI_BYTE, data_comm, &r);
+    st = rc != MPI_SUCCESS ? mpi_fail("exchange", rc) : finish(5, &r, 1);
+  }
+  free(c);
+  return st;
 }
 #endif
