@@ -88,7 +88,7 @@ TEST_BIN := $(BUILD)/test/nabla_tests
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(sort $(wildcard examples/*.c)))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(sort $(wildcard bench/*.c)))
 
-.PHONY: all deps check-layers test test-mpi test-cuda-host demo bench bench-loaded bench-smoke install install-check uninstall clean format check-cxx
+.PHONY: all deps check-layers test test-mpi bench-mpi test-cuda-host demo bench bench-loaded bench-smoke install install-check uninstall clean format check-cxx
 
 all: $(LIB_A) $(LIB_SO) $(PC)
 
@@ -317,6 +317,19 @@ bench: deps
 bench-loaded: deps
 	@$(MAKE) --no-print-directory $(BUILD)/bench/bench_train
 	@$(OPENBLAS_ENV) sh bench/loaded.sh $(BUILD)
+
+# make MPI=1 bench-mpi: collectives between processes through nabla against the
+# MPI primitives called directly, and the data-parallel MLP step at 1, 2 and 4
+# ranks (bench/mpi/bench_mpi.c; ARGS="--max-mib 256" for the largest sizes).
+MPI_BENCH := $(BUILD)/bench/bench_mpi
+$(MPI_BENCH): bench/mpi/bench_mpi.c bench/bench_common.h $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS)
+
+bench-mpi:
+	@if [ "$(MPI)" != 1 ]; then echo "bench-mpi: needs make MPI=1 bench-mpi"; exit 1; fi
+	@$(MAKE) --no-print-directory MPI=1 $(MPI_BENCH)
+	@sh bench/mpi/run.sh $(BUILD) $(ARGS)
 
 bench-smoke: deps
 	@$(MAKE) --no-print-directory $(BENCHES)

@@ -12,6 +12,14 @@
  * unless a handler was installed with nb_on_distributed_error. Before each
  * collective the ranks compare a signature of it (kind, element count, dtype):
  * a mismatch (a shape that differs between ranks) is reported on every rank.
+ *
+ * Meshes spanning the processes: nb_mesh_world (nabla/sharding.h). Each
+ * process holds only its own devices' blocks; the collectives between ranks
+ * go over MPI and give the values of the same program on one process's
+ * virtual mesh. Reading a sharded tensor (nb_to_host, nb_item, nb_print)
+ * gathers it on every rank, so every rank must read it; nb_print prints on
+ * rank 0 only unless NABLA_PRINT_ALL_RANKS=1 (then every rank, after its
+ * nb_rank_prefix()).
  */
 #ifndef NABLA_DISTRIBUTED_H
 #define NABLA_DISTRIBUTED_H

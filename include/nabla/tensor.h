@@ -209,11 +209,14 @@ char *nb_shape_str(nb_shape s, char *buf, size_t cap);
 /* Realizes all of ts as one planned graph. */
 nb_status nb_eval(nb_tensor *const *ts, int n);
 /* Realizes t and copies its elements, row-major, as t's dtype into dst; nbytes
- * must equal numel * dtype size. */
+ * must equal numel * dtype size. A tensor on a mesh spanning the processes of
+ * a job (nb_mesh_world) is gathered on every rank: each rank must call it (so
+ * for nb_item and nb_print too). */
 nb_status nb_to_host(nb_tensor *t, void *dst, size_t nbytes);
 /* Value of a one-element tensor as double; NaN and an error otherwise. */
 double nb_item(nb_tensor *t);
-/* Realizes and prints t (NumPy-like layout, summarized when large). */
+/* Realizes and prints t (NumPy-like layout, summarized when large). In a job
+ * of several processes only rank 0 prints, unless NABLA_PRINT_ALL_RANKS=1. */
 void nb_print(nb_tensor *t);
 void nb_fprint(FILE *f, nb_tensor *t);
 /* Writes the pending graph of ts, as nb_eval(ts, n) would plan it, to f as

@@ -194,14 +194,14 @@ struct nb_tensor {
   uint32_t flags;
   nb_shape shape;
   nb_dtype dtype;
-  int op;       /* NBI_OP_* that produces it (NBI_OP_CONST for data leaves) */
-  int device;   /* device table index (src/backends/backend.h): where its data lives */
+  int op;         /* NBI_OP_* that produces it (NBI_OP_CONST for data leaves) */
+  int device;     /* device table index (src/backends/backend.h): where its data lives */
   uint32_t owner; /* the thread that made it (nbi_thread_id); see nbi_record */
   uint32_t magic; /* NBI_MAGIC_LIVE; NBI_MAGIC_DEAD once released (NABLA_DEBUG) */
-  uint64_t seq; /* creation order (process-wide, increasing): a node can only
-                   depend on nodes with a smaller seq */
-  int32_t mark; /* scratch for graph passes (realization); -1 when idle */
-  int32_t aux;  /* scratch for transform sweeps (src/transforms); -1 when idle */
+  uint64_t seq;   /* creation order (process-wide, increasing): a node can only
+                     depend on nodes with a smaller seq */
+  int32_t mark;   /* scratch for graph passes (realization); -1 when idle */
+  int32_t aux;    /* scratch for transform sweeps (src/transforms); -1 when idle */
   int n_in;
   nb_tensor **in; /* retained inputs while pending; in_inline when n_in <= 3 */
   nb_tensor *in_inline[3];
@@ -297,7 +297,7 @@ static inline bool nbi_dead(const char *fn, const nb_tensor *t, int idx) {
  * NB_ERR_SCOPE); scopes it left open are closed by nbi_scope_unwind, which
  * keeps keep[0..n) alive in the scope left current. */
 int nbi_scope_depth(void);
-int nbi_scope_floor_set(int floor); /* returns the previous floor */
+int nbi_scope_floor_set(int floor);                             /* returns the previous floor */
 int nbi_scope_unwind(int depth, nb_tensor *const *keep, int n); /* scopes it closed */
 /* Traced functions being run by this thread (nbi_trace_run nests them): the
  * seeded generator refuses to draw inside one (its numbers would be constants

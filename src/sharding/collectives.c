@@ -285,7 +285,7 @@ static int cmp_ptr(const void *a, const void *b) {
 static nb_status finish(const char *fn, int n_dev, nb_tensor **out, bool ok, groups *g, int kind,
                         uint64_t bytes) {
   if (ok) ok = nbi_place_all(g->m, out) == NB_OK; /* each result on its own device */
-  if (ok) ok = nbi_localize(g->m, out) == NB_OK;   /* remote devices: remote blocks */
+  if (ok) ok = nbi_localize(g->m, out) == NB_OK;  /* remote devices: remote blocks */
   groups_free(g);
   nb_tensor **sorted = ok ? malloc((size_t)n_dev * sizeof *sorted) : NULL;
   if (ok && !sorted) ok = nbi_error(NB_ERR_OOM, "%s: out of memory", fn) == NB_OK;

@@ -74,7 +74,8 @@ nb_status nbi_fetch_blocks(const char *fn, const nb_mesh *m, nb_tensor *const *p
   int64_t ns = 0, nr = 0;
   for (int u = 0; u < R; u++)
     ns += sc[u], nr += rc[u];
-  char *sb = st ? NULL : malloc((size_t)(ns ? ns : 1)), *rb = st ? NULL : malloc((size_t)(nr ? nr : 1));
+  char *sb = st ? NULL : malloc((size_t)(ns ? ns : 1)),
+       *rb = st ? NULL : malloc((size_t)(nr ? nr : 1));
   if (!st && (!sb || !rb)) st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
   /* send: rank by rank, each block it needs from here in device order */
   int64_t off = 0;

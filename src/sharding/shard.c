@@ -335,7 +335,8 @@ static nb_status place(const char *fn, const nb_mesh *m, const nbi_sharding *s, 
     bool first = true; /* rank 0 on every partial axis */
     for (int i = 0; i < s->n_partial; i++)
       first = first && nbi_axis_coord(m, &s->partial[i], d) == 0;
-    if (!first && nbi_mesh_local(m, d) && !(out[d] = nbi_full_on(m->dev_table[d], &out[d]->shape, 0, t->dtype)))
+    if (!first && nbi_mesh_local(m, d) &&
+        !(out[d] = nbi_full_on(m->dev_table[d], &out[d]->shape, 0, t->dtype)))
       st = nb_last_status();
   }
   return st;

@@ -33,7 +33,7 @@ struct nb_mesh {
   char name[NBI_MESH_MAX_AXES][NBI_AXIS_NAME_MAX];
   int64_t size[NBI_MESH_MAX_AXES];
   int n_dev;
-  nb_device *dev;                                          /* [n_dev], row-major */
+  nb_device *dev; /* [n_dev], row-major */
   int *dev_table; /* [n_dev]: each device's index in the device table (backend.h) */
   /* A mesh spanning the processes of the job (nb_mesh_world): n_ranks > 1,
    * device d held by rank d / per_rank; this process is rank `rank`. Other

@@ -34,7 +34,8 @@ static nb_tensor *rand_f64(nb_shape s, uint64_t *seed) {
  * others, and reads back as ref does, bit for bit. */
 static void assert_same(nb_tensor *got, nb_tensor *ref, const char *what) {
   cr_assert(got && ref, "%s: %s", what, nb_last_error());
-  STR_EQ(nb_sharding_str(got), nb_sharding_str(ref), "%s: %s vs %s", what, nb_sharding_str(got), nb_sharding_str(ref));
+  STR_EQ(nb_sharding_str(got), nb_sharding_str(ref), "%s: %s vs %s", what, nb_sharding_str(got),
+         nb_sharding_str(ref));
   nb_mesh *m = nb_mesh_of(got);
   if (m) {
     for (int d = 0; d < m->n_dev; d++) {
@@ -164,9 +165,9 @@ Test(mpi_mesh, reshard_every_pair) {
 static nb_tensor *program(nb_mesh *m, nb_tensor *a, nb_tensor *b, nb_tensor *c) {
   nb_tensor *A = nb_shard(a, m, "dp, tp"), *B = nb_shard(b, m, "tp, _"),
             *C = nb_shard(c, m, "_, dp");
-  nb_tensor *y = nb_matmul(A, B);                  /* [dp, _] partial(tp) */
-  nb_tensor *z = nb_tanh(nb_add(y, nb_exp(y)));    /* all-reduced first */
-  nb_tensor *u = nb_matmul(z, C);                  /* conflict on dp */
+  nb_tensor *y = nb_matmul(A, B);               /* [dp, _] partial(tp) */
+  nb_tensor *z = nb_tanh(nb_add(y, nb_exp(y))); /* all-reduced first */
+  nb_tensor *u = nb_matmul(z, C);               /* conflict on dp */
   nb_tensor *s = nb_sum(nb_square(u), NB_AXES(0), false);
   return nb_add(nb_mul_scalar(s, 0.5), nb_max(u, NB_AXES(0), false));
 }
@@ -220,13 +221,14 @@ Test(mpi_mesh, shard_map_collectives) {
                                           "x, y", "x, y", "x, y", "_, _", "x, y"};
   nb_fn *f = nb_fn_create(coll_body, NULL, 1, 10);
   nb_mesh *w = nb_mesh_world(axes), *v = nb_mesh_cpu(axes);
-  nb_fn *sw = nb_shard_map(f, w, in_specs, out_specs), *sv = nb_shard_map(f, v, in_specs, out_specs);
+  nb_fn *sw = nb_shard_map(f, w, in_specs, out_specs),
+        *sv = nb_shard_map(f, v, in_specs, out_specs);
   nb_tensor *gw[10], *gv[10];
   cr_assert_eq(nb_call(sw, (nb_tensor *[]){nb_shard(x, w, "x, y")}, gw), NB_OK, "%s",
                nb_last_error());
   cr_assert_eq(nb_call(sv, (nb_tensor *[]){nb_shard(x, v, "x, y")}, gv), NB_OK, "%s",
                nb_last_error());
-  static const char *names[] = {"sum",        "max",       "min",      "mean",    "all_gather",
+  static const char *names[] = {"sum",         "max",        "min",      "mean",    "all_gather",
                                 "red_scatter", "all_to_all", "ppermute", "sum x,y", "axis_index"};
   for (int j = 0; j < 10; j++)
     assert_same(gw[j], gv[j], names[j]);

@@ -1,0 +1,165 @@
+/* bench/mpi/bench_mpi.c — collectives between the processes of an mpirun job
+ * through nabla's sharding layer against the same MPI primitives called
+ * directly, and the MLP training step on a mesh spanning the ranks. Built and
+ * run by `make MPI=1 bench-mpi` (bench/mpi/run.sh: 1, 2 and 4 ranks).
+ *
+ *   coll   for B = 1 KiB .. max (x4): f32 tensors of B bytes on the mesh x=N
+ *          (one device per rank).
+ *            all-reduce  nabla: a "_ partial(x)" tensor resharded to "_" and
+ *                        realized; direct: MPI_Allreduce (in place) of B bytes.
+ *            all-gather  nabla: an "x" tensor resharded to "_"; direct:
+ *                        MPI_Allgather of B / N bytes per rank.
+ *          Reported: the median time over the repetitions (a barrier before
+ *          each) and the bus bandwidth B / t, nabla and direct.
+ *   mlp    value and gradient of mean((tanh(x @ W1) @ W2 - y)^2) plus the SGD
+ *          update, W1 [256, 512], W2 [512, 256], f32, data parallel on dp=N
+ *          (x, y sharded by rows, weights replicated): strong scaling (batch
+ *          256 in all) and weak (batch 256 per rank). Reported: the median
+ *          step time.
+ *
+ *   bench_mpi [--smoke] [--max-mib M] [--reps R]
+ * Rank 0 prints one JSON line per measurement (as the other benches do). */
+#include <mpi.h>
+#include <nabla/nabla.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../bench_common.h"
+
+static int R, N;
+
+static double med_all(double *t, int reps) {
+  double m = median(t, reps), worst = 0; /* the slowest rank's median */
+  MPI_Allreduce(&m, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return worst;
+}
+
+/* nabla: the collective reshard (all-reduce or all-gather) of a B-byte f32 tensor. */
+static double nabla_coll(nb_mesh *m, int64_t n, bool reduce, int reps) {
+  nb_scope_begin();
+  nb_tensor *h = nb_full(NB_SHAPE(n), 1.0, NB_F32);
+  nb_tensor *s = nb_shard(h, m, reduce ? "_ partial(x)" : "x");
+  nb_eval(&s, 1);
+  double *t = malloc(sizeof *t * (size_t)reps);
+  for (int r = -1; r < reps; r++) {
+    nb_scope_begin();
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = now_s();
+    nb_tensor *y = nb_reshard(s, "_");
+    nb_eval(&y, 1);
+    if (r >= 0) t[r] = now_s() - t0;
+    nb_scope_end();
+  }
+  double v = nb_last_status() == NB_OK ? med_all(t, reps) : -1;
+  if (v < 0 && R == 0) fprintf(stderr, "bench_mpi: %s\n", nb_last_error());
+  free(t);
+  nb_scope_end();
+  return v;
+}
+
+static double direct_coll(int64_t n, bool reduce, int reps) {
+  float *a = malloc(sizeof *a * (size_t)n), *b = malloc(sizeof *b * (size_t)n);
+  for (int64_t i = 0; i < n; i++)
+    a[i] = 1, b[i] = 0;
+  double *t = malloc(sizeof *t * (size_t)reps);
+  for (int r = -1; r < reps; r++) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = now_s();
+    if (reduce)
+      MPI_Allreduce(MPI_IN_PLACE, a, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    else
+      MPI_Allgather(a, (int)(n / N), MPI_FLOAT, b, (int)(n / N), MPI_FLOAT, MPI_COMM_WORLD);
+    if (r >= 0) t[r] = now_s() - t0;
+  }
+  double v = med_all(t, reps);
+  free(a), free(b), free(t);
+  return v;
+}
+
+static nb_status loss_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  nb_tensor *h = nb_tanh(nb_matmul(in[0], in[1]));
+  out[0] = nb_mean(nb_square(nb_sub(nb_matmul(h, in[2]), in[3])), NB_ALL, false);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+static double mlp_step(nb_mesh *m, int64_t batch, int reps) {
+  nb_scope_begin();
+  nb_seed(1);
+  nb_tensor *x = nb_shard(nb_rand(NB_SHAPE(batch, 256), NB_F32), m, "dp, _"),
+            *y = nb_shard(nb_rand(NB_SHAPE(batch, 256), NB_F32), m, "dp, _"),
+            *w1 = nb_shard(nb_mul_scalar(nb_randn(NB_SHAPE(256, 512), NB_F32), 0.05), m, "_, _"),
+            *w2 = nb_shard(nb_mul_scalar(nb_randn(NB_SHAPE(512, 256), NB_F32), 0.05), m, "_, _");
+  nb_fn *f = nb_fn_create(loss_body, NULL, 4, 1), *vg = nb_value_and_grad(f, NB_AXES(1, 2));
+  nb_tensor *keep[2] = {nb_retain(w1), nb_retain(w2)};
+  double *t = malloc(sizeof *t * (size_t)reps);
+  for (int r = -1; r < reps; r++) {
+    nb_scope_begin();
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = now_s();
+    nb_tensor *o[3];
+    nb_call(vg, (nb_tensor *[]){x, keep[0], keep[1], y}, o);
+    nb_tensor *n1 = nb_sub(keep[0], nb_mul_scalar(o[1], 0.1)),
+              *n2 = nb_sub(keep[1], nb_mul_scalar(o[2], 0.1));
+    nb_eval((nb_tensor *[]){n1, n2, o[0]}, 3);
+    if (r >= 0) t[r] = now_s() - t0;
+    nb_release(keep[0]), nb_release(keep[1]);
+    keep[0] = nb_retain(n1), keep[1] = nb_retain(n2);
+    nb_scope_end();
+  }
+  double v = nb_last_status() == NB_OK ? med_all(t, reps) : -1;
+  if (v < 0 && R == 0) fprintf(stderr, "bench_mpi: %s\n", nb_last_error());
+  nb_release(keep[0]), nb_release(keep[1]);
+  nb_fn_release(vg), nb_fn_release(f);
+  free(t);
+  nb_scope_end();
+  return v;
+}
+
+int main(int argc, char **argv) {
+  if (nb_init_distributed(&argc, &argv) != NB_OK) {
+    fprintf(stderr, "%s\n", nb_last_error());
+    return 2;
+  }
+  R = nb_rank(), N = nb_world_size();
+  bool smoke = false;
+  int64_t max_mib = 64;
+  int reps = 10;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--smoke")) smoke = true;
+    if (!strcmp(argv[i], "--max-mib") && i + 1 < argc) max_mib = atoll(argv[++i]);
+    if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+  }
+  if (smoke) max_mib = 0, reps = 2;
+  char axes[32];
+  snprintf(axes, sizeof axes, "x=%d", N);
+  nb_mesh *m = nb_mesh_world(axes);
+  for (int64_t b = 1024; b <= (max_mib > 0 ? max_mib << 20 : 4096); b *= 4) {
+    int64_t n = b / 4;
+    if (n % N) continue;
+    int k = b >= (16 << 20) ? (reps > 3 ? 3 : reps) : reps;
+    for (int red = 1; red >= 0; red--) {
+      double tn = nabla_coll(m, n, red, k), td = direct_coll(n, red, k);
+      if (R == 0)
+        printf("{\"bench\": \"mpi_%s\", \"ranks\": %d, \"bytes\": %lld, \"nabla_s\": %.3e, "
+               "\"mpi_s\": %.3e, \"nabla_GBps\": %.3f, \"mpi_GBps\": %.3f}\n",
+               red ? "all_reduce" : "all_gather", N, (long long)b, tn, td, (double)b / tn / 1e9,
+               (double)b / td / 1e9);
+    }
+  }
+  nb_mesh_release(m);
+  snprintf(axes, sizeof axes, "dp=%d", N);
+  m = nb_mesh_world(axes);
+  int mreps = smoke ? 2 : 20;
+  double strong = mlp_step(m, smoke ? 16 : 256, mreps),
+         weak = mlp_step(m, (smoke ? 16 : 256) * N, mreps);
+  if (R == 0)
+    printf("{\"bench\": \"mpi_mlp_step\", \"ranks\": %d, \"strong_batch\": %d, \"strong_ms\": "
+           "%.3f, \"weak_batch\": %d, \"weak_ms\": %.3f}\n",
+           N, smoke ? 16 : 256, strong * 1e3, (smoke ? 16 : 256) * N, weak * 1e3);
+  nb_mesh_release(m);
+  fflush(stdout);
+  nb_finalize();
+  return 0;
+}
