@@ -249,7 +249,8 @@ static nb_status loss_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **
 
 /* Five SGD steps of the MLP (x [16, 4], W1 [4, 8], W2 [8, 4]) on m (NULL:
  * unsharded) with the given layouts; losses[5]. */
-static void train(nb_mesh *m, const char *xs, const char *w1s, const char *w2s, double *losses) {
+static void train(nb_mesh *m, const char *xs, const char *w1s, const char *w2s, double *losses,
+                  bool jit) {
   uint64_t seed = 9;
   nb_tensor *x = rand_f64(NB_SHAPE(16, 4), &seed), *w1 = rand_f64(NB_SHAPE(4, 8), &seed),
             *w2 = rand_f64(NB_SHAPE(8, 4), &seed), *y = rand_f64(NB_SHAPE(16, 4), &seed);
@@ -258,6 +259,11 @@ static void train(nb_mesh *m, const char *xs, const char *w1s, const char *w2s, 
     w1 = nb_shard(w1, m, w1s), w2 = nb_shard(w2, m, w2s);
   }
   nb_fn *f = nb_fn_create(loss_body, NULL, 4, 1), *vg = nb_value_and_grad(f, NB_AXES(1, 2));
+  if (jit) {
+    nb_fn *j = nb_jit(vg);
+    nb_fn_release(vg);
+    vg = j;
+  }
   for (int step = 0; step < 5; step++) {
     nb_tensor *o[3];
     cr_assert_eq(nb_call(vg, (nb_tensor *[]){x, w1, w2, y}, o), NB_OK, "%s", nb_last_error());
@@ -275,16 +281,21 @@ static void train(nb_mesh *m, const char *xs, const char *w1s, const char *w2s, 
 }
 
 static void check_training(const char *xs, const char *w1s, const char *w2s) {
-  double plain[5], virt[5], job[5];
+  double plain[5], virt[5], job[5], virt_jit[5], job_jit[5];
   nb_mesh *w = nb_mesh_world("dp=2,tp=2"), *v = nb_mesh_cpu("dp=2,tp=2");
-  train(NULL, NULL, NULL, NULL, plain);
-  train(v, xs, w1s, w2s, virt);
-  train(w, xs, w1s, w2s, job);
+  train(NULL, NULL, NULL, NULL, plain, false);
+  train(v, xs, w1s, w2s, virt, false);
+  train(w, xs, w1s, w2s, job, false);
+  train(v, xs, w1s, w2s, virt_jit, true);
+  train(w, xs, w1s, w2s, job_jit, true);
   for (int s = 0; s < 5; s++) {
     cr_assert_eq(job[s], virt[s], "step %d: %.17g vs %.17g on one process's mesh", s, job[s],
                  virt[s]);
     cr_assert(fabs(job[s] - plain[s]) <= 1e-12 * fabs(plain[s]), "step %d: %.17g vs %.17g", s,
               job[s], plain[s]);
+    cr_assert_eq(job_jit[s], virt_jit[s], "jit step %d: %.17g vs %.17g", s, job_jit[s],
+                 virt_jit[s]);
+    cr_assert(fabs(job_jit[s] - plain[s]) <= 1e-12 * fabs(plain[s]), "jit step %d", s);
   }
   cr_assert(job[4] < job[0], "the loss goes down: %g -> %g", job[0], job[4]);
   nb_mesh_release(w);
