@@ -29,8 +29,25 @@ nb_tensor *nb_dropout(nb_tensor *t, double p, bool training);
  * included, is an NB_ERR_INDEX error naming nb_embedding when realized. */
 nb_tensor *nb_embedding(nb_tensor *table, nb_tensor *idx);
 /* softmax(q k^T / sqrt(d) + mask) v with q [..., Lq, d], k [..., Lk, d],
- * v [..., Lk, dv]; mask NULL or bool broadcastable to [..., Lq, Lk], true = attend. */
+ * v [..., Lk, dv]; mask NULL or bool broadcastable to [..., Lq, Lk], true = attend.
+ * A masked score becomes the dtype's lowest finite value before the softmax,
+ * so its weight is exactly 0 and a fully masked row averages v uniformly (as
+ * JAX; PyTorch gives NaN there). */
 nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *mask);
+/* nb_attention with a causal mask: query i attends keys j <= i (the mask is
+ * tril(ones(Lq, Lk)), top-left aligned, as PyTorch's
+ * scaled_dot_product_attention(is_causal=True) and JAX's
+ * dot_product_attention(is_causal=True)). */
+nb_tensor *nb_attention_causal(nb_tensor *q, nb_tensor *k, nb_tensor *v);
+/* The general form (torch's scaled_dot_product_attention): mask as above or
+ * NULL, causal as nb_attention_causal (both: a key must pass both), scale
+ * the factor of q k^T (0: 1 / sqrt(d)). p NULL: no mask, not causal. */
+typedef struct nb_attention_params {
+  nb_tensor *mask;
+  bool causal;
+  double scale;
+} nb_attention_params;
+nb_tensor *nb_attention_ex(nb_tensor *q, nb_tensor *k, nb_tensor *v, const nb_attention_params *p);
 
 /* 2-D convolution (cross-correlation, as PyTorch), NCHW input [N, C, H, W],
  * weight [O, C/groups, KH, KW], bias [O] or NULL. Zero fields mean the defaults
