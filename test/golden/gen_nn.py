@@ -119,74 +119,79 @@ def block_shapes(pre, d, h):
              (f"{pre}mlp.1.w", (h, d)), (f"{pre}mlp.1.b", (d,))])
 
 
-cases = []
+def main():
+    cases = []
 
-# tanh GELU: values and the derivative of sum(y * c)
-c = Case("gelu_tanh")
-x = torch.cat([torch.linspace(-7, 7, 57), randn(23, scale=2.0)]).requires_grad_()
-cot = randn(80)
-y = F.gelu(x, approximate="tanh")
-c.add("input", "x", x), c.add("input", "cot", cot), c.add("output", "y", y)
-c.add("output", "dx", grads_of(y, [x], cot)[0])
-cases.append(c)
-
-# causal attention, square, wide (Lq < Lk) and tall (Lq > Lk): top-left aligned
-for name, lq, lk in [("attention_causal", 5, 5), ("attention_causal_wide", 3, 5),
-                     ("attention_causal_tall", 5, 3)]:
-    c = Case(name)
-    q = randn(2, 3, lq, 4).requires_grad_()
-    k = randn(2, 3, lk, 4).requires_grad_()
-    v = randn(2, 3, lk, 6).requires_grad_()
-    cot = randn(2, 3, lq, 6)
-    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    assert torch.isfinite(y).all()
-    for n, t in [("q", q), ("k", k), ("v", v), ("cot", cot)]:
-        c.add("input", n, t)
-    c.add("output", "y", y)
-    for n, g in zip(["dq", "dk", "dv"], grads_of(y, [q, k, v], cot)):
-        c.add("output", n, g)
+    # tanh GELU: values and the derivative of sum(y * c)
+    c = Case("gelu_tanh")
+    x = torch.cat([torch.linspace(-7, 7, 57), randn(23, scale=2.0)]).requires_grad_()
+    cot = randn(80)
+    y = F.gelu(x, approximate="tanh")
+    c.add("input", "x", x), c.add("input", "cot", cot), c.add("output", "y", y)
+    c.add("output", "dx", grads_of(y, [x], cot)[0])
     cases.append(c)
 
-# modules on fixed weights: output, and the gradients of sum(y * cot) wrt x (float inputs)
-# and every parameter ("g.<entry>")
-def module_case(name, shapes, x, fn):
-    c = Case(name)
-    p = params(c, shapes)
-    c.add("input", "x", x)
-    y = fn(p, x)
-    cot = randn(*y.shape)
-    c.add("input", "cot", cot)
-    c.add("output", "y", y)
-    names = list(p)
-    gs = grads_of(y, [p[n] for n in names], cot)
-    for n, g in zip(names, gs):
-        c.add("output", "g." + n, g)
-    if x.dtype == torch.float64:
-        c.add("output", "dx", grads_of(fn(p, x), [x], cot)[0])
-    cases.append(c)
+    # causal attention, square, wide (Lq < Lk) and tall (Lq > Lk): top-left aligned
+    for name, lq, lk in [("attention_causal", 5, 5), ("attention_causal_wide", 3, 5),
+                         ("attention_causal_tall", 5, 3)]:
+        c = Case(name)
+        q = randn(2, 3, lq, 4).requires_grad_()
+        k = randn(2, 3, lk, 4).requires_grad_()
+        v = randn(2, 3, lk, 6).requires_grad_()
+        cot = randn(2, 3, lq, 6)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert torch.isfinite(y).all()
+        for n, t in [("q", q), ("k", k), ("v", v), ("cot", cot)]:
+            c.add("input", n, t)
+        c.add("output", "y", y)
+        for n, g in zip(["dq", "dk", "dv"], grads_of(y, [q, k, v], cot)):
+            c.add("output", n, g)
+        cases.append(c)
+
+    # modules on fixed weights: output, and the gradients of sum(y * cot) wrt x (float inputs)
+    # and every parameter ("g.<entry>")
+    def module_case(name, shapes, x, fn):
+        c = Case(name)
+        p = params(c, shapes)
+        c.add("input", "x", x)
+        y = fn(p, x)
+        cot = randn(*y.shape)
+        c.add("input", "cot", cot)
+        c.add("output", "y", y)
+        names = list(p)
+        gs = grads_of(y, [p[n] for n in names], cot)
+        for n, g in zip(names, gs):
+            c.add("output", "g." + n, g)
+        if x.dtype == torch.float64:
+            c.add("output", "dx", grads_of(fn(p, x), [x], cot)[0])
+        cases.append(c)
 
 
-module_case("linear", [("w", (4, 5)), ("b", (5,))], randn(3, 4).requires_grad_(),
-            lambda p, x: linear(p, "", x))
-module_case("layer_norm", [("w", (6,)), ("b", (6,))], randn(3, 6, scale=2.0).requires_grad_(),
-            lambda p, x: layer_norm(p, "", x))
-module_case("rms_norm", [("w", (6,))], randn(3, 6, scale=2.0).requires_grad_(),
-            lambda p, x: F.rms_norm(x, (6,), p["w"], 1e-6))
-module_case("mlp", [("0.w", (4, 8)), ("0.b", (8,)), ("1.w", (8, 3)), ("1.b", (3,))],
-            randn(2, 4).requires_grad_(), lambda p, x: mlp(p, "", x, 2))
-module_case("self_attention", attn_shapes("", 8), randn(2, 5, 8).requires_grad_(),
-            lambda p, x: attention(p, "", x, 2))
-module_case("block", block_shapes("", 8, 16), randn(2, 5, 8).requires_grad_(),
-            lambda p, x: block(p, "", x, 2))
-gpt_shapes = ([("wte.w", (11, 8)), ("wpe.w", (6, 8))] + block_shapes("h.0.", 8, 32) +
-              block_shapes("h.1.", 8, 32) +
-              [("ln_f.w", (8,)), ("ln_f.b", (8,)), ("lm_head.w", (8, 11))])
-module_case("gpt", gpt_shapes, torch.tensor(rng.integers(0, 11, (2, 6))),
-            lambda p, x: gpt(p, x, 2, 2))
+    module_case("linear", [("w", (4, 5)), ("b", (5,))], randn(3, 4).requires_grad_(),
+                lambda p, x: linear(p, "", x))
+    module_case("layer_norm", [("w", (6,)), ("b", (6,))], randn(3, 6, scale=2.0).requires_grad_(),
+                lambda p, x: layer_norm(p, "", x))
+    module_case("rms_norm", [("w", (6,))], randn(3, 6, scale=2.0).requires_grad_(),
+                lambda p, x: F.rms_norm(x, (6,), p["w"], 1e-6))
+    module_case("mlp", [("0.w", (4, 8)), ("0.b", (8,)), ("1.w", (8, 3)), ("1.b", (3,))],
+                randn(2, 4).requires_grad_(), lambda p, x: mlp(p, "", x, 2))
+    module_case("self_attention", attn_shapes("", 8), randn(2, 5, 8).requires_grad_(),
+                lambda p, x: attention(p, "", x, 2))
+    module_case("block", block_shapes("", 8, 16), randn(2, 5, 8).requires_grad_(),
+                lambda p, x: block(p, "", x, 2))
+    gpt_shapes = ([("wte.w", (11, 8)), ("wpe.w", (6, 8))] + block_shapes("h.0.", 8, 32) +
+                  block_shapes("h.1.", 8, 32) +
+                  [("ln_f.w", (8,)), ("ln_f.b", (8,)), ("lm_head.w", (8, 11))])
+    module_case("gpt", gpt_shapes, torch.tensor(rng.integers(0, 11, (2, 6))),
+                lambda p, x: gpt(p, x, 2, 2))
 
-with open(OUT, "w") as f:
-    f.write("# test/golden/nn.txt — written by test/golden/gen_nn.py (torch %s, float64); "
-            "do not edit\n" % torch.__version__)
-    for c in cases:
-        c.write(f)
-print("wrote", OUT)
+    with open(OUT, "w") as f:
+        f.write("# test/golden/nn.txt — written by test/golden/gen_nn.py (torch %s, float64); "
+                "do not edit\n" % torch.__version__)
+        for c in cases:
+            c.write(f)
+    print("wrote", OUT)
+
+
+if __name__ == "__main__":
+    main()
