@@ -239,11 +239,11 @@ Test(nn_extras, scan_length_without_carries_and_bad_arguments) {
   cr_assert_neq(nb_scan_length(NULL, NULL, 0, 3, false, NULL, &ys), NB_OK);
   tc_assert_error(NB_ERR_NULL, "nb_scan_length: body is NULL");
   nb_fn *two = nb_fn_create(rec_body, NULL, 2, 3);
-  nb_tensor *init[1] = {nb_scalar(1, NB_F64)}, *co[1];
-  cr_assert_neq(nb_scan_length(two, init, 1, 3, false, co, &ys), NB_OK);
+  nb_tensor *init[2] = {nb_scalar(1, NB_F64), nb_scalar(2, NB_F64)}, *co[2], *ys2[2];
+  cr_assert_neq(nb_scan_length(two, init, 1, 3, false, co, ys2), NB_OK);
   tc_assert_error(NB_ERR_ARG, "nb_scan_length: body takes 2 inputs");
   /* nb_scan without xs points to nb_scan_length */
-  cr_assert_neq(nb_scan(two, init, 2, NULL, 0, false, co, &ys), NB_OK);
+  cr_assert_neq(nb_scan(two, init, 2, NULL, 0, false, co, ys2), NB_OK);
   tc_assert_error(NB_ERR_ARG, "nb_scan_length");
   nb_fn_release(two), nb_fn_release(body);
 }
