@@ -53,7 +53,7 @@ LIBS := -ldnnl -lopenblas -lm
 LDFLAGS_ALL := -fopenmp $(LDSAN) $(LDFLAGS)
 
 SRCS := $(sort $(wildcard src/core/*.c src/ops/*.c src/transforms/*.c src/sharding/*.c \
-                          src/train/*.c src/backends/cpu/*.c src/backends/emu/*.c \
+                          src/train/*.c src/nn/*.c src/backends/cpu/*.c src/backends/emu/*.c \
                           src/backends/mpi/*.c))
 
 # make MPI=1: the processes of an mpirun job (src/backends/mpi/README.md) through
@@ -88,7 +88,7 @@ TEST_BIN := $(BUILD)/test/nabla_tests
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(sort $(wildcard examples/*.c)))
 BENCHES := $(patsubst bench/%.c,$(BUILD)/bench/%,$(sort $(wildcard bench/*.c)))
 
-.PHONY: all deps check-layers test test-mpi bench-mpi test-cuda-host demo bench bench-loaded bench-smoke install install-check uninstall clean format check-cxx
+.PHONY: all deps check-layers test test-mpi bench-mpi test-cuda-host demo bench bench-gpt bench-loaded bench-smoke install install-check uninstall clean format check-cxx
 
 all: $(LIB_A) $(LIB_SO) $(PC)
 
@@ -311,6 +311,20 @@ bench: deps
 	  done; \
 	  $(PEERS_PY) bench/report.py $$out; \
 	else echo "bench: no bench/peers/.venv (run bench/peers/setup.sh): PyTorch and JAX skipped"; fi
+
+# The char-level GPT's training step (bench/bench_gpt.c, bench/peers/torch_gpt.py), nabla
+# and PyTorch on 1 and 2 threads in one run; JSON lines, then steps/s side by side.
+bench-gpt: deps
+	@$(MAKE) --no-print-directory $(BUILD)/bench/bench_gpt
+	@$(OPENBLAS_ENV) $(BUILD)/bench/bench_gpt | tee $(BUILD)/bench/gpt.jsonl
+	@if [ -x $(PEERS_PY) ]; then \
+	  $(OPENBLAS_ENV) $(PEERS_PY) bench/peers/torch_gpt.py | tee -a $(BUILD)/bench/gpt.jsonl; \
+	  $(PEERS_PY) -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; \
+	    [print("%d thread(s): nabla %.2f ms, pytorch %.2f ms per step (pytorch / nabla %.2f)" % \
+	      (t, 1e3*n["median_s"], 1e3*p["median_s"], p["median_s"]/n["median_s"])) \
+	     for t in (1, 2) for n in r if n["impl"]=="nabla" and n["threads"]==t \
+	     for p in r if p["impl"]=="pytorch" and p["threads"]==t]' $(BUILD)/bench/gpt.jsonl; \
+	else echo "bench-gpt: no bench/peers/.venv (run bench/peers/setup.sh): PyTorch skipped"; fi
 
 # The MLP-784 step quiet and beside `nproc` CPU-bound processes, with PyTorch's
 # (bench/loaded.sh).

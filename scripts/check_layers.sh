@@ -9,6 +9,7 @@
 # does (relative to the including file, then include/) and checked against
 # the rules below; <...> includes (system headers, <nabla/...>) are not read.
 # Layers, from the top (a layer includes only itself and what it lists):
+#   nn          src/nn/          core (modules built from the public API)
 #   train       src/train/       transforms, sharding, ops, core
 #   transforms  src/transforms/  sharding, ops, core
 #   sharding    src/sharding/    ops, core
@@ -66,7 +67,7 @@ function exists(path, line, r) {
 # opslist (src/ops/*.def, a pseudo-layer core and backends may include), or "".
 function layer(p, a) {
   if (p ~ /^include\/nabla\//) return "public"
-  if (p ~ /^src\/(core|ops|sharding|transforms|train)\//) { split(p, a, "/"); return a[2] }
+  if (p ~ /^src\/(core|ops|sharding|transforms|train|nn)\//) { split(p, a, "/"); return a[2] }
   if (p ~ /^src\/backends\/[^\/]+$/) return "iface"
   if (p ~ /^src\/backends\/[^\/]+\//) { split(p, a, "/"); return "be:" a[3] }
   return ""
@@ -74,6 +75,7 @@ function layer(p, a) {
 function allowed(from, p, to) {
   to = layer(p)
   if (to == "public" || to == from) return 1
+  if (from == "nn") return to == "core"
   if (from == "train") return to == "transforms" || to == "sharding" || to == "ops" || to == "core"
   if (from == "transforms") return to == "sharding" || to == "ops" || to == "core"
   if (from == "sharding") return to == "ops" || to == "core"
@@ -86,6 +88,7 @@ function allowed(from, p, to) {
   return 0
 }
 function rule(from) {
+  if (from == "nn") return "nn may include only nn, core"
   if (from == "train") return "train may include only train, transforms, sharding, ops, core"
   if (from == "transforms") return "transforms may include only transforms, sharding, ops, core"
   if (from == "sharding") return "sharding may include only sharding, ops, core"

@@ -32,6 +32,10 @@ nb_tensor *nb_tanh(nb_tensor *t);
 nb_tensor *nb_sigmoid(nb_tensor *t);
 nb_tensor *nb_relu(nb_tensor *t);
 nb_tensor *nb_gelu(nb_tensor *t); /* exact: x * Phi(x) */
+/* The tanh approximation (PyTorch's gelu(approximate='tanh'), GPT-2's):
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). A composite of the ops
+ * above (differentiable, vmappable); f16 and bf16 compute in f32. */
+nb_tensor *nb_gelu_tanh(nb_tensor *t);
 nb_tensor *nb_silu(nb_tensor *t);
 nb_tensor *nb_softplus(nb_tensor *t);
 nb_tensor *nb_erf(nb_tensor *t);

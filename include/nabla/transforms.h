@@ -166,6 +166,12 @@ nb_status nb_while_loop(nb_fn *cond_fn, nb_fn *body_fn, nb_tensor *const *init, 
  * forward scan once more to recover the carry entering each step. */
 nb_status nb_scan(nb_fn *body, nb_tensor *const *init, int n_carry, nb_tensor *const *xs, int n_xs,
                   bool reverse, nb_tensor **carry_out, nb_tensor **ys);
+/* nb_scan without xs (jax.lax.scan(f, init, xs=None, length=length)): body
+ * takes the n_carry carries and gives (carry[n_carry], y...); it runs length
+ * >= 0 times and ys[j] stacks the y[j] on a new axis 0. Differentiable and
+ * vmappable as nb_scan. */
+nb_status nb_scan_length(nb_fn *body, nb_tensor *const *init, int n_carry, int64_t length,
+                         bool reverse, nb_tensor **carry_out, nb_tensor **ys);
 /* for (i = lower; i < upper; i++) carry = body(i, carry): body takes a 0-d
  * i64 index then the n >= 1 carries, and gives n carries. A static trip count,
  * so it is differentiable in both modes (it is a scan over arange). */

@@ -170,8 +170,13 @@ static double lowest(nb_dtype dt) {
   }
 }
 
-static nb_tensor *attention_body(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *mask) {
+static nb_tensor *attention_body(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *mask,
+                                 bool causal, double scale) {
   if (nbi_any_null("nb_attention", (nb_tensor *[]){q, k, v}, 3)) return NULL;
+  if (!isfinite(scale)) {
+    nbi_error(NB_ERR_ARG, "nb_attention: scale %g is not finite", scale);
+    return NULL;
+  }
   if (!check_float("nb_attention", q) || !check_rank_at_least("nb_attention", "q", q, 2) ||
       !check_rank_at_least("nb_attention", "k", k, 2) ||
       !check_rank_at_least("nb_attention", "v", v, 2))
@@ -219,8 +224,15 @@ static nb_tensor *attention_body(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_te
               nb_shape_str(ms, a, sizeof a), nb_shape_str(sb, b, sizeof b));
     return NULL;
   }
-  double scale = 1.0 / sqrt((double)qs.dims[qs.ndim - 1]);
+  if (scale == 0) scale = 1.0 / sqrt((double)qs.dims[qs.ndim - 1]);
   nb_tensor *scores = nb_mul_scalar(nb_matmul(q, nb_transpose(k)), scale);
+  if (causal) { /* key j <= query i: tril(ones(Lq, Lk)) */
+    int64_t lq = qs.dims[qs.ndim - 2], lk = ks.dims[ks.ndim - 2];
+    nb_tensor *rows = nb_reshape(nb_arange(0, (double)lq, 1, NB_I64), NB_SHAPE(lq, 1));
+    nb_tensor *cols = nb_reshape(nb_arange(0, (double)lk, 1, NB_I64), NB_SHAPE(1, lk));
+    nb_tensor *tril = nb_le(cols, rows);
+    mask = mask ? nb_logical_and(mask, tril) : tril;
+  }
   if (mask) {
     nb_tensor *low = nb_scalar(lowest(nb_dtype_of(scores)), nb_dtype_of(scores));
     scores = nb_where(mask, scores, low);
@@ -275,7 +287,48 @@ nb_tensor *nb_embedding(nb_tensor *table, nb_tensor *idx) {
 
 nb_tensor *nb_attention(nb_tensor *q, nb_tensor *k, nb_tensor *v, nb_tensor *mask) {
   const char *outer = nbi_error_context_begin("nb_attention");
-  nb_tensor *r = attention_body(q, k, v, mask);
+  nb_tensor *r = attention_body(q, k, v, mask, false, 0);
+  nbi_error_context_end(outer);
+  return r;
+}
+
+nb_tensor *nb_attention_causal(nb_tensor *q, nb_tensor *k, nb_tensor *v) {
+  const char *outer = nbi_error_context_begin("nb_attention");
+  nb_tensor *r = attention_body(q, k, v, NULL, true, 0);
+  nbi_error_context_end(outer);
+  return r;
+}
+
+nb_tensor *nb_attention_ex(nb_tensor *q, nb_tensor *k, nb_tensor *v, const nb_attention_params *p) {
+  const char *outer = nbi_error_context_begin("nb_attention");
+  nb_tensor *r = p ? attention_body(q, k, v, p->mask, p->causal, p->scale)
+                   : attention_body(q, k, v, NULL, false, 0);
+  nbi_error_context_end(outer);
+  return r;
+}
+
+/* torch's CPU kernel's order: x^3 = x x x, inner = beta (x + kappa x^3),
+ * 0.5 x (1 + tanh(inner)). */
+static nb_tensor *gelu_tanh_body(nb_tensor *x) {
+  if (nbi_any_null("nb_gelu_tanh", &x, 1)) return NULL;
+  nb_dtype dt = nb_dtype_of(x);
+  if (dt == NB_BOOL) {
+    nbi_error(NB_ERR_DTYPE, "nb_gelu_tanh: input dtype bool is not a number");
+    return NULL;
+  }
+  nb_dtype rt = nb_dtype_is_float(dt) ? dt : NB_F32; /* integers compute in f32, as nb_tanh */
+  nb_dtype ct = norm_compute_dtype(rt);
+  nb_tensor *xf = to_dtype(x, ct);
+  nb_tensor *x3 = nb_mul(nb_mul(xf, xf), xf);
+  nb_tensor *inner = nb_mul_scalar(nb_add(xf, nb_mul_scalar(x3, 0.044715)),
+                                   0.79788456080286535588 /* sqrt(2 / pi) */);
+  nb_tensor *y = nb_mul(nb_mul_scalar(xf, 0.5), nb_add_scalar(nb_tanh(inner), 1.0));
+  return to_dtype(y, rt);
+}
+
+nb_tensor *nb_gelu_tanh(nb_tensor *t) {
+  const char *outer = nbi_error_context_begin("nb_gelu_tanh");
+  nb_tensor *r = gelu_tanh_body(t);
   nbi_error_context_end(outer);
   return r;
 }

@@ -398,7 +398,7 @@ nb_status nb_scan(nb_fn *body, nb_tensor *const *init, int n_carry, nb_tensor *c
   if (n_carry < 0 || n_xs < 1 || n_ys < 0)
     return nbi_error(NB_ERR_ARG,
                      "%s: n_carry is %d and n_xs %d with a body of %d outputs (need n_carry >= 0, "
-                     "n_xs >= 1, body outputs >= n_carry)",
+                     "n_xs >= 1 (no xs: nb_scan_length), body outputs >= n_carry)",
                      fn, n_carry, n_xs, body->n_out);
   if ((n_carry > 0 && !carry_out) || (n_ys > 0 && !ys))
     return nbi_error(NB_ERR_NULL, "%s: %s is NULL", fn,
@@ -476,6 +476,48 @@ nb_status nb_scan(nb_fn *body, nb_tensor *const *init, int n_carry, nb_tensor *c
   free(s);
   free(d);
   nbi_release_all(capt, nt);
+  return st;
+}
+
+/* ---- nb_scan_length: a scan without xs ---------------------------------------------------------
+ * nb_scan over a [length] bool placeholder of zeros that an adapter drops: the
+ * body sees only the carries, and the scan's rules (derivatives, batching) do
+ * the rest. */
+nb_status nb_scan_length(nb_fn *body, nb_tensor *const *init, int n_carry, int64_t length,
+                         bool reverse, nb_tensor **carry_out, nb_tensor **ys) {
+  const char *fn = "nb_scan_length";
+  if (!body) return nbi_error(NB_ERR_NULL, "%s: body is NULL", fn);
+  int n_ys = body->n_out - n_carry;
+  if (n_carry < 0 || n_ys < 0)
+    return nbi_error(NB_ERR_ARG,
+                     "%s: n_carry is %d with a body of %d outputs (need 0 <= n_carry <= body "
+                     "outputs)",
+                     fn, n_carry, body->n_out);
+  if ((n_carry > 0 && !carry_out) || (n_ys > 0 && !ys))
+    return nbi_error(NB_ERR_NULL, "%s: %s is NULL", fn,
+                     n_carry > 0 && !carry_out ? "carry_out" : "ys");
+  for (int k = 0; k < n_carry; k++)
+    carry_out[k] = NULL;
+  for (int j = 0; j < n_ys; j++)
+    ys[j] = NULL;
+  if (length < 0)
+    return nbi_error(NB_ERR_ARG, "%s: length is %lld (need >= 0)", fn, (long long)length);
+  nb_status st = check_fn(fn, "body", body, n_carry, -1);
+  if (st) return st;
+  if (n_carry > 0 && !init) return nbi_error(NB_ERR_NULL, "%s: init is NULL", fn);
+  if (nbi_any_null(fn, init, n_carry)) return nb_last_status();
+  /* scan body: (carry..., dropped) -> body(carry...) */
+  adapt *a = nbi_ctl_adapt_new(fn, nb_fn_retain(body), body->n_out, 0);
+  if (!a) return nb_last_status();
+  for (int k = 0; k < n_carry; k++)
+    nbi_ctl_a_in(a, k, k);
+  for (int j = 0; j < body->n_out; j++)
+    nbi_ctl_a_out(a, A_OUT, j, -1);
+  nb_fn *step = nbi_ctl_adapt_fn(fn, a, n_carry + 1);
+  nb_tensor *steps = nb_zeros(NB_SHAPE(length), NB_BOOL);
+  st = step && steps ? nb_scan(step, init, n_carry, &steps, 1, reverse, carry_out, ys)
+                     : nb_last_status();
+  nb_fn_release(step);
   return st;
 }
 
