@@ -7,7 +7,8 @@
  * replicated ones; every plan is run (nb_shard_plan_call) and its measured
  * collectives and bytes (nb_stats) equal the prediction, its loss and
  * updated parameters the unsharded step's (f64, 1e-9 relative). The exact
- * DP and the local search agree on a tree; pins are kept; errors. */
+ * DP and the local search agree on a tree; pins are kept; errors.
+ * AS_REPORT=1 in the environment prints every plan's report. */
 #include "common.h"
 
 TestSuite(auto_shard, .init = tc_setup, .fini = tc_teardown);
@@ -311,10 +312,72 @@ Test(auto_shard, errors) {
   int tie[NOUT] = {-1, 99};
   cr_assert_null(nb_auto_shard_plan(t.step, m, t.in, &(nb_auto_shard_opts){.out_like_in = tie}));
   cr_assert_eq(nb_last_status(), NB_ERR_ARG);
-  cr_assert_eq(nb_shard_plan_call(NULL, t.in, out_specs[0] ? NULL : (nb_tensor *[NOUT]){0}),
-               NB_ERR_NULL);
+  nb_tensor *outs[NOUT];
+  cr_assert_eq(nb_shard_plan_call(NULL, t.in, outs), NB_ERR_NULL);
   cr_assert_eq(nb_auto_shard_report(stdout, NULL, NULL), NB_ERR_NULL);
   nb_clear_error();
   mlp_free(&t);
+  nb_mesh_release(m);
+}
+
+/* a + b, and (a @ b) + c: pinned layouts force every kind of reshard; the
+ * measured collectives and bytes are the predicted ones */
+static nb_status add_fn(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_add(in[0], in[1]);
+  return out[0] ? NB_OK : nb_last_status();
+}
+static nb_status mm_fn(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_tanh(nb_add(nb_matmul(in[0], in[1]), in[2]));
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(auto_shard, every_reshard_kind_measured_as_predicted) {
+  nb_mesh *m = nb_mesh_cpu("x=2,y=2");
+  nb_fn *add = nb_fn_create(add_fn, NULL, 2, 1), *mm = nb_fn_create(mm_fn, NULL, 3, 1);
+  static const char *const pins[][3] = {
+      {"[x, _]", "[_, x]", NULL},
+      {"[x, _]", "[y, _]", NULL},
+      {"[(x, y), _]", "[_, _]", NULL},
+      {"[_, x]", "[x, _]", "[_, _]"},
+      {"[_, (x, y)]", "[(x, y), _]", "[x, y]"},
+      {"[y, x]", "[x, _]", "[y, _]"},
+  };
+  uint64_t seen[5] = {0};
+  for (int c = 0; c < 6; c++) {
+    bool is_mm = pins[c][2] != NULL;
+    nb_tensor *in[3] = {nb_randn(NB_SHAPE(8, 8), NB_F64), nb_randn(NB_SHAPE(8, 8), NB_F64),
+                        nb_randn(NB_SHAPE(8, 8), NB_F64)};
+    nb_auto_shard_opts o = {.in_specs = pins[c], .solver = NB_AUTO_SHARD_LOCAL};
+    o.alpha_s[0] = o.alpha_s[1] = 1e-12; /* free collectives: the compute splits */
+    nb_shard_plan *p = nb_auto_shard_plan(is_mm ? mm : add, m, in, &o);
+    cr_assert(p, "%s", nb_last_error());
+    nb_tensor *ref, *got;
+    cr_assert(nb_call(is_mm ? mm : add, in, &ref) == NB_OK, "%s", nb_last_error());
+    nb_reset_stats();
+    cr_assert(nb_shard_plan_call(p, in, &got) == NB_OK, "%s", nb_last_error());
+    nb_stats s = nb_get_stats();
+    nb_shard_prediction pr = nb_shard_plan_predict(p);
+    uint64_t mk[5] = {s.n_all_reduce, s.n_all_gather, s.n_reduce_scatter, s.n_all_to_all,
+                      s.n_permute};
+    uint64_t pk[5] = {pr.n_all_reduce, pr.n_all_gather, pr.n_reduce_scatter, pr.n_all_to_all,
+                      pr.n_permute};
+    for (int k = 0; k < 5; k++) {
+      cr_assert_eq(mk[k], pk[k], "case %d kind %d: measured %llu, predicted %llu", c, k,
+                   (unsigned long long)mk[k], (unsigned long long)pk[k]);
+      seen[k] += mk[k];
+    }
+    cr_assert_eq(s.collective_bytes, pr.collective_bytes, "case %d", c);
+    cr_assert(nb_item(nb_max(nb_abs(nb_sub(ref, got)), NB_ALL, false)) < 1e-12);
+    nb_shard_plan_release(p);
+  }
+  /* all-reduces: the MLP tests */
+  cr_assert(seen[1] && seen[2] && seen[3] && seen[4],
+            "all-gather %llu reduce-scatter %llu all-to-all %llu permute %llu",
+            (unsigned long long)seen[1], (unsigned long long)seen[2], (unsigned long long)seen[3],
+            (unsigned long long)seen[4]);
+  nb_fn_release(add);
+  nb_fn_release(mm);
   nb_mesh_release(m);
 }
