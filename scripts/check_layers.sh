@@ -11,6 +11,7 @@
 # Layers, from the top (a layer includes only itself and what it lists):
 #   nn          src/nn/          core (modules built from the public API)
 #   train       src/train/       transforms, sharding, ops, core
+#   autoshard   src/autoshard/   transforms, sharding, ops, core
 #   transforms  src/transforms/  sharding, ops, core
 #   sharding    src/sharding/    ops, core
 #   ops         src/ops/         core
@@ -67,7 +68,7 @@ function exists(path, line, r) {
 # opslist (src/ops/*.def, a pseudo-layer core and backends may include), or "".
 function layer(p, a) {
   if (p ~ /^include\/nabla\//) return "public"
-  if (p ~ /^src\/(core|ops|sharding|transforms|train|nn)\//) { split(p, a, "/"); return a[2] }
+  if (p ~ /^src\/(core|ops|sharding|transforms|train|nn|autoshard)\//) { split(p, a, "/"); return a[2] }
   if (p ~ /^src\/backends\/[^\/]+$/) return "iface"
   if (p ~ /^src\/backends\/[^\/]+\//) { split(p, a, "/"); return "be:" a[3] }
   return ""
@@ -77,6 +78,7 @@ function allowed(from, p, to) {
   if (to == "public" || to == from) return 1
   if (from == "nn") return to == "core"
   if (from == "train") return to == "transforms" || to == "sharding" || to == "ops" || to == "core"
+  if (from == "autoshard") return to == "transforms" || to == "sharding" || to == "ops" || to == "core"
   if (from == "transforms") return to == "sharding" || to == "ops" || to == "core"
   if (from == "sharding") return to == "ops" || to == "core"
   if (from == "ops") return to == "core"
@@ -90,6 +92,7 @@ function allowed(from, p, to) {
 function rule(from) {
   if (from == "nn") return "nn may include only nn, core"
   if (from == "train") return "train may include only train, transforms, sharding, ops, core"
+  if (from == "autoshard") return "autoshard may include only autoshard, transforms, sharding, ops, core"
   if (from == "transforms") return "transforms may include only transforms, sharding, ops, core"
   if (from == "sharding") return "sharding may include only sharding, ops, core"
   if (from == "ops") return "ops may include only ops, core"

@@ -126,6 +126,76 @@ nb_mesh *nb_mesh_of(const nb_tensor *t);
 nb_fn *nb_shard_map(nb_fn *f, nb_mesh *m, const char *const *in_specs,
                     const char *const *out_specs);
 
+/* ---- automatic sharding (src/autoshard/README.md) ---------------------------------
+ * nb_auto_shard(f, m, example_in, in_specs_out, out_specs_out): chooses a
+ * sharding for every input and output of f (a function of tensors; a training
+ * step: loss, gradients, update) on mesh m. f is traced once on the types of
+ * example_in[0..f->n_in) (their values are not read). Every op of the trace
+ * gets one strategy among those its factor rule allows (each mesh axis shards
+ * at most one pass or reduction factor of the op, or none), costed by an
+ * alpha-beta model (compute flops / shards / flop rate; per collective alpha +
+ * bytes per device * beta; resharding between a producer's layout and what
+ * its consumer needs, as nb_reshard would do it), and the total is minimized
+ * (exact dynamic programming when the graph is a tree, else deterministic
+ * local search). in_specs_out has f->n_in entries: an entry non-NULL on entry
+ * is a pinned spec (kept as it is, owned by the caller); each NULL entry gets
+ * a malloc'd spec string, as does every out_specs_out[j] (f->n_out of them):
+ * the caller frees them with free(). On failure nothing is written (pins stay)
+ * and an error is recorded. Specs use whole mesh axes, major first in mesh
+ * order, sizes dividing ("[dp, _]", "[_, tp]"); outputs are never partial. */
+nb_status nb_auto_shard(nb_fn *f, nb_mesh *m, nb_tensor *const *example_in, char **in_specs_out,
+                        char **out_specs_out);
+
+/* The solver's options (zero-initialize: every 0 / NULL field takes its
+ * default). Costs are in seconds. */
+typedef struct nb_auto_shard_opts {
+  /* per-device memory bound in bytes (inputs' local blocks plus the peak of
+   * live intermediates in program order); 0: the environment variable
+   * NABLA_AUTOSHARD_MAX_BYTES, else none. Infeasible: NB_ERR_SHARDING. */
+  double max_bytes_per_device;
+  double flops_per_s;          /* per device; default 1e11 */
+  double alpha_s[8];           /* latency per collective, per mesh axis; default 1e-5 */
+  double beta_s_per_byte[8];   /* seconds per byte sent per device, per axis; default 1e-10 */
+  const char *const *in_specs; /* NULL, or f->n_in entries: non-NULL entries are pinned */
+  const int *out_like_in;      /* NULL, or f->n_out entries: output j takes the spec of
+                                  input out_like_in[j] (an updated parameter), -1: free */
+  int solver;                  /* NB_AUTO_SHARD_AUTO (0), _DP or _LOCAL */
+} nb_auto_shard_opts;
+enum { NB_AUTO_SHARD_AUTO = 0, NB_AUTO_SHARD_DP = 1, NB_AUTO_SHARD_LOCAL = 2 };
+
+/* A solved plan: the layout of every value of f's trace, its predicted cost,
+ * collectives and memory. Reference counted (made with one reference). */
+typedef struct nb_shard_plan nb_shard_plan;
+/* NULL + error on failure (NB_ERR_SHARDING: a pinned spec that is not a whole-axis
+ * dividing layout, an infeasible memory bound; NB_ERR_ARG: NB_AUTO_SHARD_DP on
+ * a graph that is not a tree). */
+nb_shard_plan *nb_auto_shard_plan(nb_fn *f, nb_mesh *m, nb_tensor *const *example_in,
+                                  const nb_auto_shard_opts *opts);
+void nb_shard_plan_release(nb_shard_plan *p);
+/* Spec text of input k / output j ("[dp, _]"), owned by the plan. NULL out of range. */
+const char *nb_shard_plan_in_spec(const nb_shard_plan *p, int k);
+const char *nb_shard_plan_out_spec(const nb_shard_plan *p, int j);
+/* The prediction for one call of the plan (nb_shard_plan_call). */
+typedef struct nb_shard_prediction {
+  double cost_s, compute_s, comm_s; /* the model's objective and its parts */
+  uint64_t n_all_reduce, n_all_gather, n_reduce_scatter, n_all_to_all, n_permute;
+  uint64_t collective_bytes; /* summed over devices, as nb_stats counts them */
+  double bytes_per_device;   /* inputs' local blocks + peak of live intermediates */
+  int solver;                /* NB_AUTO_SHARD_DP or NB_AUTO_SHARD_LOCAL: the one that ran */
+  double solve_s;            /* wall time of the solve */
+} nb_shard_prediction;
+nb_shard_prediction nb_shard_plan_predict(const nb_shard_plan *p);
+/* Runs f with exactly the plan: inputs (plain or on the mesh) moved to their
+ * specs, each op recorded per device with its planned layout (operands
+ * resharded to what it needs, once per value and layout), outputs moved to
+ * their specs. out: f->n_out new tensors on the mesh. Values are those of f. */
+nb_status nb_shard_plan_call(nb_shard_plan *p, nb_tensor *const *in, nb_tensor **out);
+/* Prints the plan: the spec per input and output, the collectives of each op
+ * that needs one, the predicted collectives, bytes and memory per device,
+ * and, when measured is given (nb_get_stats around one nb_shard_plan_call),
+ * the measured counts next to them. */
+nb_status nb_auto_shard_report(FILE *out, const nb_shard_plan *p, const nb_stats *measured);
+
 /* Collectives, callable only inside an nb_shard_map body (NB_ERR_SHARDING
  * elsewhere). axes names the group: one mesh axis "tp", or several "dp,tp"
  * (also "(dp, tp)"; major first): the devices whose coordinates differ only

@@ -1,0 +1,198 @@
+/* bench/bench_autoshard.c — automatic sharding (src/autoshard/): the solve
+ * time against the graph size, and the cost model's constants measured on
+ * the virtual CPU mesh.
+ *
+ *   solve      a training step (loss, gradients, SGD update, parameters
+ *              tied to their inputs' layouts) of an MLP of L blocks
+ *              (batch 256, width 64, hidden 256, f32) on dp=2,tp=2, for L =
+ *              1 .. 32: the traced ops, nb_auto_shard_plan's wall time
+ *              (median of 3), the solver that ran and the plan's predicted
+ *              collectives.
+ *   constants  flops_per_s: a [512, 512] f32 matmul on one device; alpha and
+ *              beta: an all-reduce over x=4 (nb_reshard of a partial sum) of
+ *              4 KiB .. 4 MiB, fitted as alpha + bytes per device * beta
+ *              (least squares). On the virtual mesh an all-reduce is a sum
+ *              of buffers in one process: these are the numbers to pass in
+ *              nb_auto_shard_opts when the plan runs there; MPI and NCCL
+ *              meshes want their own.
+ *
+ *   bench_autoshard           as above
+ *   bench_autoshard --smoke   L = 1, 2; one repetition; two sizes */
+#include <nabla/nabla.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_common.h"
+
+enum { N = 256, D = 64, H = 256, MAXL = 32 };
+
+typedef struct mlp {
+  int L;
+  nb_fn *vg;
+} mlp;
+
+static nb_status loss_fn(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  const mlp *p = u;
+  int np = 4 * p->L;
+  nb_tensor *h = in[np];
+  for (int i = 0; i < p->L; i++) {
+    nb_tensor *const *w = in + 4 * i;
+    h = nb_add(nb_matmul(nb_relu(nb_add(nb_matmul(h, w[0]), w[1])), w[2]), w[3]);
+  }
+  out[0] = nb_mean(nb_square(nb_sub(h, in[np + 1])), NB_ALL, false);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+static nb_status step_fn(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  const mlp *p = u;
+  int np = 4 * p->L;
+  nb_tensor *o[1 + 4 * MAXL];
+  nb_status st = nb_call(p->vg, in, o);
+  if (st) return st;
+  out[0] = o[0];
+  for (int i = 0; i < np; i++)
+    if (!(out[1 + i] = nb_sub(in[i], nb_mul_scalar(o[1 + i], 0.1)))) return nb_last_status();
+  return NB_OK;
+}
+
+/* One case: median solve seconds (or -1), the plan's ops and prediction. */
+static double solve_case(int L, int reps, int *ops, nb_shard_prediction *pr) {
+  mlp p = {.L = L};
+  int np = 4 * L, nin = np + 2, nout = np + 1;
+  int argnums[4 * MAXL], tie[4 * MAXL + 1];
+  nb_tensor *in[4 * MAXL + 2];
+  nb_scope_begin();
+  for (int i = 0; i < np; i++)
+    argnums[i] = i, tie[1 + i] = i;
+  tie[0] = -1;
+  nb_fn *loss = nb_fn_create(loss_fn, &p, nin, 1);
+  p.vg = nb_value_and_grad_argnums(loss, argnums, np);
+  nb_fn *step = nb_fn_create(step_fn, &p, nin, nout);
+  for (int i = 0; i < L; i++) {
+    in[4 * i] = nb_zeros(NB_SHAPE(D, H), NB_F32);
+    in[4 * i + 1] = nb_zeros(NB_SHAPE(H), NB_F32);
+    in[4 * i + 2] = nb_zeros(NB_SHAPE(H, D), NB_F32);
+    in[4 * i + 3] = nb_zeros(NB_SHAPE(D), NB_F32);
+  }
+  in[np] = nb_zeros(NB_SHAPE(N, D), NB_F32);
+  in[np + 1] = nb_zeros(NB_SHAPE(N, D), NB_F32);
+  nb_mesh *m = nb_mesh_cpu("dp=2,tp=2");
+  double t[8];
+  for (int r = 0; r < reps; r++) {
+    nb_shard_plan *plan =
+        nb_auto_shard_plan(step, m, in, &(nb_auto_shard_opts){.out_like_in = tie});
+    if (!plan) break;
+    *pr = nb_shard_plan_predict(plan);
+    t[r] = pr->solve_s;
+    FILE *null = fopen("/dev/null", "w");
+    nb_auto_shard_report(null, plan, NULL);
+    fclose(null);
+    nb_shard_plan_release(plan);
+  }
+  /* the op count: the report's first line */
+  char *rep = NULL;
+  size_t n_rep = 0;
+  FILE *f = open_memstream(&rep, &n_rep);
+  nb_shard_plan *plan = nb_auto_shard_plan(step, m, in, &(nb_auto_shard_opts){.out_like_in = tie});
+  if (plan) nb_auto_shard_report(f, plan, NULL);
+  fclose(f);
+  const char *c = rep ? strstr(rep, ": ") : NULL;
+  *ops = c ? atoi(c + 2) : 0;
+  free(rep);
+  nb_shard_plan_release(plan);
+  nb_mesh_release(m);
+  nb_fn_release(step);
+  nb_fn_release(p.vg);
+  nb_fn_release(loss);
+  nb_scope_end();
+  return nb_last_status() == NB_OK ? median(t, reps) : -1;
+}
+
+/* Median seconds of a [n, n] f32 matmul on one device. */
+static double matmul_s(int n, int reps) {
+  nb_scope_begin();
+  nb_tensor *a = nb_randn(NB_SHAPE(n, n), NB_F32), *b = nb_randn(NB_SHAPE(n, n), NB_F32);
+  nb_eval((nb_tensor *[]){a, b}, 2);
+  double t[16];
+  for (int r = -1; r < reps; r++) {
+    nb_scope_begin();
+    double t0 = now_s();
+    nb_tensor *c = nb_matmul(a, b);
+    nb_eval(&c, 1);
+    if (r >= 0) t[r] = now_s() - t0;
+    nb_scope_end();
+  }
+  nb_scope_end();
+  return median(t, reps);
+}
+
+/* Median seconds of an all-reduce of an f32 [n] partial sum over x=4. */
+static double all_reduce_s(nb_mesh *m, int64_t n, int reps) {
+  nb_scope_begin();
+  nb_tensor *p = nb_shard(nb_ones(NB_SHAPE(n), NB_F32), m, "[_] partial(x)");
+  nb_eval(&p, 1);
+  double t[16];
+  for (int r = -1; r < reps; r++) {
+    nb_scope_begin();
+    double t0 = now_s();
+    nb_tensor *s = nb_reshard(p, "[_]");
+    nb_eval(&s, 1);
+    if (r >= 0) t[r] = now_s() - t0;
+    nb_scope_end();
+  }
+  nb_scope_end();
+  return nb_last_status() == NB_OK ? median(t, reps) : -1;
+}
+
+int main(int argc, char **argv) {
+  bool smoke = argc > 1 && !strcmp(argv[1], "--smoke");
+  int reps = smoke ? 1 : 3;
+  static const int Ls[] = {1, 2, 4, 8, 16, 32};
+  int n_L = smoke ? 2 : 6;
+  printf("solve time, MLP training step on dp=2,tp=2 (batch %d, width %d, hidden %d):\n", N, D, H);
+  printf("blocks  ops   solve ms  solver  all-reduce all-gather reduce-scatter\n");
+  for (int i = 0; i < n_L; i++) {
+    int ops = 0;
+    nb_shard_prediction pr = {0};
+    double t = solve_case(Ls[i], reps, &ops, &pr);
+    if (t < 0) {
+      fprintf(stderr, "solve: %s\n", nb_last_error());
+      return 1;
+    }
+    printf("{\"case\":\"autoshard_solve\",\"size\":%d,\"ops\":%d,\"impl\":\"nabla\",\"median_s\":%."
+           "6g}\n",
+           Ls[i], ops, t);
+    printf("%6d %5d %9.2f  %-6s  %10llu %10llu %14llu\n", Ls[i], ops, t * 1e3,
+           pr.solver == NB_AUTO_SHARD_DP ? "dp" : "local", (unsigned long long)pr.n_all_reduce,
+           (unsigned long long)pr.n_all_gather, (unsigned long long)pr.n_reduce_scatter);
+  }
+  int n = smoke ? 64 : 512;
+  double mm = matmul_s(n, reps);
+  double flops = 2.0 * n * n * n / mm;
+  nb_mesh *m = nb_mesh_cpu("x=4");
+  int n_sz = smoke ? 2 : 6;
+  double xs[8], ys[8];
+  for (int i = 0; i < n_sz; i++) {
+    int64_t elems = (int64_t)1024 << (2 * i); /* 4 KiB .. 4 MiB */
+    xs[i] = 2.0 * 3 / 4 * (double)elems * 4;  /* bytes per device: 2 (n-1)/n B */
+    ys[i] = all_reduce_s(m, elems, reps);
+  }
+  double mx = 0, my = 0, sxx = 0, sxy = 0;
+  for (int i = 0; i < n_sz; i++)
+    mx += xs[i] / n_sz, my += ys[i] / n_sz;
+  for (int i = 0; i < n_sz; i++)
+    sxx += (xs[i] - mx) * (xs[i] - mx), sxy += (xs[i] - mx) * (ys[i] - my);
+  double beta = sxx > 0 ? sxy / sxx : 0, alpha = my - beta * mx;
+  nb_mesh_release(m);
+  printf(
+      "{\"case\":\"autoshard_constants\",\"impl\":\"nabla\",\"flops_per_s\":%.4g,\"alpha_s\":%.4g,"
+      "\"beta_s_per_byte\":%.4g}\n",
+      flops, alpha, beta);
+  printf("virtual mesh constants: flops_per_s %.3g (matmul %d), alpha %.3g s, beta %.3g s/byte "
+         "(%.2f GB/s); defaults 1e11, 1e-5, 1e-10\n",
+         flops, n, alpha, beta, beta > 0 ? 1e-9 / beta : 0);
+  return 0;
+}

@@ -1,0 +1,383 @@
+/* test/test_auto_shard.c — automatic sharding (src/autoshard/): on a training
+ * step of a 2-block MLP (loss, gradients, SGD update, the updated parameters
+ * tied to their inputs' layouts) the solver finds Megatron on tp=2 and tp=4
+ * (W1 column-parallel, W2 row-parallel, one all-reduce per block and pass),
+ * data parallelism on dp=4 for a large batch and small weights, the 2-D plan
+ * on dp=2,tp=2, and sharded weights under a memory bound below the
+ * replicated ones; every plan is run (nb_shard_plan_call) and its measured
+ * collectives and bytes (nb_stats) equal the prediction, its loss and
+ * updated parameters the unsharded step's (f64, 1e-9 relative). The exact
+ * DP and the local search agree on a tree; pins are kept; errors.
+ * AS_REPORT=1 in the environment prints every plan's report. */
+#include "common.h"
+
+TestSuite(auto_shard, .init = tc_setup, .fini = tc_teardown);
+
+enum { BLOCKS = 2, NP = 4 * BLOCKS, NIN = NP + 2, NOUT = 1 + NP };
+
+/* in = W1, b1, W2, b2 per block, then x, y -> mean((mlp(x) - y)^2) */
+static nb_status loss_fn(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  nb_tensor *h = in[NP];
+  for (int i = 0; i < BLOCKS; i++) {
+    nb_tensor *const *w = in + 4 * i;
+    h = nb_add(nb_matmul(nb_relu(nb_add(nb_matmul(h, w[0]), w[1])), w[2]), w[3]);
+  }
+  out[0] = nb_mean(nb_square(nb_sub(h, in[NP + 1])), NB_ALL, false);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+/* one SGD step: loss, then every parameter minus 0.1 times its gradient */
+static nb_status step_fn(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  nb_tensor *o[1 + NP];
+  nb_status st = nb_call(u, in, o);
+  if (st) return st;
+  out[0] = o[0];
+  for (int i = 0; i < NP; i++)
+    if (!(out[1 + i] = nb_sub(in[i], nb_mul_scalar(o[1 + i], 0.1)))) return nb_last_status();
+  return NB_OK;
+}
+
+typedef struct mlp {
+  nb_fn *loss, *vg, *step;
+  nb_tensor *in[NIN];
+  int tie[NOUT];
+} mlp;
+
+static void mlp_make(mlp *t, int64_t n, int64_t d, int64_t h) {
+  t->loss = nb_fn_create(loss_fn, NULL, NIN, 1);
+  nb_axes params = {.n = NP};
+  for (int i = 0; i < NP; i++)
+    params.v[i] = i;
+  t->vg = nb_value_and_grad(t->loss, params);
+  t->step = nb_fn_create(step_fn, t->vg, NIN, NOUT);
+  cr_assert(t->step, "%s", nb_last_error());
+  for (int i = 0; i < BLOCKS; i++) {
+    t->in[4 * i] = nb_mul_scalar(nb_randn(NB_SHAPE(d, h), NB_F64), 0.2);
+    t->in[4 * i + 1] = nb_mul_scalar(nb_randn(NB_SHAPE(h), NB_F64), 0.1);
+    t->in[4 * i + 2] = nb_mul_scalar(nb_randn(NB_SHAPE(h, d), NB_F64), 0.2);
+    t->in[4 * i + 3] = nb_mul_scalar(nb_randn(NB_SHAPE(d), NB_F64), 0.1);
+  }
+  t->in[NP] = nb_randn(NB_SHAPE(n, d), NB_F64);
+  t->in[NP + 1] = nb_randn(NB_SHAPE(n, d), NB_F64);
+  for (int k = 0; k < NIN; k++)
+    cr_assert(nb_eval(&t->in[k], 1) == NB_OK, "%s", nb_last_error());
+  t->tie[0] = -1;
+  for (int i = 0; i < NP; i++)
+    t->tie[1 + i] = i;
+}
+
+static void mlp_free(mlp *t) {
+  nb_fn_release(t->step);
+  nb_fn_release(t->vg);
+  nb_fn_release(t->loss);
+}
+
+/* Solves t's step on m, runs the plan once, and checks: measured collectives
+ * and bytes == predicted, every output == the unsharded step's. */
+static nb_shard_plan *solve_and_check(mlp *t, nb_mesh *m, nb_auto_shard_opts o) {
+  o.out_like_in = t->tie;
+  nb_shard_plan *p = nb_auto_shard_plan(t->step, m, t->in, &o);
+  cr_assert(p, "%s", nb_last_error());
+  nb_tensor *ref[NOUT], *got[NOUT];
+  cr_assert(nb_call(t->step, t->in, ref) == NB_OK, "%s", nb_last_error());
+  cr_assert(nb_eval(ref, NOUT) == NB_OK, "%s", nb_last_error());
+  nb_reset_stats();
+  cr_assert(nb_shard_plan_call(p, t->in, got) == NB_OK, "%s", nb_last_error());
+  nb_stats s = nb_get_stats();
+  nb_shard_prediction pr = nb_shard_plan_predict(p);
+  char *rep = NULL;
+  size_t rep_n = 0;
+  FILE *f = open_memstream(&rep, &rep_n);
+  cr_assert(nb_auto_shard_report(f, p, &s) == NB_OK, "%s", nb_last_error());
+  fclose(f);
+  if (getenv("AS_REPORT")) fputs(rep, stderr);
+  cr_assert(s.n_all_reduce == pr.n_all_reduce && s.n_all_gather == pr.n_all_gather &&
+                s.n_reduce_scatter == pr.n_reduce_scatter && s.n_all_to_all == pr.n_all_to_all &&
+                s.n_permute == pr.n_permute && s.collective_bytes == pr.collective_bytes,
+            "measured collectives differ from the prediction:\n%s", rep);
+  cr_assert(strstr(rep, "note:") == NULL, "an op ran in another layout:\n%s", rep);
+  for (int j = 0; j < NOUT; j++) {
+    cr_assert_str_eq(nb_sharding_str(got[j]), nb_shard_plan_out_spec(p, j));
+    cr_assert(nbi_shape_eq(&got[j]->shape, &ref[j]->shape));
+    int64_t n = nbi_numel(&ref[j]->shape);
+    double *a = malloc(sizeof *a * (size_t)n), *b = malloc(sizeof *b * (size_t)n);
+    cr_assert(nb_to_host(ref[j], a, sizeof *a * (size_t)n) == NB_OK &&
+                  nb_to_host(got[j], b, sizeof *b * (size_t)n) == NB_OK,
+              "%s", nb_last_error());
+    for (int64_t i = 0; i < n; i++)
+      cr_assert(fabs(a[i] - b[i]) <= 1e-9 * fmax(1.0, fabs(a[i])),
+                "output %d element %lld: %.17g (plan) vs %.17g (unsharded)\n%s", j, (long long)i,
+                b[i], a[i], rep);
+    free(a);
+    free(b);
+  }
+  free(rep);
+  return p;
+}
+
+static void assert_specs(const nb_shard_plan *p, const char *const *want, int n) {
+  for (int k = 0; k < n; k++)
+    cr_assert_str_eq(nb_shard_plan_in_spec(p, k), want[k], "input %d: %s, expected %s", k,
+                     nb_shard_plan_in_spec(p, k), want[k]);
+}
+
+static void megatron(const char *axes, int tp) {
+  nb_mesh *m = nb_mesh_cpu(axes);
+  cr_assert(m, "%s", nb_last_error());
+  mlp t;
+  mlp_make(&t, 8, 64, 512 * tp); /* small batch, large hidden size */
+  nb_shard_plan *p = solve_and_check(&t, m, (nb_auto_shard_opts){0});
+  static const char *const want[NIN] = {"[_, tp]", "[tp]",    "[tp, _]", "[_]",    "[_, tp]",
+                                        "[tp]",    "[tp, _]", "[_]",     "[_, _]", "[_, _]"};
+  assert_specs(p, want, NIN);
+  nb_shard_prediction pr = nb_shard_plan_predict(p);
+  /* one all-reduce per block forward, one per block backward but the first
+   * (no gradient of x), nothing else */
+  cr_assert_eq(pr.n_all_reduce, 2 * BLOCKS - 1);
+  cr_assert_eq(pr.n_all_gather + pr.n_reduce_scatter + pr.n_all_to_all + pr.n_permute, 0);
+  /* each all-reduces an [8, 64] f64 activation over tp: 2 (tp - 1) / tp of it sent by each
+   * of the tp devices */
+  cr_assert_eq(pr.collective_bytes, (uint64_t)(2 * BLOCKS - 1) * 2 * (tp - 1) * 8 * 64 * 8);
+  nb_shard_plan_release(p);
+  mlp_free(&t);
+  nb_mesh_release(m);
+}
+
+Test(auto_shard, megatron_on_tp2) { megatron("tp=2", 2); }
+Test(auto_shard, megatron_on_tp4) { megatron("tp=4", 4); }
+
+Test(auto_shard, data_parallel_on_dp4) {
+  nb_mesh *m = nb_mesh_cpu("dp=4");
+  mlp t;
+  mlp_make(&t, 4096, 32, 32); /* large batch, small weights */
+  nb_shard_plan *p = solve_and_check(&t, m, (nb_auto_shard_opts){0});
+  static const char *const want[NIN] = {"[_, _]", "[_]",    "[_, _]", "[_]",     "[_, _]",
+                                        "[_]",    "[_, _]", "[_]",    "[dp, _]", "[dp, _]"};
+  assert_specs(p, want, NIN);
+  /* the gradients' sums over dp (one per parameter) and the loss's */
+  nb_shard_prediction pr = nb_shard_plan_predict(p);
+  cr_assert_eq(pr.n_all_reduce, NP + 1);
+  nb_shard_plan_release(p);
+  mlp_free(&t);
+  nb_mesh_release(m);
+}
+
+Test(auto_shard, two_d_plan_on_dp2_tp2) {
+  nb_mesh *m = nb_mesh_cpu("dp=2,tp=2");
+  mlp t;
+  mlp_make(&t, 512, 16, 384);
+  /* a fast interconnect (alpha 1 us): bytes decide */
+  nb_auto_shard_opts o = {0};
+  for (int a = 0; a < 2; a++)
+    o.alpha_s[a] = 1e-6;
+  nb_shard_plan *p = solve_and_check(&t, m, o);
+  static const char *const want[NIN] = {"[_, tp]", "[tp]",    "[tp, _]", "[_]",     "[_, tp]",
+                                        "[tp]",    "[tp, _]", "[_]",     "[dp, _]", "[dp, _]"};
+  assert_specs(p, want, NIN);
+  nb_shard_plan_release(p);
+  mlp_free(&t);
+  nb_mesh_release(m);
+}
+
+Test(auto_shard, memory_bound_shards_the_weights) {
+  nb_mesh *m = nb_mesh_cpu("dp=4");
+  mlp t;
+  mlp_make(&t, 2, 64, 256); /* too little work to split: all replicated */
+  nb_shard_plan *p = solve_and_check(&t, m, (nb_auto_shard_opts){0});
+  for (int k = 0; k < NIN; k++)
+    cr_assert(!strstr(nb_shard_plan_in_spec(p, k), "dp"), "input %d: %s", k,
+              nb_shard_plan_in_spec(p, k));
+  double weights = 0;
+  for (int k = 0; k < NP; k++)
+    weights += (double)tc_numel(t.in[k]->shape) * 8;
+  double all = nb_shard_plan_predict(p).bytes_per_device;
+  cr_assert(all > weights);
+  nb_shard_plan_release(p);
+  /* half the weights must go */
+  nb_auto_shard_opts o = {.max_bytes_per_device = all - 0.5 * weights};
+  p = solve_and_check(&t, m, o);
+  nb_shard_prediction pr = nb_shard_plan_predict(p);
+  cr_assert(pr.bytes_per_device <= o.max_bytes_per_device, "%.0f > %.0f", pr.bytes_per_device,
+            o.max_bytes_per_device);
+  int sharded = 0;
+  for (int k = 0; k < NP; k += 2)
+    sharded += strstr(nb_shard_plan_in_spec(p, k), "dp") != NULL;
+  cr_assert(sharded >= 2, "%d weight matrices sharded under the bound", sharded);
+  nb_shard_plan_release(p);
+  /* nothing fits a bound below the fully sharded parameters */
+  o.max_bytes_per_device = weights / 16;
+  o.out_like_in = t.tie;
+  cr_assert_null(nb_auto_shard_plan(t.step, m, t.in, &o));
+  cr_assert_eq(nb_last_status(), NB_ERR_SHARDING);
+  nb_clear_error();
+  mlp_free(&t);
+  nb_mesh_release(m);
+}
+
+/* the forward pass alone: a tree (each input read once), where the exact DP
+ * runs; the local search reaches the same objective */
+static nb_status fwd_fn(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_matmul(nb_tanh(nb_matmul(in[0], in[1])), in[2]);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(auto_shard, dp_and_local_search_agree_on_a_tree) {
+  static const char *const meshes[] = {"tp=2", "dp=2,tp=2", "x=4"};
+  static const int64_t sizes[][3] = {{8, 64, 512}, {512, 16, 16}, {64, 64, 64}};
+  nb_fn *f = nb_fn_create(fwd_fn, NULL, 3, 1);
+  for (int c = 0; c < 3; c++) {
+    nb_mesh *m = nb_mesh_cpu(meshes[c]);
+    const int64_t *s = sizes[c];
+    nb_tensor *in[3] = {nb_randn(NB_SHAPE(s[0], s[1]), NB_F64),
+                        nb_randn(NB_SHAPE(s[1], s[2]), NB_F64),
+                        nb_randn(NB_SHAPE(s[2], s[1]), NB_F64)};
+    nb_shard_plan *dp =
+        nb_auto_shard_plan(f, m, in, &(nb_auto_shard_opts){.solver = NB_AUTO_SHARD_DP});
+    nb_shard_plan *ls =
+        nb_auto_shard_plan(f, m, in, &(nb_auto_shard_opts){.solver = NB_AUTO_SHARD_LOCAL});
+    cr_assert(dp && ls, "%s", nb_last_error());
+    nb_shard_prediction a = nb_shard_plan_predict(dp), b = nb_shard_plan_predict(ls);
+    cr_assert_eq(a.solver, NB_AUTO_SHARD_DP);
+    cr_assert_eq(b.solver, NB_AUTO_SHARD_LOCAL);
+    cr_assert(fabs(a.cost_s - b.cost_s) <= 1e-12 + 1e-9 * a.cost_s, "%s: DP %.9g, local %.9g",
+              meshes[c], a.cost_s, b.cost_s);
+    /* the plan's values are f's */
+    nb_tensor *ref, *got;
+    cr_assert(nb_call(f, in, &ref) == NB_OK && nb_shard_plan_call(dp, in, &got) == NB_OK, "%s",
+              nb_last_error());
+    cr_assert(nb_item(nb_max(nb_abs(nb_sub(ref, got)), NB_ALL, false)) < 1e-9);
+    nb_shard_plan_release(dp);
+    nb_shard_plan_release(ls);
+    nb_mesh_release(m);
+  }
+  nb_fn_release(f);
+}
+
+Test(auto_shard, nb_auto_shard_keeps_pins_and_mallocs_the_rest) {
+  nb_mesh *m = nb_mesh_cpu("dp=4");
+  mlp t;
+  mlp_make(&t, 4096, 32, 32);
+  char *in_specs[NIN] = {0}, *out_specs[NOUT] = {0};
+  char pin[] = "[_, _]";
+  in_specs[0] = pin; /* W1 of block 0 replicated */
+  cr_assert(nb_auto_shard(t.step, m, t.in, in_specs, out_specs) == NB_OK, "%s", nb_last_error());
+  cr_assert(in_specs[0] == pin);
+  cr_assert_str_eq(in_specs[NP], "[dp, _]");
+  for (int k = 1; k < NIN; k++)
+    cr_assert(in_specs[k] && in_specs[k][0] == '[');
+  for (int j = 0; j < NOUT; j++)
+    cr_assert(out_specs[j] && out_specs[j][0] == '[');
+  cr_assert_str_eq(out_specs[0], "[]"); /* the loss: a scalar, summed */
+  /* the specs place the inputs */
+  for (int k = 0; k < NIN; k++)
+    cr_assert(nb_shard(t.in[k], m, in_specs[k]), "%s: %s", in_specs[k], nb_last_error());
+  for (int k = 1; k < NIN; k++)
+    free(in_specs[k]);
+  for (int j = 0; j < NOUT; j++)
+    free(out_specs[j]);
+  mlp_free(&t);
+  nb_mesh_release(m);
+}
+
+Test(auto_shard, errors) {
+  nb_mesh *m = nb_mesh_cpu("dp=2,tp=2");
+  mlp t;
+  mlp_make(&t, 16, 8, 8);
+  char *in_specs[NIN] = {0}, *out_specs[NOUT] = {0};
+  cr_assert_eq(nb_auto_shard(NULL, m, t.in, in_specs, out_specs), NB_ERR_NULL);
+  cr_assert_eq(nb_auto_shard(t.step, NULL, t.in, in_specs, out_specs), NB_ERR_NULL);
+  cr_assert_eq(nb_auto_shard(t.step, m, NULL, in_specs, out_specs), NB_ERR_NULL);
+  nb_clear_error();
+  char bad[] = "[(tp, dp), _]"; /* not mesh order */
+  in_specs[0] = bad;
+  cr_assert_eq(nb_auto_shard(t.step, m, t.in, in_specs, out_specs), NB_ERR_SHARDING, "%s",
+               nb_last_error());
+  cr_assert(strstr(nb_last_error(), "pinned spec"), "%s", nb_last_error());
+  nb_clear_error();
+  char unknown[] = "[zz, _]";
+  in_specs[0] = unknown;
+  cr_assert_eq(nb_auto_shard(t.step, m, t.in, in_specs, out_specs), NB_ERR_SHARDING);
+  cr_assert(in_specs[1] == NULL && out_specs[0] == NULL); /* nothing written on failure */
+  nb_clear_error();
+  /* the exact DP on a graph with cycles */
+  cr_assert_null(
+      nb_auto_shard_plan(t.step, m, t.in, &(nb_auto_shard_opts){.solver = NB_AUTO_SHARD_DP}));
+  cr_assert_eq(nb_last_status(), NB_ERR_ARG);
+  nb_clear_error();
+  cr_assert_null(nb_auto_shard_plan(t.step, m, t.in, &(nb_auto_shard_opts){.solver = 7}));
+  nb_clear_error();
+  int tie[NOUT] = {-1, 99};
+  cr_assert_null(nb_auto_shard_plan(t.step, m, t.in, &(nb_auto_shard_opts){.out_like_in = tie}));
+  cr_assert_eq(nb_last_status(), NB_ERR_ARG);
+  nb_tensor *outs[NOUT];
+  cr_assert_eq(nb_shard_plan_call(NULL, t.in, outs), NB_ERR_NULL);
+  cr_assert_eq(nb_auto_shard_report(stdout, NULL, NULL), NB_ERR_NULL);
+  nb_clear_error();
+  mlp_free(&t);
+  nb_mesh_release(m);
+}
+
+/* a + b, and (a @ b) + c: pinned layouts force every kind of reshard; the
+ * measured collectives and bytes are the predicted ones */
+static nb_status add_fn(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_add(in[0], in[1]);
+  return out[0] ? NB_OK : nb_last_status();
+}
+static nb_status mm_fn(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)u, (void)n_in, (void)n_out;
+  out[0] = nb_tanh(nb_add(nb_matmul(in[0], in[1]), in[2]));
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+Test(auto_shard, every_reshard_kind_measured_as_predicted) {
+  nb_mesh *m = nb_mesh_cpu("x=2,y=2");
+  nb_fn *add = nb_fn_create(add_fn, NULL, 2, 1), *mm = nb_fn_create(mm_fn, NULL, 3, 1);
+  static const char *const pins[][3] = {
+      {"[x, _]", "[_, x]", NULL},
+      {"[x, _]", "[y, _]", NULL},
+      {"[(x, y), _]", "[_, _]", NULL},
+      {"[_, x]", "[x, _]", "[_, _]"},
+      {"[_, (x, y)]", "[(x, y), _]", "[x, y]"},
+      {"[y, x]", "[x, _]", "[y, _]"},
+  };
+  uint64_t seen[5] = {0};
+  for (int c = 0; c < 6; c++) {
+    bool is_mm = pins[c][2] != NULL;
+    nb_tensor *in[3] = {nb_randn(NB_SHAPE(8, 8), NB_F64), nb_randn(NB_SHAPE(8, 8), NB_F64),
+                        nb_randn(NB_SHAPE(8, 8), NB_F64)};
+    nb_auto_shard_opts o = {.in_specs = pins[c], .solver = NB_AUTO_SHARD_LOCAL};
+    o.alpha_s[0] = o.alpha_s[1] = 1e-12; /* free collectives: the compute splits */
+    nb_shard_plan *p = nb_auto_shard_plan(is_mm ? mm : add, m, in, &o);
+    cr_assert(p, "%s", nb_last_error());
+    nb_tensor *ref, *got;
+    cr_assert(nb_call(is_mm ? mm : add, in, &ref) == NB_OK, "%s", nb_last_error());
+    nb_reset_stats();
+    cr_assert(nb_shard_plan_call(p, in, &got) == NB_OK, "%s", nb_last_error());
+    nb_stats s = nb_get_stats();
+    nb_shard_prediction pr = nb_shard_plan_predict(p);
+    uint64_t mk[5] = {s.n_all_reduce, s.n_all_gather, s.n_reduce_scatter, s.n_all_to_all,
+                      s.n_permute};
+    uint64_t pk[5] = {pr.n_all_reduce, pr.n_all_gather, pr.n_reduce_scatter, pr.n_all_to_all,
+                      pr.n_permute};
+    for (int k = 0; k < 5; k++) {
+      cr_assert_eq(mk[k], pk[k], "case %d kind %d: measured %llu, predicted %llu", c, k,
+                   (unsigned long long)mk[k], (unsigned long long)pk[k]);
+      seen[k] += mk[k];
+    }
+    cr_assert_eq(s.collective_bytes, pr.collective_bytes, "case %d", c);
+    cr_assert(nb_item(nb_max(nb_abs(nb_sub(ref, got)), NB_ALL, false)) < 1e-12);
+    nb_shard_plan_release(p);
+  }
+  /* all-reduces: the MLP tests */
+  cr_assert(seen[1] && seen[2] && seen[3] && seen[4],
+            "all-gather %llu reduce-scatter %llu all-to-all %llu permute %llu",
+            (unsigned long long)seen[1], (unsigned long long)seen[2], (unsigned long long)seen[3],
+            (unsigned long long)seen[4]);
+  nb_fn_release(add);
+  nb_fn_release(mm);
+  nb_mesh_release(m);
+}
