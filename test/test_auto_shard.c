@@ -172,10 +172,19 @@ Test(auto_shard, two_d_plan_on_dp2_tp2) {
   nb_auto_shard_opts o = {0};
   for (int a = 0; a < 2; a++)
     o.alpha_s[a] = 1e-6;
+  /* dp and tp cost the same: the plan and its mirror (the axes' roles
+   * swapped) tie; pinning the batch to dp picks one, at the same cost */
+  nb_shard_plan *free_plan = solve_and_check(&t, m, o);
+  const char *pins[NIN] = {0};
+  pins[NP] = "[dp, _]";
+  o.in_specs = pins;
   nb_shard_plan *p = solve_and_check(&t, m, o);
   static const char *const want[NIN] = {"[_, tp]", "[tp]",    "[tp, _]", "[_]",     "[_, tp]",
                                         "[tp]",    "[tp, _]", "[_]",     "[dp, _]", "[dp, _]"};
   assert_specs(p, want, NIN);
+  double a = nb_shard_plan_predict(free_plan).cost_s, b = nb_shard_plan_predict(p).cost_s;
+  cr_assert(fabs(a - b) <= 1e-9 * b, "free %.9g, pinned %.9g", a, b);
+  nb_shard_plan_release(free_plan);
   nb_shard_plan_release(p);
   mlp_free(&t);
   nb_mesh_release(m);
@@ -380,4 +389,117 @@ Test(auto_shard, every_reshard_kind_measured_as_predicted) {
   nb_fn_release(add);
   nb_fn_release(mm);
   nb_mesh_release(m);
+}
+
+/* ---- the transformer block (src/nn): Megatron attention ---------------------------------
+ * A training step of nb_block_apply (pre-LayerNorm, causal self-attention of
+ * 4 heads, GELU MLP) on tp=2, a short sequence and a wide model: the solver
+ * splits the heads over tp (w_q, w_k, w_v column-parallel: the [T, H*D] ->
+ * [T, H, D] reshape sharded on H, its major factor), w_o and the MLP's
+ * second matmul row-parallel, its first column-parallel: one all-reduce
+ * after attention and one after the MLP in the forward pass. */
+enum { TF_MAXP = 32 };
+typedef struct tfm {
+  nb_block_config c;
+  int np;
+  const char *names[TF_MAXP];
+  nb_fn *loss, *vg, *step;
+} tfm;
+
+static nb_status tf_loss(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  const tfm *t = u;
+  nb_tree *p = nb_tree_create();
+  for (int i = 0; i < t->np; i++)
+    nb_tree_set(p, t->names[i], in[i]);
+  out[0] = nb_mse(nb_block_apply(p, &t->c, in[t->np], NULL), in[t->np + 1]);
+  nb_tree_release(p);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+static nb_status tf_step(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  const tfm *t = u;
+  nb_tensor *o[1 + TF_MAXP];
+  nb_status st = nb_call(t->vg, in, o);
+  if (st) return st;
+  out[0] = o[0];
+  for (int i = 0; i < t->np; i++)
+    if (!(out[1 + i] = nb_sub(in[i], nb_mul_scalar(o[1 + i], 0.1)))) return nb_last_status();
+  return NB_OK;
+}
+
+/* The spec planned for the parameter named name. */
+static const char *tf_spec(const nb_shard_plan *p, const tfm *t, const char *name) {
+  for (int i = 0; i < t->np; i++)
+    if (!strcmp(t->names[i], name)) return nb_shard_plan_in_spec(p, i);
+  return "(missing)";
+}
+
+Test(auto_shard, transformer_block_gets_megatron_attention_on_tp2) {
+  tfm t = {.c = {.dim = 256, .n_heads = 4, .hidden = 1024, .bias = true}};
+  nb_tree *params = nb_block_init(nb_key(3), &t.c, NB_F64);
+  cr_assert(params, "%s", nb_last_error());
+  t.np = nb_tree_len(params);
+  cr_assert(t.np <= TF_MAXP);
+  nb_tensor *in[TF_MAXP + 2];
+  int argnums[TF_MAXP], tie[TF_MAXP + 1];
+  tie[0] = -1;
+  for (int i = 0; i < t.np; i++) {
+    t.names[i] = nb_tree_name(params, i);
+    in[i] = nb_tree_at(params, i);
+    argnums[i] = i, tie[1 + i] = i;
+  }
+  in[t.np] = nb_randn(NB_SHAPE(1, 16, 256), NB_F64);
+  in[t.np + 1] = nb_randn(NB_SHAPE(1, 16, 256), NB_F64);
+  cr_assert(nb_eval(in + t.np, 2) == NB_OK, "%s", nb_last_error());
+  t.loss = nb_fn_create(tf_loss, &t, t.np + 2, 1);
+  t.vg = nb_value_and_grad_argnums(t.loss, argnums, t.np);
+  t.step = nb_fn_create(tf_step, &t, t.np + 2, t.np + 1);
+  nb_mesh *m = nb_mesh_cpu("tp=2");
+  nb_shard_plan *p = nb_auto_shard_plan(t.step, m, in, &(nb_auto_shard_opts){.out_like_in = tie});
+  cr_assert(p, "%s", nb_last_error());
+  char *rep = NULL;
+  size_t rep_n = 0;
+  FILE *f = open_memstream(&rep, &rep_n);
+  nb_tensor *ref[TF_MAXP + 1], *got[TF_MAXP + 1];
+  cr_assert(nb_call(t.step, in, ref) == NB_OK, "%s", nb_last_error());
+  nb_reset_stats();
+  cr_assert(nb_shard_plan_call(p, in, got) == NB_OK, "%s", nb_last_error());
+  nb_stats s = nb_get_stats();
+  nb_auto_shard_report(f, p, &s);
+  fclose(f);
+  if (getenv("AS_REPORT")) fputs(rep, stderr);
+  static const char *const want[][2] = {
+      {"attn.w_q", "[_, tp]"}, {"attn.w_k", "[_, tp]"}, {"attn.w_v", "[_, tp]"},
+      {"attn.b_q", "[tp]"},    {"attn.b_k", "[tp]"},    {"attn.b_v", "[tp]"},
+      {"attn.w_o", "[tp, _]"}, {"attn.b_o", "[_]"},     {"mlp.0.w", "[_, tp]"},
+      {"mlp.0.b", "[tp]"},     {"mlp.1.w", "[tp, _]"},  {"mlp.1.b", "[_]"},
+      {"ln_2.w", "[_]"},       {"ln_2.b", "[_]"}};
+  for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
+    cr_assert_str_eq(tf_spec(p, &t, want[k][0]), want[k][1], "%s: %s\n%s", want[k][0],
+                     tf_spec(p, &t, want[k][0]), rep);
+  nb_shard_prediction pr = nb_shard_plan_predict(p);
+  cr_assert(s.n_all_reduce == pr.n_all_reduce && s.n_all_gather == pr.n_all_gather &&
+                s.collective_bytes == pr.collective_bytes && s.n_all_to_all == 0,
+            "%s", rep);
+  /* forward: the attention output and the MLP output, one [1, 16, 256] f64
+   * all-reduce each (2 (tp - 1) = 2 times 32 KiB sent); backward: the
+   * input gradients of the MLP and of q, k, v (their sum is not kept partial:
+   * adds of partial sums are all-reduced, see src/autoshard/README.md) */
+  cr_assert(pr.n_all_reduce >= 4 && pr.n_all_reduce <= 6, "%s", rep);
+  cr_assert(strstr(rep, "note:") == NULL, "%s", rep);
+  /* the loss and the updated parameters are the unsharded step's */
+  for (int j = 0; j < t.np + 1; j++) {
+    double d = nb_item(nb_max(nb_abs(nb_sub(ref[j], got[j])), NB_ALL, false));
+    double r = nb_item(nb_max(nb_abs(ref[j]), NB_ALL, false));
+    cr_assert(d <= 1e-9 * fmax(1.0, r), "output %d differs by %g", j, d);
+  }
+  free(rep);
+  nb_shard_plan_release(p);
+  nb_mesh_release(m);
+  nb_fn_release(t.step);
+  nb_fn_release(t.vg);
+  nb_fn_release(t.loss);
+  nb_tree_release(params);
 }

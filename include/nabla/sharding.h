@@ -160,6 +160,10 @@ typedef struct nb_auto_shard_opts {
   const int *out_like_in;      /* NULL, or f->n_out entries: output j takes the spec of
                                   input out_like_in[j] (an updated parameter), -1: free */
   int solver;                  /* NB_AUTO_SHARD_AUTO (0), _DP or _LOCAL */
+  /* false (default): structurally repeated ops (layers) and the parameters
+   * they read share one choice, which the local search solves once; true:
+   * every op chosen on its own (slower on deep models, never worse) */
+  bool no_layer_sharing;
 } nb_auto_shard_opts;
 enum { NB_AUTO_SHARD_AUTO = 0, NB_AUTO_SHARD_DP = 1, NB_AUTO_SHARD_LOCAL = 2 };
 
@@ -183,6 +187,8 @@ typedef struct nb_shard_prediction {
   double bytes_per_device;   /* inputs' local blocks + peak of live intermediates */
   int solver;                /* NB_AUTO_SHARD_DP or NB_AUTO_SHARD_LOCAL: the one that ran */
   double solve_s;            /* wall time of the solve */
+  int n_values;              /* inputs and ops of the trace */
+  int n_choices;             /* choices solved for: fewer when repeated layers share them */
 } nb_shard_prediction;
 nb_shard_prediction nb_shard_plan_predict(const nb_shard_plan *p);
 /* Runs f with exactly the plan: inputs (plain or on the mesh) moved to their

@@ -72,8 +72,10 @@ typedef struct as_graph {
   nbi_program *prog;
   nb_tensor **capt; /* the program's captured inputs (retained) */
   int n_capt;
-  int n_fin; /* f's inputs (the rest of prog's inputs are captures) */
-  int n_v;   /* prog->n_in + prog->n_nodes */
+  int n_fin;    /* f's inputs (the rest of prog's inputs are captures) */
+  int n_v;      /* prog->n_in + prog->n_nodes */
+  int n_inputs; /* the first n_inputs variables are inputs (prog->n_in; in a reduced graph
+                   the groups of inputs) */
   as_var *v;
   int n_e, cap_e;
   as_edge *e;
@@ -84,6 +86,8 @@ typedef struct as_graph {
   double lambda; /* the memory penalty per byte in the unaries */
   int *choice;   /* [n_v] the solution */
   int solver;    /* the one that ran */
+  bool share;    /* repeated layers share one set of choices (local search only) */
+  int n_choices; /* variables the solver chose for (groups when shared) */
 } as_graph;
 
 /* graph.c */
@@ -91,6 +95,8 @@ typedef struct as_graph {
 nb_status as_build(as_graph *g, nb_fn *f, nb_mesh *m, nb_tensor *const *example_in,
                    const nb_auto_shard_opts *o);
 void as_free(as_graph *g);
+/* The edge between u and v (u < v), made (costs zero) when missing. */
+nb_status as_edge_get(as_graph *g, int u, int v, as_edge **out);
 /* Adds the reshard of a value (shape, elt) from cur to to into acc (counts,
  * bytes, time), mirroring the reshard planner of src/sharding/shard.c for
  * whole-axis, dividing layouts. */
@@ -106,6 +112,22 @@ double as_local_bytes(const as_graph *g, const as_var *x, as_layout l);
 nbi_sharding as_to_sharding(const as_graph *g, as_layout l, int ndim);
 /* Sets unary costs for penalty lambda (compute, output sinks, memory). */
 void as_unaries(as_graph *g, double lambda);
+
+/* share.c: repeated layers. group[i] is variable i's group; r has one
+ * variable per group (inputs' groups first), its unaries the members' summed
+ * (plus the diagonal of edges inside a group), its edges the members' edges
+ * between groups summed. r borrows g's strategies. */
+typedef struct as_share {
+  int n_groups;
+  int *group;
+  as_graph r;
+} as_share;
+nb_status as_share_build(const as_graph *g, as_share *sh);
+/* Recomputes r's unaries from g's (after as_unaries). */
+void as_share_unaries(const as_graph *g, as_share *sh);
+/* g's choice from r's. */
+void as_share_expand(const as_graph *g, const as_share *sh, int *choice);
+void as_share_free(as_share *sh);
 
 /* solve.c */
 double as_total(const as_graph *g, const int *choice);

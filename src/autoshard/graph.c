@@ -317,8 +317,7 @@ static nb_status link(as_graph *g, int u, int v, int e) {
   return NB_OK;
 }
 
-/* The edge between u and v (u < v), made when missing. */
-static nb_status edge(as_graph *g, int u, int v, as_edge **out) {
+nb_status as_edge_get(as_graph *g, int u, int v, as_edge **out) {
   as_var *x = &g->v[u];
   for (int q = 0; q < x->n_edges; q++) {
     as_edge *e = &g->e[x->edges[q]];
@@ -347,7 +346,7 @@ static nb_status use_edge(as_graph *g, int p, int c, int k) {
   as_var *P = &g->v[p], *C = &g->v[c];
   if (P->plain) return NB_OK; /* cut from a plain value: free */
   as_edge *e;
-  nb_status st = edge(g, p, c, &e);
+  nb_status st = as_edge_get(g, p, c, &e);
   if (st) return st;
   for (int a = 0; a < P->n_s; a++)
     for (int b = 0; b < C->n_s; b++)
@@ -361,7 +360,7 @@ static nb_status tie_edge(as_graph *g, int p, int w) {
   if (p == w) return NB_OK;
   int u = p < w ? p : w, v = p < w ? w : p;
   as_edge *e;
-  nb_status st = edge(g, u, v, &e);
+  nb_status st = as_edge_get(g, u, v, &e);
   if (st) return st;
   as_var *P = &g->v[p], *W = &g->v[w];
   for (int a = 0; a < P->n_s; a++)
@@ -434,6 +433,7 @@ nb_status as_build(as_graph *g, nb_fn *f, nb_mesh *m, nb_tensor *const *example_
   memcpy(g->alpha, o->alpha_s, sizeof g->alpha);
   memcpy(g->beta, o->beta_s_per_byte, sizeof g->beta);
   g->max_bytes = o->max_bytes_per_device;
+  g->share = !o->no_layer_sharing;
   nb_status st = nbi_trace_program_like(g->fn, f, example_in, &g->prog, &g->capt, &g->n_capt);
   if (st) return st;
   const nbi_program *p = g->prog;
@@ -453,6 +453,7 @@ nb_status as_build(as_graph *g, nb_fn *f, nb_mesh *m, nb_tensor *const *example_
     g->tie = g->tie_copy;
   }
   g->n_v = p->n_in + p->n_nodes;
+  g->n_inputs = p->n_in;
   if (!(g->v = calloc((size_t)g->n_v + 1, sizeof *g->v)) ||
       !(g->choice = calloc((size_t)g->n_v + 1, sizeof *g->choice)))
     return nbi_error(NB_ERR_OOM, "%s: out of memory", g->fn);

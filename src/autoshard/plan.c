@@ -196,6 +196,8 @@ nb_shard_plan *nb_auto_shard_plan(nb_fn *f, nb_mesh *m, nb_tensor *const *exampl
   pr->bytes_per_device = as_peak_bytes(g, g->choice);
   pr->solver = g->solver;
   pr->solve_s = t1 - t0;
+  pr->n_values = g->n_v;
+  pr->n_choices = g->n_choices;
   return p;
 }
 
@@ -390,6 +392,9 @@ nb_status nb_auto_shard_report(FILE *f, const nb_shard_plan *p, const nb_stats *
   fprintf(f, "auto-shard plan on mesh %s: %d ops, solver %s, solved in %.3f ms\n",
           nb_mesh_str(g->m), prog->n_nodes,
           pr->solver == NB_AUTO_SHARD_DP ? "exact DP (tree)" : "local search", pr->solve_s * 1e3);
+  if (pr->n_choices < pr->n_values)
+    fprintf(f, "  repeated layers share choices: %d values, %d choices solved for\n", pr->n_values,
+            pr->n_choices);
   for (int k = 0; k < g->n_fin; k++)
     fprintf(f, "  input  %2d %-8s %-18s %s\n", k, nb_dtype_name(prog->in_dtype[k]),
             nb_shape_str(prog->in_shape[k], sh, sizeof sh), p->in_spec[k]);

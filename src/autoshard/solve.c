@@ -195,7 +195,7 @@ static int argmin(const as_graph *g, const int *choice, const bool *done, int x)
 
 /* Nodes in program order take their best strategy given the variables before. */
 static void greedy(const as_graph *g, int *choice, bool *done) {
-  int n_in = g->prog->n_in;
+  int n_in = g->n_inputs;
   for (int i = 0; i < g->n_v; i++)
     done[i] = i < n_in;
   for (int i = n_in; i < g->n_v; i++) {
@@ -203,6 +203,85 @@ static void greedy(const as_graph *g, int *choice, bool *done) {
     choice[i] = argmin(g, choice, done, i);
     done[i] = true;
   }
+}
+
+/* Min-sum belief propagation: per edge a message each way (a cost per
+ * strategy of the receiver), variables swept in order then in reverse, each
+ * sending to all its neighbours from its unary plus the other incoming
+ * messages; half damped; choice: each variable's least belief. Exact on a
+ * forest; on a graph with cycles a global start that local moves cannot
+ * reach (a whole layer switching to tensor parallelism at once). */
+static nb_status bp_start(const as_graph *g, int *choice, int sweeps, double damping) {
+  int n = g->n_v;
+  size_t tot = 0, maxs = 1;
+  for (int e = 0; e < g->n_e; e++)
+    tot += (size_t)g->v[g->e[e].u].n_s + (size_t)g->v[g->e[e].v].n_s;
+  for (int i = 0; i < n; i++)
+    maxs = (size_t)g->v[i].n_s > maxs ? (size_t)g->v[i].n_s : maxs;
+  double *msg = calloc(tot + 1, sizeof *msg), *bel = malloc(sizeof *bel * maxs);
+  double *nm = malloc(sizeof *nm * maxs);
+  size_t *off = malloc(sizeof *off * (size_t)(g->n_e + 1)); /* to v at off, to u after */
+  if (!msg || !bel || !nm || !off) {
+    free(msg), free(bel), free(nm), free(off);
+    return nbi_error(NB_ERR_OOM, "%s: out of memory", g->fn);
+  }
+  for (int e = 0, o = 0; e < g->n_e; e++) {
+    off[e] = (size_t)o;
+    o += g->v[g->e[e].u].n_s + g->v[g->e[e].v].n_s;
+  }
+  /* the message on edge e into x */
+  for (int it = 0; it < 2 * sweeps; it++)
+    for (int c = 0; c < n; c++) {
+      int x = it % 2 ? n - 1 - c : c;
+      const as_var *X = &g->v[x];
+      for (int s = 0; s < X->n_s; s++)
+        bel[s] = X->unary[s];
+      for (int q = 0; q < X->n_edges; q++) {
+        int ei = X->edges[q];
+        const as_edge *e = &g->e[ei];
+        const double *in = msg + off[ei] + (e->v == x ? 0 : (size_t)g->v[e->v].n_s);
+        for (int s = 0; s < X->n_s; s++)
+          bel[s] += in[s];
+      }
+      for (int q = 0; q < X->n_edges; q++) {
+        int ei = X->edges[q];
+        const as_edge *e = &g->e[ei];
+        int y = e->u == x ? e->v : e->u;
+        const double *in = msg + off[ei] + (e->v == x ? 0 : (size_t)g->v[e->v].n_s);
+        double *out = msg + off[ei] + (e->v == y ? 0 : (size_t)g->v[e->v].n_s);
+        int ny = g->v[y].n_s;
+        double lo = INFINITY;
+        for (int t = 0; t < ny; t++) {
+          double m = INFINITY;
+          for (int s = 0; s < X->n_s; s++) {
+            double v = bel[s] - in[s] + (e->u == x ? ecost(g, e, s, t) : ecost(g, e, t, s));
+            m = v < m ? v : m;
+          }
+          nm[t] = m;
+          lo = m < lo ? m : lo;
+        }
+        for (int t = 0; t < ny; t++)
+          out[t] = it < 2 ? nm[t] - lo : damping * out[t] + (1 - damping) * (nm[t] - lo);
+      }
+    }
+  for (int x = 0; x < n; x++) {
+    const as_var *X = &g->v[x];
+    for (int s = 0; s < X->n_s; s++)
+      bel[s] = X->unary[s];
+    for (int q = 0; q < X->n_edges; q++) {
+      int ei = X->edges[q];
+      const as_edge *e = &g->e[ei];
+      const double *in = msg + off[ei] + (e->v == x ? 0 : (size_t)g->v[e->v].n_s);
+      for (int s = 0; s < X->n_s; s++)
+        bel[s] += in[s];
+    }
+    int bs = 0;
+    for (int s = 1; s < X->n_s; s++)
+      if (bel[s] < bel[bs] - 1e-12 * fabs(bel[bs])) bs = s;
+    choice[x] = bs;
+  }
+  free(msg), free(bel), free(nm), free(off);
+  return NB_OK;
 }
 
 static void icm(const as_graph *g, int *choice) {
@@ -226,7 +305,7 @@ typedef struct ls_work {
  * in reverse and from the middle) and ICM until the total stops falling. */
 static nb_status improve(const as_graph *g, int *choice, ls_work *w) {
   int n = g->n_v;
-  const int firsts[4][2] = {{0, 1}, {n - 1, -1}, {g->prog->n_in, 1}, {n / 2, -1}};
+  const int firsts[4][2] = {{0, 1}, {n - 1, -1}, {g->n_inputs, 1}, {n / 2, -1}};
   double cur = as_total(g, choice);
   for (int it = 0; it < 50; it++) {
     for (int b = 0; b < 4; b++) {
@@ -242,43 +321,27 @@ static nb_status improve(const as_graph *g, int *choice, ls_work *w) {
   return NB_OK;
 }
 
-nb_status as_solve_local(as_graph *g, int *choice) {
-  int n = g->n_v, n_in = g->prog->n_in;
-  ls_work w = {malloc(sizeof *w.trial * (size_t)(n + 1)), malloc((size_t)n + 1),
-               malloc((size_t)n + 1), malloc(sizeof *w.parent * (size_t)(n + 1))};
+/* Moves of one input to each of its other layouts (the nodes re-chosen
+ * greedily, then improved), kept when the total falls, in rounds until none
+ * helps. */
+static nb_status input_moves(const as_graph *g, int *choice, ls_work *w, int *trial) {
+  int n = g->n_v;
   nb_status st = NB_OK;
-  if (!w.trial || !w.done || !w.in || !w.parent)
-    st = nbi_error(NB_ERR_OOM, "%s: out of memory", g->fn);
-  /* two starts: everything replicated (strategy 0: no axis used), and the
-   * nodes chosen greedily on replicated inputs; both improved, the better kept */
-  memset(choice, 0, sizeof *choice * (size_t)n);
-  if (!st) {
-    icm(g, choice);
-    st = improve(g, choice, &w);
-  }
-  if (!st) {
-    memset(w.trial, 0, sizeof *w.trial * (size_t)n);
-    greedy(g, w.trial, w.done);
-    icm(g, w.trial);
-    st = improve(g, w.trial, &w);
-    if (!st && as_total(g, w.trial) < as_total(g, choice))
-      memcpy(choice, w.trial, sizeof *w.trial * (size_t)n);
-  }
   double cur = as_total(g, choice);
   for (int round = 0; round < 20 && !st; round++) {
     bool better = false;
-    for (int k = 0; k < n_in && !st; k++) {
+    for (int k = 0; k < g->n_inputs && !st; k++) {
       if (g->v[k].n_s < 2) continue;
       for (int s = 0; s < g->v[k].n_s && !st; s++) {
         if (s == choice[k]) continue;
-        memcpy(w.trial, choice, sizeof *w.trial * (size_t)n);
-        w.trial[k] = s;
-        greedy(g, w.trial, w.done);
-        icm(g, w.trial);
-        st = improve(g, w.trial, &w);
-        double t = as_total(g, w.trial);
+        memcpy(trial, choice, sizeof *trial * (size_t)n);
+        trial[k] = s;
+        greedy(g, trial, w->done);
+        icm(g, trial);
+        st = improve(g, trial, w);
+        double t = as_total(g, trial);
         if (!st && t < cur - 1e-12 * fabs(cur)) {
-          memcpy(choice, w.trial, sizeof *w.trial * (size_t)n);
+          memcpy(choice, trial, sizeof *trial * (size_t)n);
           cur = t;
           better = true;
         }
@@ -286,6 +349,36 @@ nb_status as_solve_local(as_graph *g, int *choice) {
     }
     if (!better) break;
   }
+  return st;
+}
+
+nb_status as_solve_local(as_graph *g, int *choice) {
+  int n = g->n_v;
+  ls_work w = {malloc(sizeof *w.trial * (size_t)(n + 1)), malloc((size_t)n + 1),
+               malloc((size_t)n + 1), malloc(sizeof *w.parent * (size_t)(n + 1))};
+  int *start = malloc(sizeof *start * (size_t)(n + 1));
+  nb_status st = NB_OK;
+  if (!w.trial || !w.done || !w.in || !w.parent || !start)
+    st = nbi_error(NB_ERR_OOM, "%s: out of memory", g->fn);
+  /* four starts: everything replicated (strategy 0: no axis used); the nodes
+   * chosen greedily on replicated inputs; min-sum belief propagation
+   * undamped and half damped. Each is improved, then its inputs moved; the
+   * best result is kept (the first on ties). */
+  double best = INFINITY;
+  for (int k = 0; k < 4 && !st; k++) {
+    memset(start, 0, sizeof *start * (size_t)n);
+    if (k == 1) greedy(g, start, w.done);
+    if (k >= 2) st = bp_start(g, start, k == 2 ? 10 : 30, k == 2 ? 0.0 : 0.5);
+    if (st) break;
+    icm(g, start);
+    if (!(st = improve(g, start, &w))) st = input_moves(g, start, &w, w.trial);
+    double t = as_total(g, start);
+    if (!st && (k == 0 || t < best - 1e-12 * fabs(best))) {
+      memcpy(choice, start, sizeof *start * (size_t)n);
+      best = t;
+    }
+  }
+  free(start);
   free(w.trial);
   free(w.done);
   free(w.in);
@@ -317,9 +410,41 @@ double as_peak_bytes(const as_graph *g, const int *choice) {
   return base + peak;
 }
 
-static nb_status solve_once(as_graph *g, int solver, int *choice) {
+static nb_status solve_once(as_graph *g, int solver, as_share *sh, int *choice) {
+  if (sh) {
+    as_share_unaries(g, sh);
+    nb_status st = as_is_forest(&sh->r) ? as_solve_dp(&sh->r, sh->r.choice)
+                                        : as_solve_local(&sh->r, sh->r.choice);
+    if (!st) as_share_expand(g, sh, choice);
+    return st;
+  }
   if (solver == NB_AUTO_SHARD_DP) return as_solve_dp(g, choice);
   return as_solve_local(g, choice);
+}
+
+static nb_status solve_bounded(as_graph *g, int solver, as_share *sh) {
+  as_unaries(g, 0);
+  nb_status st = solve_once(g, solver, sh, g->choice);
+  if (st || g->max_bytes <= 0) return st;
+  double peak = as_peak_bytes(g, g->choice);
+  if (peak <= g->max_bytes) return NB_OK;
+  /* the penalty starts where a byte costs what it takes to send it */
+  double lambda = 0;
+  for (int a = 0; a < g->m->n_axes; a++)
+    lambda = lambda > g->beta[a] ? lambda : g->beta[a];
+  if (lambda <= 0) lambda = 1e-12;
+  for (int it = 0; it < 60 && peak > g->max_bytes; it++, lambda *= 2) {
+    as_unaries(g, lambda);
+    if ((st = solve_once(g, solver, sh, g->choice))) return st;
+    peak = as_peak_bytes(g, g->choice);
+  }
+  as_unaries(g, 0);
+  if (peak > g->max_bytes)
+    return nbi_error(NB_ERR_SHARDING,
+                     "%s: no plan found within max_bytes_per_device = %.0f bytes (the best "
+                     "needs %.0f per device)",
+                     g->fn, g->max_bytes, peak);
+  return NB_OK;
 }
 
 nb_status as_solve(as_graph *g, int solver) {
@@ -331,26 +456,19 @@ nb_status as_solve(as_graph *g, int solver) {
                      g->fn);
   if (solver == NB_AUTO_SHARD_AUTO) solver = forest ? NB_AUTO_SHARD_DP : NB_AUTO_SHARD_LOCAL;
   g->solver = solver;
-  as_unaries(g, 0);
-  nb_status st = solve_once(g, solver, g->choice);
-  if (st || g->max_bytes <= 0) return st;
-  double peak = as_peak_bytes(g, g->choice);
-  if (peak <= g->max_bytes) return NB_OK;
-  /* the penalty starts where a byte costs what it takes to send it */
-  double lambda = 0;
-  for (int a = 0; a < g->m->n_axes; a++)
-    lambda = lambda > g->beta[a] ? lambda : g->beta[a];
-  if (lambda <= 0) lambda = 1e-12;
-  for (int it = 0; it < 60 && peak > g->max_bytes; it++, lambda *= 2) {
-    as_unaries(g, lambda);
-    if ((st = solve_once(g, solver, g->choice))) return st;
-    peak = as_peak_bytes(g, g->choice);
+  g->n_choices = g->n_v;
+  as_share sh;
+  bool shared = false;
+  if (g->share && solver == NB_AUTO_SHARD_LOCAL) {
+    nb_status st = as_share_build(g, &sh);
+    if (st) return st;
+    shared = sh.n_groups < g->n_v;
+    if (shared)
+      g->n_choices = sh.n_groups;
+    else
+      as_share_free(&sh);
   }
-  as_unaries(g, 0);
-  if (peak > g->max_bytes)
-    return nbi_error(NB_ERR_SHARDING,
-                     "%s: no plan found within max_bytes_per_device = %.0f bytes (the best "
-                     "needs %.0f per device)",
-                     g->fn, g->max_bytes, peak);
-  return NB_OK;
+  nb_status st = solve_bounded(g, solver, shared ? &sh : NULL);
+  if (shared) as_share_free(&sh);
+  return st;
 }
