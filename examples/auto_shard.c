@@ -2,7 +2,10 @@
  * a 2-block MLP (loss, gradients, SGD update) solved by nb_auto_shard_plan on
  * a virtual CPU mesh, for a small batch with a large hidden size on tp=4
  * (it finds Megatron: W1 column-parallel, W2 row-parallel) and a large batch
- * with small weights on dp=4 (data parallel). Each plan trains a few steps
+ * with small weights on dp=4 (data parallel), then a two-block transformer
+ * (nb_block_apply of src/nn, f64) on tp=2, where it splits the attention heads
+ * over tp (w_q, w_k, w_v column-parallel, w_o row-parallel) and the two
+ * blocks share one set of choices. Each plan trains a few steps
  * with nb_shard_plan_call; the losses are those of the unsharded step, and
  * the report shows the predicted collectives next to the measured ones. */
 #include <math.h>
@@ -95,6 +98,109 @@ static int run(const char *axes, int64_t n, int64_t d, int64_t h, nb_fn *step) {
   return worst < 1e-4 ? 0 : 1;
 }
 
+/* ---- a two-block transformer: its parameters are an nb_tree (src/nn); the
+ * step is written over the leaves, the trees rebuilt inside ---------------------------- */
+enum { TL = 2, TMAXP = 16 };
+typedef struct tfm {
+  nb_block_config c;
+  int np;
+  const char *names[TMAXP];
+  nb_fn *vg;
+} tfm;
+
+static nb_status tf_loss(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  const tfm *t = u;
+  nb_tensor *h = in[TL * t->np];
+  for (int l = 0; l < TL; l++) {
+    nb_tree *p = nb_tree_create();
+    for (int i = 0; i < t->np; i++)
+      nb_tree_set(p, t->names[i], in[l * t->np + i]);
+    h = nb_block_apply(p, &t->c, h, NULL);
+    nb_tree_release(p);
+  }
+  out[0] = nb_mse(h, in[TL * t->np + 1]);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+static nb_status tf_step(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  const tfm *t = u;
+  nb_tensor *o[1 + TL * TMAXP];
+  nb_status st = nb_call(t->vg, in, o);
+  if (st) return st;
+  out[0] = o[0];
+  for (int i = 0; i < TL * t->np; i++)
+    if (!(out[1 + i] = nb_sub(in[i], nb_mul_scalar(o[1 + i], 0.05)))) return nb_last_status();
+  return NB_OK;
+}
+
+static int run_transformer(void) {
+  tfm t = {.c = {.dim = 256, .n_heads = 4, .hidden = 1024, .bias = true}};
+  nb_tensor *keys[TL];
+  nb_key_split(nb_key(11), TL, keys);
+  nb_tree *params[TL];
+  for (int l = 0; l < TL; l++)
+    if (!(params[l] = nb_block_init(keys[l], &t.c, NB_F64))) return 1;
+  t.np = nb_tree_len(params[0]);
+  int n = TL * t.np, nin = n + 2, nout = n + 1;
+  nb_tensor *in[TL * TMAXP + 2], *plain[TL * TMAXP + 2];
+  int argnums[TL * TMAXP], tie[TL * TMAXP + 1];
+  tie[0] = -1;
+  for (int l = 0; l < TL; l++)
+    for (int i = 0; i < t.np; i++) {
+      t.names[i] = nb_tree_name(params[l], i);
+      in[l * t.np + i] = nb_tree_at(params[l], i);
+      argnums[l * t.np + i] = tie[1 + l * t.np + i] = l * t.np + i;
+    }
+  nb_seed(3);
+  in[n] = nb_randn(NB_SHAPE(1, 16, 256), NB_F64);
+  in[n + 1] = nb_tanh(in[n]);
+  for (int k = 0; k < nin; k++)
+    plain[k] = in[k];
+  nb_fn *loss = nb_fn_create(tf_loss, &t, nin, 1);
+  t.vg = nb_value_and_grad_argnums(loss, argnums, n);
+  nb_fn *step = nb_fn_create(tf_step, &t, nin, nout);
+  nb_mesh *m = nb_mesh_cpu("tp=2");
+  nb_shard_plan *plan = nb_auto_shard_plan(step, m, in, &(nb_auto_shard_opts){.out_like_in = tie});
+  if (!plan) {
+    fprintf(stderr, "nb_auto_shard_plan: %s\n", nb_last_error());
+    return 1;
+  }
+  printf("== two transformer blocks (width 256, 4 heads, MLP 1024, sequence 16) on tp=2\n");
+  printf("block 0's parameters:");
+  for (int i = 0; i < t.np; i++)
+    printf(" %s %s%s", t.names[i], nb_shard_plan_in_spec(plan, i), i + 1 < t.np ? "," : "\n");
+  nb_tensor *o[1 + TL * TMAXP];
+  nb_reset_stats();
+  if (nb_shard_plan_call(plan, in, o) != NB_OK) return 1;
+  nb_stats st = nb_get_stats();
+  nb_auto_shard_report(stdout, plan, &st);
+  double worst = 0;
+  printf("step   unsharded   auto-sharded\n");
+  for (int s = 0; s < STEPS; s++) {
+    nb_tensor *a[1 + TL * TMAXP], *b[1 + TL * TMAXP];
+    if (nb_shard_plan_call(plan, in, a) != NB_OK || nb_call(step, plain, b) != NB_OK) {
+      fprintf(stderr, "training: %s\n", nb_last_error());
+      return 1;
+    }
+    double la = nb_item(a[0]), lb = nb_item(b[0]);
+    printf("%4d  %10.6f  %13.6f\n", s, lb, la);
+    worst = fmax(worst, fabs(la - lb) / fmax(1e-30, fabs(lb)));
+    for (int i = 0; i < n; i++)
+      in[i] = a[1 + i], plain[i] = b[1 + i];
+  }
+  printf("largest relative loss difference: %.2g\n\n", worst);
+  nb_shard_plan_release(plan);
+  nb_mesh_release(m);
+  nb_fn_release(step);
+  nb_fn_release(t.vg);
+  nb_fn_release(loss);
+  for (int l = 0; l < TL; l++)
+    nb_tree_release(params[l]);
+  return worst < 1e-4 ? 0 : 1;
+}
+
 int main(void) {
   nb_fn *loss = nb_fn_create(loss_fn, NULL, NIN, 1);
   nb_axes params = {.n = NP};
@@ -102,7 +208,7 @@ int main(void) {
     params.v[i] = i;
   nb_fn *vg = nb_value_and_grad(loss, params);
   nb_fn *step = nb_fn_create(step_fn, vg, NIN, NOUT);
-  int bad = run("tp=4", 8, 64, 2048, step) || run("dp=4", 4096, 32, 32, step);
+  int bad = run("tp=4", 8, 64, 2048, step) || run("dp=4", 4096, 32, 32, step) || run_transformer();
   nb_fn_release(step);
   nb_fn_release(vg);
   nb_fn_release(loss);

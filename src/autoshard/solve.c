@@ -410,13 +410,31 @@ double as_peak_bytes(const as_graph *g, const int *choice) {
   return base + peak;
 }
 
+/* The shared solution improved on the full graph (block moves and ICM: the
+ * layers may then differ where the boundary makes one cheaper). */
+static nb_status polish(const as_graph *g, int *choice) {
+  int n = g->n_v;
+  ls_work w = {NULL, malloc((size_t)n + 1), malloc((size_t)n + 1),
+               malloc(sizeof *w.parent * (size_t)(n + 1))};
+  nb_status st =
+      w.done && w.in && w.parent ? NB_OK : nbi_error(NB_ERR_OOM, "%s: out of memory", g->fn);
+  if (!st) {
+    icm(g, choice);
+    st = improve(g, choice, &w);
+  }
+  free(w.done);
+  free(w.in);
+  free(w.parent);
+  return st;
+}
+
 static nb_status solve_once(as_graph *g, int solver, as_share *sh, int *choice) {
   if (sh) {
     as_share_unaries(g, sh);
     nb_status st = as_is_forest(&sh->r) ? as_solve_dp(&sh->r, sh->r.choice)
                                         : as_solve_local(&sh->r, sh->r.choice);
     if (!st) as_share_expand(g, sh, choice);
-    return st;
+    return st ? st : polish(g, choice);
   }
   if (solver == NB_AUTO_SHARD_DP) return as_solve_dp(g, choice);
   return as_solve_local(g, choice);
