@@ -49,7 +49,7 @@ endif
 # float selects and sqrt only without trapping math and errno (src/backends/cpu/vmath.h).
 CFLAGS_ALL := -std=c11 -D_GNU_SOURCE $(OPT) -fPIC -fopenmp -Wall -Wextra -Werror \
   -Wno-unknown-pragmas -ffp-contract=off -fno-trapping-math -fno-math-errno -Iinclude $(CFLAGS)
-LIBS := -ldnnl -lopenblas -lm
+LIBS := -ldnnl -lopenblas -lm -ldl
 LDFLAGS_ALL := -fopenmp $(LDSAN) $(LDFLAGS)
 
 SRCS := $(sort $(wildcard src/core/*.c src/ops/*.c src/transforms/*.c src/sharding/*.c \

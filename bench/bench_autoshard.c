@@ -19,6 +19,7 @@
  *   bench_autoshard           as above
  *   bench_autoshard --smoke   L = 1, 2; one repetition; two sizes */
 #include <nabla/nabla.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,7 +60,7 @@ static nb_status step_fn(void *u, nb_tensor *const *in, int n_in, nb_tensor **ou
 }
 
 /* One case: median solve seconds (or -1), the plan's ops and prediction. */
-static double solve_case(int L, int reps, int *ops, nb_shard_prediction *pr) {
+static double solve_case(int L, bool share, int reps, int *ops, nb_shard_prediction *pr) {
   mlp p = {.L = L};
   int np = 4 * L, nin = np + 2, nout = np + 1;
   int argnums[4 * MAXL], tie[4 * MAXL + 1];
@@ -82,8 +83,8 @@ static double solve_case(int L, int reps, int *ops, nb_shard_prediction *pr) {
   nb_mesh *m = nb_mesh_cpu("dp=2,tp=2");
   double t[8];
   for (int r = 0; r < reps; r++) {
-    nb_shard_plan *plan =
-        nb_auto_shard_plan(step, m, in, &(nb_auto_shard_opts){.out_like_in = tie});
+    nb_shard_plan *plan = nb_auto_shard_plan(
+        step, m, in, &(nb_auto_shard_opts){.out_like_in = tie, .no_layer_sharing = !share});
     if (!plan) break;
     *pr = nb_shard_plan_predict(plan);
     t[r] = pr->solve_s;
@@ -96,7 +97,8 @@ static double solve_case(int L, int reps, int *ops, nb_shard_prediction *pr) {
   char *rep = NULL;
   size_t n_rep = 0;
   FILE *f = open_memstream(&rep, &n_rep);
-  nb_shard_plan *plan = nb_auto_shard_plan(step, m, in, &(nb_auto_shard_opts){.out_like_in = tie});
+  nb_shard_plan *plan = nb_auto_shard_plan(
+      step, m, in, &(nb_auto_shard_opts){.out_like_in = tie, .no_layer_sharing = !share});
   if (plan) nb_auto_shard_report(f, plan, NULL);
   fclose(f);
   const char *c = rep ? strstr(rep, ": ") : NULL;
@@ -109,6 +111,97 @@ static double solve_case(int L, int reps, int *ops, nb_shard_prediction *pr) {
   nb_fn_release(loss);
   nb_scope_end();
   return nb_last_status() == NB_OK ? median(t, reps) : -1;
+}
+
+/* ---- a transformer (nb_block_apply of src/nn, L blocks) ----------------------------------- */
+enum { TD = 256, TT = 16, TMAXP = 16, TMAXL = 12 };
+typedef struct tfm {
+  int L, np;
+  nb_block_config c;
+  const char *names[TMAXP];
+  nb_fn *vg;
+} tfm;
+
+static nb_status tf_loss(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  const tfm *t = u;
+  nb_tensor *h = in[t->np * t->L];
+  for (int l = 0; l < t->L; l++) {
+    nb_tree *p = nb_tree_create();
+    for (int i = 0; i < t->np; i++)
+      nb_tree_set(p, t->names[i], in[l * t->np + i]);
+    h = nb_block_apply(p, &t->c, h, NULL);
+    nb_tree_release(p);
+  }
+  out[0] = nb_mse(h, in[t->np * t->L + 1]);
+  return out[0] ? NB_OK : nb_last_status();
+}
+
+static nb_status tf_step(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+  (void)n_in, (void)n_out;
+  const tfm *t = u;
+  nb_tensor *o[1 + TMAXP * TMAXL];
+  nb_status st = nb_call(t->vg, in, o);
+  if (st) return st;
+  out[0] = o[0];
+  for (int i = 0; i < t->np * t->L; i++)
+    if (!(out[1 + i] = nb_sub(in[i], nb_mul_scalar(o[1 + i], 0.1)))) return nb_last_status();
+  return NB_OK;
+}
+
+/* The traced ops: the report's first line. */
+static int plan_ops(const nb_shard_plan *plan) {
+  char *rep = NULL;
+  size_t n_rep = 0;
+  FILE *f = open_memstream(&rep, &n_rep);
+  if (!f) return 0;
+  nb_auto_shard_report(f, plan, NULL);
+  fclose(f);
+  const char *c = rep ? strstr(rep, ": ") : NULL;
+  int ops = c ? atoi(c + 2) : 0;
+  free(rep);
+  return ops;
+}
+
+/* A training step of L transformer blocks (width 256, 4 heads, MLP 1024,
+ * sequence 16, f32) on tp=2: median solve seconds (or -1), ops, prediction. */
+static double tf_case(int L, bool share, int reps, int *ops, nb_shard_prediction *pr) {
+  tfm t = {.L = L, .c = {.dim = TD, .n_heads = 4, .hidden = 4 * TD, .bias = true}};
+  nb_scope_begin();
+  nb_tree *params = nb_block_init(nb_key(1), &t.c, NB_F32);
+  t.np = params ? nb_tree_len(params) : 0;
+  int n = t.np * L, argnums[TMAXP * TMAXL], tie[TMAXP * TMAXL + 1];
+  nb_tensor *in[TMAXP * TMAXL + 2];
+  tie[0] = -1;
+  for (int l = 0; l < L; l++)
+    for (int i = 0; i < t.np; i++) {
+      t.names[i] = nb_tree_name(params, i);
+      in[l * t.np + i] = nb_tree_at(params, i);
+      argnums[l * t.np + i] = tie[1 + l * t.np + i] = l * t.np + i;
+    }
+  in[n] = nb_zeros(NB_SHAPE(1, TT, TD), NB_F32);
+  in[n + 1] = nb_zeros(NB_SHAPE(1, TT, TD), NB_F32);
+  nb_fn *loss = nb_fn_create(tf_loss, &t, n + 2, 1);
+  t.vg = nb_value_and_grad_argnums(loss, argnums, n);
+  nb_fn *step = nb_fn_create(tf_step, &t, n + 2, n + 1);
+  nb_mesh *m = nb_mesh_cpu("tp=2");
+  double times[8];
+  for (int r = 0; r < reps; r++) {
+    nb_shard_plan *plan = nb_auto_shard_plan(
+        step, m, in, &(nb_auto_shard_opts){.out_like_in = tie, .no_layer_sharing = !share});
+    if (!plan) break;
+    *pr = nb_shard_plan_predict(plan);
+    times[r] = pr->solve_s;
+    *ops = plan_ops(plan);
+    nb_shard_plan_release(plan);
+  }
+  nb_mesh_release(m);
+  nb_fn_release(step);
+  nb_fn_release(t.vg);
+  nb_fn_release(loss);
+  nb_tree_release(params);
+  nb_scope_end();
+  return nb_last_status() == NB_OK ? median(times, reps) : -1;
 }
 
 /* Median seconds of a [n, n] f32 matmul on one device. */
@@ -152,22 +245,55 @@ int main(int argc, char **argv) {
   int reps = smoke ? 1 : 3;
   static const int Ls[] = {1, 2, 4, 8, 16, 32};
   int n_L = smoke ? 2 : 6;
-  printf("solve time, MLP training step on dp=2,tp=2 (batch %d, width %d, hidden %d):\n", N, D, H);
-  printf("blocks  ops   solve ms  solver  all-reduce all-gather reduce-scatter\n");
+  printf("solve time, MLP training step on dp=2,tp=2 (batch %d, width %d, hidden %d), with and "
+         "without layer sharing:\n",
+         N, D, H);
+  printf("blocks  ops  choices  shared ms  cost s      unshared ms  cost s      all-reduce "
+         "all-gather reduce-scatter (shared)\n");
   for (int i = 0; i < n_L; i++) {
     int ops = 0;
-    nb_shard_prediction pr = {0};
-    double t = solve_case(Ls[i], reps, &ops, &pr);
-    if (t < 0) {
+    nb_shard_prediction pr = {0}, pu = {0};
+    double t = solve_case(Ls[i], true, reps, &ops, &pr);
+    double tu = solve_case(Ls[i], false, Ls[i] >= 16 ? 1 : reps, &ops, &pu);
+    if (t < 0 || tu < 0) {
       fprintf(stderr, "solve: %s\n", nb_last_error());
       return 1;
     }
     printf("{\"case\":\"autoshard_solve\",\"size\":%d,\"ops\":%d,\"impl\":\"nabla\",\"median_s\":%."
            "6g}\n",
            Ls[i], ops, t);
-    printf("%6d %5d %9.2f  %-6s  %10llu %10llu %14llu\n", Ls[i], ops, t * 1e3,
-           pr.solver == NB_AUTO_SHARD_DP ? "dp" : "local", (unsigned long long)pr.n_all_reduce,
+    printf("{\"case\":\"autoshard_solve_unshared\",\"size\":%d,\"ops\":%d,\"impl\":\"nabla\","
+           "\"median_s\":%.6g}\n",
+           Ls[i], ops, tu);
+    printf("%6d %5d %7d %10.1f  %.4e %11.1f  %.4e %10llu %10llu %14llu\n", Ls[i], ops, pr.n_choices,
+           t * 1e3, pr.cost_s, tu * 1e3, pu.cost_s, (unsigned long long)pr.n_all_reduce,
            (unsigned long long)pr.n_all_gather, (unsigned long long)pr.n_reduce_scatter);
+  }
+  static const int TLs[] = {1, 2, 4, 8, 12};
+  int n_TL = smoke ? 1 : 5;
+  printf("solve time, transformer training step on tp=2 (nb_block_apply: width %d, 4 heads, MLP "
+         "%d, sequence %d, f32):\n",
+         TD, 4 * TD, TT);
+  printf("blocks  ops  choices  shared ms  cost s      unshared ms  cost s      all-reduce "
+         "all-gather (shared)\n");
+  for (int i = 0; i < n_TL; i++) {
+    int ops = 0;
+    nb_shard_prediction pr = {0}, pu = {0};
+    double t = tf_case(TLs[i], true, reps, &ops, &pr);
+    double tu = tf_case(TLs[i], false, TLs[i] >= 4 ? 1 : reps, &ops, &pu);
+    if (t < 0 || tu < 0) {
+      fprintf(stderr, "transformer solve: %s\n", nb_last_error());
+      return 1;
+    }
+    printf("{\"case\":\"autoshard_solve_transformer\",\"size\":%d,\"ops\":%d,\"impl\":\"nabla\","
+           "\"median_s\":%.6g}\n",
+           TLs[i], ops, t);
+    printf("{\"case\":\"autoshard_solve_transformer_unshared\",\"size\":%d,\"ops\":%d,\"impl\":"
+           "\"nabla\",\"median_s\":%.6g}\n",
+           TLs[i], ops, tu);
+    printf("%6d %5d %7d %10.1f  %.4e %11.1f  %.4e %10llu %10llu\n", TLs[i], ops, pr.n_choices,
+           t * 1e3, pr.cost_s, tu * 1e3, pu.cost_s, (unsigned long long)pr.n_all_reduce,
+           (unsigned long long)pr.n_all_gather);
   }
   int n = smoke ? 64 : 512;
   double mm = matmul_s(n, reps);

@@ -503,3 +503,49 @@ Test(auto_shard, transformer_block_gets_megatron_attention_on_tp2) {
   nb_fn_release(t.loss);
   nb_tree_release(params);
 }
+
+/* The ILP backend (COIN-OR CBC through dlopen): where CBC is installed it
+ * reaches the exact DP's objective on trees and, on the MLP training step on
+ * tp=2 (a graph with cycles), the built-in local search reaches CBC's; where
+ * it is not, asking for it is a clear NB_ERR_STATE. */
+Test(auto_shard, ilp_backend_agrees_with_the_builtin_solvers) {
+  nb_fn *f = nb_fn_create(fwd_fn, NULL, 3, 1);
+  nb_mesh *m = nb_mesh_cpu("dp=2,tp=2");
+  nb_tensor *in[3] = {nb_randn(NB_SHAPE(64, 32), NB_F64), nb_randn(NB_SHAPE(32, 128), NB_F64),
+                      nb_randn(NB_SHAPE(128, 32), NB_F64)};
+  nb_auto_shard_opts o = {.solver = NB_AUTO_SHARD_ILP, .ilp_max_seconds = 30};
+  if (!nb_auto_shard_ilp_available()) {
+    cr_assert_null(nb_auto_shard_plan(f, m, in, &o));
+    cr_assert_eq(nb_last_status(), NB_ERR_STATE);
+    cr_assert(strstr(nb_last_error(), "CBC"), "%s", nb_last_error());
+    nb_clear_error();
+  } else {
+    nb_shard_plan *ilp = nb_auto_shard_plan(f, m, in, &o);
+    nb_shard_plan *dp =
+        nb_auto_shard_plan(f, m, in, &(nb_auto_shard_opts){.solver = NB_AUTO_SHARD_DP});
+    cr_assert(ilp && dp, "%s", nb_last_error());
+    nb_shard_prediction a = nb_shard_plan_predict(ilp), b = nb_shard_plan_predict(dp);
+    cr_assert_eq(a.solver, NB_AUTO_SHARD_ILP);
+    cr_assert(fabs(a.cost_s - b.cost_s) <= 1e-9 * b.cost_s, "ILP %.12g, DP %.12g", a.cost_s,
+              b.cost_s);
+    nb_shard_plan_release(ilp);
+    nb_shard_plan_release(dp);
+    mlp t;
+    nb_mesh *tp = nb_mesh_cpu("tp=2");
+    mlp_make(&t, 8, 64, 1024);
+    o.out_like_in = t.tie;
+    nb_shard_plan *pi = nb_auto_shard_plan(t.step, tp, t.in, &o);
+    nb_shard_plan *pl =
+        nb_auto_shard_plan(t.step, tp, t.in, &(nb_auto_shard_opts){.out_like_in = t.tie});
+    cr_assert(pi && pl, "%s", nb_last_error());
+    a = nb_shard_plan_predict(pi), b = nb_shard_plan_predict(pl);
+    cr_assert(fabs(a.cost_s - b.cost_s) <= 1e-9 * b.cost_s, "ILP %.12g, local %.12g", a.cost_s,
+              b.cost_s);
+    nb_shard_plan_release(pi);
+    nb_shard_plan_release(pl);
+    mlp_free(&t);
+    nb_mesh_release(tp);
+  }
+  nb_mesh_release(m);
+  nb_fn_release(f);
+}

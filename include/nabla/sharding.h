@@ -159,13 +159,24 @@ typedef struct nb_auto_shard_opts {
   const char *const *in_specs; /* NULL, or f->n_in entries: non-NULL entries are pinned */
   const int *out_like_in;      /* NULL, or f->n_out entries: output j takes the spec of
                                   input out_like_in[j] (an updated parameter), -1: free */
-  int solver;                  /* NB_AUTO_SHARD_AUTO (0), _DP or _LOCAL */
+  int solver;                  /* NB_AUTO_SHARD_AUTO (0), _DP, _LOCAL or _ILP */
   /* false (default): structurally repeated ops (layers) and the parameters
    * they read share one choice, which the local search solves once; true:
    * every op chosen on its own (slower on deep models, never worse) */
   bool no_layer_sharing;
+  double ilp_max_seconds; /* NB_AUTO_SHARD_ILP's time limit; default 60 */
 } nb_auto_shard_opts;
-enum { NB_AUTO_SHARD_AUTO = 0, NB_AUTO_SHARD_DP = 1, NB_AUTO_SHARD_LOCAL = 2 };
+/* _ILP: COIN-OR CBC (libCbcSolver.so.3, Debian coinor-libcbc-dev) loaded with
+ * dlopen, warm-started from the local search, exact when it finishes within
+ * the time limit; NB_ERR_STATE when CBC is not installed. */
+enum {
+  NB_AUTO_SHARD_AUTO = 0,
+  NB_AUTO_SHARD_DP = 1,
+  NB_AUTO_SHARD_LOCAL = 2,
+  NB_AUTO_SHARD_ILP = 3
+};
+/* Whether NB_AUTO_SHARD_ILP can run (CBC found). */
+bool nb_auto_shard_ilp_available(void);
 
 /* A solved plan: the layout of every value of f's trace, its predicted cost,
  * collectives and memory. Reference counted (made with one reference). */
@@ -185,7 +196,7 @@ typedef struct nb_shard_prediction {
   uint64_t n_all_reduce, n_all_gather, n_reduce_scatter, n_all_to_all, n_permute;
   uint64_t collective_bytes; /* summed over devices, as nb_stats counts them */
   double bytes_per_device;   /* inputs' local blocks + peak of live intermediates */
-  int solver;                /* NB_AUTO_SHARD_DP or NB_AUTO_SHARD_LOCAL: the one that ran */
+  int solver;                /* NB_AUTO_SHARD_DP, _LOCAL or _ILP: the one that ran */
   double solve_s;            /* wall time of the solve */
   int n_values;              /* inputs and ops of the trace */
   int n_choices;             /* choices solved for: fewer when repeated layers share them */

@@ -83,11 +83,12 @@ typedef struct as_graph {
   double max_bytes; /* 0: none */
   const int *tie;   /* [n_fin outputs] or NULL (copied) */
   int *tie_copy;
-  double lambda; /* the memory penalty per byte in the unaries */
-  int *choice;   /* [n_v] the solution */
-  int solver;    /* the one that ran */
-  bool share;    /* repeated layers share one set of choices (local search only) */
-  int n_choices; /* variables the solver chose for (groups when shared) */
+  double lambda;    /* the memory penalty per byte in the unaries */
+  int *choice;      /* [n_v] the solution */
+  int solver;       /* the one that ran */
+  bool share;       /* repeated layers share one set of choices (local search, ILP) */
+  double ilp_max_s; /* the ILP's time limit */
+  int n_choices;    /* variables the solver chose for (groups when shared) */
 } as_graph;
 
 /* graph.c */
@@ -136,6 +137,10 @@ bool as_is_forest(const as_graph *g);
 nb_status as_solve_dp(as_graph *g, int *choice);
 /* Deterministic local search into choice. */
 nb_status as_solve_local(as_graph *g, int *choice);
+/* ilp.c: exact (up to max_s seconds) through COIN-OR CBC loaded with dlopen,
+ * warm-started from as_solve_local; NB_ERR_STATE when CBC is missing. */
+bool as_ilp_available(void);
+nb_status as_solve_ilp(as_graph *g, int *choice, double max_s);
 /* Predicted per-device peak bytes of a solution. */
 double as_peak_bytes(const as_graph *g, const int *choice);
 /* Solves with the memory bound (Lagrangian penalty doubled until it holds). */

@@ -434,6 +434,7 @@ nb_status as_build(as_graph *g, nb_fn *f, nb_mesh *m, nb_tensor *const *example_
   memcpy(g->beta, o->beta_s_per_byte, sizeof g->beta);
   g->max_bytes = o->max_bytes_per_device;
   g->share = !o->no_layer_sharing;
+  g->ilp_max_s = o->ilp_max_seconds;
   nb_status st = nbi_trace_program_like(g->fn, f, example_in, &g->prog, &g->capt, &g->n_capt);
   if (st) return st;
   const nbi_program *p = g->prog;

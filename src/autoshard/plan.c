@@ -100,6 +100,8 @@ static as_coll predict(const as_graph *g, as_coll *ops) {
   return acc;
 }
 
+bool nb_auto_shard_ilp_available(void) { return as_ilp_available(); }
+
 /* ---- making a plan --------------------------------------------------------------------- */
 static char *spec_text(const as_graph *g, as_layout l, int ndim) {
   nbi_sharding s = as_to_sharding(g, l, ndim);
@@ -144,8 +146,8 @@ nb_shard_plan *nb_auto_shard_plan(nb_fn *f, nb_mesh *m, nb_tensor *const *exampl
       return NULL;
     }
   nb_auto_shard_opts o = opts ? *opts : (nb_auto_shard_opts){0};
-  if (o.solver < NB_AUTO_SHARD_AUTO || o.solver > NB_AUTO_SHARD_LOCAL) {
-    nbi_error(NB_ERR_ARG, "%s: solver %d (NB_AUTO_SHARD_AUTO, _DP or _LOCAL)", fn, o.solver);
+  if (o.solver < NB_AUTO_SHARD_AUTO || o.solver > NB_AUTO_SHARD_ILP) {
+    nbi_error(NB_ERR_ARG, "%s: solver %d (NB_AUTO_SHARD_AUTO, _DP, _LOCAL or _ILP)", fn, o.solver);
     return NULL;
   }
   if (!(o.flops_per_s > 0)) o.flops_per_s = 1e11;
@@ -391,7 +393,10 @@ nb_status nb_auto_shard_report(FILE *f, const nb_shard_plan *p, const nb_stats *
   char sh[160];
   fprintf(f, "auto-shard plan on mesh %s: %d ops, solver %s, solved in %.3f ms\n",
           nb_mesh_str(g->m), prog->n_nodes,
-          pr->solver == NB_AUTO_SHARD_DP ? "exact DP (tree)" : "local search", pr->solve_s * 1e3);
+          pr->solver == NB_AUTO_SHARD_DP    ? "exact DP (tree)"
+          : pr->solver == NB_AUTO_SHARD_ILP ? "ILP (CBC)"
+                                            : "local search",
+          pr->solve_s * 1e3);
   if (pr->n_choices < pr->n_values)
     fprintf(f, "  repeated layers share choices: %d values, %d choices solved for\n", pr->n_values,
             pr->n_choices);

@@ -431,12 +431,14 @@ static nb_status polish(const as_graph *g, int *choice) {
 static nb_status solve_once(as_graph *g, int solver, as_share *sh, int *choice) {
   if (sh) {
     as_share_unaries(g, sh);
-    nb_status st = as_is_forest(&sh->r) ? as_solve_dp(&sh->r, sh->r.choice)
-                                        : as_solve_local(&sh->r, sh->r.choice);
+    nb_status st = solver == NB_AUTO_SHARD_ILP ? as_solve_ilp(&sh->r, sh->r.choice, g->ilp_max_s)
+                   : as_is_forest(&sh->r)      ? as_solve_dp(&sh->r, sh->r.choice)
+                                               : as_solve_local(&sh->r, sh->r.choice);
     if (!st) as_share_expand(g, sh, choice);
     return st ? st : polish(g, choice);
   }
   if (solver == NB_AUTO_SHARD_DP) return as_solve_dp(g, choice);
+  if (solver == NB_AUTO_SHARD_ILP) return as_solve_ilp(g, choice, g->ilp_max_s);
   return as_solve_local(g, choice);
 }
 
@@ -477,7 +479,7 @@ nb_status as_solve(as_graph *g, int solver) {
   g->n_choices = g->n_v;
   as_share sh;
   bool shared = false;
-  if (g->share && solver == NB_AUTO_SHARD_LOCAL) {
+  if (g->share && (solver == NB_AUTO_SHARD_LOCAL || solver == NB_AUTO_SHARD_ILP)) {
     nb_status st = as_share_build(g, &sh);
     if (st) return st;
     shared = sh.n_groups < g->n_v;
