@@ -89,7 +89,13 @@ static nb_tensor *received(const char *fn, nbi_dist_req *req, int64_t n, nb_dtyp
     if (!tick || !p || !wait_op_) {
       free(p);
       nbi_dist_free(req);
-      if (!nb_last_status()) nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+      if (!wait_op_)
+        nbi_error(NB_ERR_INTERNAL,
+                  "%s: the internal op \"nabla.dist_wait\" is not registered "
+                  "(a custom op of that name was registered first?)",
+                  fn);
+      else if (!nb_last_status())
+        nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
       return NULL;
     }
     nbi_view tv = nbi_tensor_view(tick);
