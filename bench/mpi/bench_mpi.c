@@ -9,12 +9,19 @@
  *                        realized; direct: MPI_Allreduce (in place) of B bytes.
  *            all-gather  nabla: an "x" tensor resharded to "_"; direct:
  *                        MPI_Allgather of B / N bytes per rank.
+ *            reduce-scatter  nabla: a "_ partial(x)" tensor resharded to
+ *                        "x"; direct: MPI_Reduce_scatter_block of B bytes.
+ *          Each nabla collective is one MPI collective on the ranks of its
+ *          group (src/sharding/dist_coll.c), so the two should be close.
  *          Reported: the median time over the repetitions (a barrier before
- *          each) and the bus bandwidth B / t, nabla and direct.
+ *          each) and the bus bandwidth B / t, nabla and direct (blocking; and
+ *          the MPI_I* form waited for at once, which nabla calls).
  *   mlp    value and gradient of mean((tanh(x @ W1) @ W2 - y)^2) plus the SGD
  *          update, W1 [256, 512], W2 [512, 256], f32, data parallel on dp=N
  *          (x, y sharded by rows, weights replicated): strong scaling (batch
- *          256 in all) and weak (batch 256 per rank). Reported: the median
+ *          256 in all) and weak (batch 256 per rank), with the gradients'
+ *          all-reduces overlapping the rest of the backward pass (default)
+ *          and waited at once (NABLA_MPI_OVERLAP=0). Reported: the median
  *          step time.
  *
  *   bench_mpi [--smoke] [--max-mib M] [--reps R]
@@ -35,18 +42,21 @@ static double med_all(double *t, int reps) {
   return worst;
 }
 
-/* nabla: the collective reshard (all-reduce or all-gather) of a B-byte f32 tensor. */
-static double nabla_coll(nb_mesh *m, int64_t n, bool reduce, int reps) {
+enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, N_COLL };
+static const char *const COLL[] = {"all_reduce", "all_gather", "reduce_scatter"};
+
+/* nabla: the collective reshard of a B-byte f32 tensor. */
+static double nabla_coll(nb_mesh *m, int64_t n, int kind, int reps) {
   nb_scope_begin();
   nb_tensor *h = nb_full(NB_SHAPE(n), 1.0, NB_F32);
-  nb_tensor *s = nb_shard(h, m, reduce ? "_ partial(x)" : "x");
+  nb_tensor *s = nb_shard(h, m, kind == ALL_GATHER ? "x" : "_ partial(x)");
   nb_eval(&s, 1);
   double *t = malloc(sizeof *t * (size_t)reps);
   for (int r = -1; r < reps; r++) {
     nb_scope_begin();
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = now_s();
-    nb_tensor *y = nb_reshard(s, "_");
+    nb_tensor *y = nb_reshard(s, kind == REDUCE_SCATTER ? "x" : "_");
     nb_eval(&y, 1);
     if (r >= 0) t[r] = now_s() - t0;
     nb_scope_end();
@@ -58,7 +68,10 @@ static double nabla_coll(nb_mesh *m, int64_t n, bool reduce, int reps) {
   return v;
 }
 
-static double direct_coll(int64_t n, bool reduce, int reps) {
+/* The same MPI collective called directly: blocking, or (nonblocking) its
+ * MPI_I* form waited for at once (what nabla calls: Open MPI runs the two
+ * with different algorithms). */
+static double direct_coll(int64_t n, int kind, bool nonblocking, int reps) {
   float *a = malloc(sizeof *a * (size_t)n), *b = malloc(sizeof *b * (size_t)n);
   for (int64_t i = 0; i < n; i++)
     a[i] = 1, b[i] = 0;
@@ -66,14 +79,48 @@ static double direct_coll(int64_t n, bool reduce, int reps) {
   for (int r = -1; r < reps; r++) {
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = now_s();
-    if (reduce)
+    MPI_Request q;
+    if (kind == ALL_REDUCE && nonblocking)
+      MPI_Iallreduce(MPI_IN_PLACE, a, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &q);
+    else if (kind == ALL_REDUCE)
       MPI_Allreduce(MPI_IN_PLACE, a, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    else
+    else if (kind == ALL_GATHER && nonblocking)
+      MPI_Iallgather(a, (int)(n / N), MPI_FLOAT, b, (int)(n / N), MPI_FLOAT, MPI_COMM_WORLD, &q);
+    else if (kind == ALL_GATHER)
       MPI_Allgather(a, (int)(n / N), MPI_FLOAT, b, (int)(n / N), MPI_FLOAT, MPI_COMM_WORLD);
+    else if (nonblocking)
+      MPI_Ireduce_scatter_block(a, b, (int)(n / N), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &q);
+    else
+      MPI_Reduce_scatter_block(a, b, (int)(n / N), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    if (nonblocking) MPI_Wait(&q, MPI_STATUS_IGNORE);
     if (r >= 0) t[r] = now_s() - t0;
   }
   double v = med_all(t, reps);
   free(a), free(b), free(t);
+  return v;
+}
+
+/* Overlap: an all-reduce of B bytes started, an independent matmul, then both
+ * realized; with the overlap the transfer runs during the matmul. */
+static double overlap_case(nb_mesh *m, int64_t n, int64_t k, bool comm, bool compute, int reps) {
+  nb_scope_begin();
+  nb_tensor *s = nb_shard(nb_full(NB_SHAPE(n), 1.0, NB_F32), m, "_ partial(x)");
+  nb_tensor *a = nb_rand(NB_SHAPE(k, k), NB_F32);
+  nb_eval((nb_tensor *[]){s, a}, 2);
+  double *t = malloc(sizeof *t * (size_t)reps);
+  for (int r = -1; r < reps; r++) {
+    nb_scope_begin();
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = now_s();
+    nb_tensor *y[2] = {comm ? nb_reshard(s, "_") : NULL, compute ? nb_matmul(a, a) : NULL};
+    if (compute) nb_eval(&y[1], 1);
+    if (comm) nb_eval(&y[0], 1);
+    if (r >= 0) t[r] = now_s() - t0;
+    nb_scope_end();
+  }
+  double v = med_all(t, reps);
+  free(t);
+  nb_scope_end();
   return v;
 }
 
@@ -139,25 +186,46 @@ int main(int argc, char **argv) {
     int64_t n = b / 4;
     if (n % N) continue;
     int k = b >= (16 << 20) ? (reps > 3 ? 3 : reps) : reps;
-    for (int red = 1; red >= 0; red--) {
-      double tn = nabla_coll(m, n, red, k), td = direct_coll(n, red, k);
+    for (int kind = 0; kind < N_COLL; kind++) {
+      double tn = nabla_coll(m, n, kind, k), td = direct_coll(n, kind, false, k),
+             ti = direct_coll(n, kind, true, k);
       if (R == 0)
         printf("{\"bench\": \"mpi_%s\", \"ranks\": %d, \"bytes\": %lld, \"nabla_s\": %.3e, "
-               "\"mpi_s\": %.3e, \"nabla_GBps\": %.3f, \"mpi_GBps\": %.3f}\n",
-               red ? "all_reduce" : "all_gather", N, (long long)b, tn, td, (double)b / tn / 1e9,
-               (double)b / td / 1e9);
+               "\"mpi_s\": %.3e, \"mpi_nonblocking_s\": %.3e, \"nabla_GBps\": %.3f, "
+               "\"mpi_GBps\": %.3f}\n",
+               COLL[kind], N, (long long)b, tn, td, ti, (double)b / tn / 1e9, (double)b / td / 1e9);
     }
+  }
+  if (N > 1) {
+    int64_t n = smoke ? 256 : 4 << 20, k = smoke ? 64 : 1024; /* 16 MiB of f32 */
+    int kr = smoke ? 2 : reps;
+    double tc = overlap_case(m, n, k, true, false, kr), tm = overlap_case(m, n, k, false, true, kr);
+    setenv("NABLA_MPI_OVERLAP", "1", 1);
+    double on = overlap_case(m, n, k, true, true, kr);
+    setenv("NABLA_MPI_OVERLAP", "0", 1);
+    double off = overlap_case(m, n, k, true, true, kr);
+    unsetenv("NABLA_MPI_OVERLAP");
+    if (R == 0)
+      printf("{\"bench\": \"mpi_overlap\", \"ranks\": %d, \"bytes\": %lld, \"matmul\": %lld, "
+             "\"all_reduce_ms\": %.3f, \"matmul_ms\": %.3f, \"both_overlap_ms\": %.3f, "
+             "\"both_no_overlap_ms\": %.3f}\n",
+             N, (long long)(n * 4), (long long)k, tc * 1e3, tm * 1e3, on * 1e3, off * 1e3);
   }
   nb_mesh_release(m);
   snprintf(axes, sizeof axes, "dp=%d", N);
   m = nb_mesh_world(axes);
   int mreps = smoke ? 2 : 20;
-  double strong = mlp_step(m, smoke ? 16 : 256, mreps),
-         weak = mlp_step(m, (smoke ? 16 : 256) * N, mreps);
-  if (R == 0)
-    printf("{\"bench\": \"mpi_mlp_step\", \"ranks\": %d, \"strong_batch\": %d, \"strong_ms\": "
-           "%.3f, \"weak_batch\": %d, \"weak_ms\": %.3f}\n",
-           N, smoke ? 16 : 256, strong * 1e3, (smoke ? 16 : 256) * N, weak * 1e3);
+  for (int overlap = 1; overlap >= 0; overlap--) {
+    setenv("NABLA_MPI_OVERLAP", overlap ? "1" : "0", 1);
+    double strong = mlp_step(m, smoke ? 16 : 256, mreps),
+           weak = mlp_step(m, (smoke ? 16 : 256) * N, mreps);
+    if (R == 0)
+      printf("{\"bench\": \"mpi_mlp_step\", \"ranks\": %d, \"overlap\": %s, \"strong_batch\": "
+             "%d, \"strong_ms\": %.3f, \"weak_batch\": %d, \"weak_ms\": %.3f}\n",
+             N, overlap ? "true" : "false", smoke ? 16 : 256, strong * 1e3, (smoke ? 16 : 256) * N,
+             weak * 1e3);
+  }
+  unsetenv("NABLA_MPI_OVERLAP");
   nb_mesh_release(m);
   fflush(stdout);
   nb_finalize();

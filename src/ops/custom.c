@@ -230,12 +230,21 @@ const char *nb_custom_op_sharding(const nb_custom_op *op) { return op ? op->shar
 typedef struct custom_call {
   nbi_multi m; /* first: the outputs' types */
   const nb_custom_op *op;
+  void *user;                  /* this call's (nbi_custom_call_user), else NULL */
+  void (*release)(void *user); /* called when the node goes */
 } custom_call;
 
 static void call_destroy(nbi_payload *p) {
   custom_call *c = (custom_call *)p;
   nbi_multi_fini(&c->m);
+  if (c->release) c->release(c->user);
   free(c);
+}
+
+/* The user pointer the callbacks of node n get. */
+static void *user_of(const nb_tensor *n) {
+  const custom_call *c = (const custom_call *)n->payload;
+  return c->release ? c->user : c->op->def.user;
 }
 
 static const nb_custom_op *op_of(const nb_tensor *p) {
@@ -249,35 +258,67 @@ static nb_status callback_failed(nb_status st, const nb_custom_op *op, const cha
   return st;
 }
 
+static nb_status custom_call_with(const nb_custom_op *op, nb_tensor *const *in, int n_in,
+                                  nb_tensor **out, int n_out, void *user, void (*release)(void *));
+
 nb_status nb_custom_call(const nb_custom_op *op, nb_tensor *const *in, int n_in, nb_tensor **out,
                          int n_out) {
-  if (!out) return nbi_error(NB_ERR_NULL, "%s: out is NULL", FN);
+  return custom_call_with(op, in, n_in, out, n_out, NULL, NULL);
+}
+
+nb_status nbi_custom_call_user(const nb_custom_op *op, nb_tensor *const *in, int n_in,
+                               nb_tensor **out, int n_out, void *user, void (*release)(void *)) {
+  return custom_call_with(op, in, n_in, out, n_out, user, release);
+}
+
+static nb_status custom_call_with(const nb_custom_op *op, nb_tensor *const *in, int n_in,
+                                  nb_tensor **out, int n_out, void *user, void (*release)(void *)) {
+  bool taken = false; /* user handed to the payload */
+  nb_status st = NB_OK;
+  if (!out) {
+    st = nbi_error(NB_ERR_NULL, "%s: out is NULL", FN);
+    goto refused;
+  }
   for (int j = 0; j < n_out; j++)
     out[j] = NULL;
-  if (!op) return nbi_error(NB_ERR_NULL, "%s: op is NULL", FN);
-  if (n_in != op->def.n_in || n_out != op->def.n_out)
-    return nbi_error(NB_ERR_ARG,
-                     "%s: op \"%s\" takes %d inputs and gives %d outputs, called with "
-                     "n_in = %d and n_out = %d",
-                     FN, op->name, op->def.n_in, op->def.n_out, n_in, n_out);
-  if (n_in > 0 && !in) return nbi_error(NB_ERR_NULL, "%s: op \"%s\": in is NULL", FN, op->name);
+  if (!op) {
+    st = nbi_error(NB_ERR_NULL, "%s: op is NULL", FN);
+    goto refused;
+  }
+  if (n_in != op->def.n_in || n_out != op->def.n_out) {
+    st = nbi_error(NB_ERR_ARG,
+                   "%s: op \"%s\" takes %d inputs and gives %d outputs, called with "
+                   "n_in = %d and n_out = %d",
+                   FN, op->name, op->def.n_in, op->def.n_out, n_in, n_out);
+    goto refused;
+  }
+  if (n_in > 0 && !in) {
+    st = nbi_error(NB_ERR_NULL, "%s: op \"%s\": in is NULL", FN, op->name);
+    goto refused;
+  }
   for (int k = 0; k < n_in; k++)
     if (in[k] && !in[k]->mesh && nbi_device_public(in[k]->device).kind == NB_DEVICE_CUDA &&
-        !op->def.cuda)
-      return nbi_error(NB_ERR_DEVICE, "%s: op \"%s\" has no CUDA kernel (input %d is on %s)", FN,
-                       op->name, k, nbi_device_name(in[k]->device));
+        !op->def.cuda) {
+      st = nbi_error(NB_ERR_DEVICE, "%s: op \"%s\" has no CUDA kernel (input %d is on %s)", FN,
+                     op->name, k, nbi_device_name(in[k]->device));
+      goto refused;
+    }
   for (int k = 0; k < n_in; k++)
-    if (!in[k]) return nbi_error(NB_ERR_NULL, "%s: op \"%s\": input %d is NULL", FN, op->name, k);
+    if (!in[k]) {
+      st = nbi_error(NB_ERR_NULL, "%s: op \"%s\": input %d is NULL", FN, op->name, k);
+      goto refused;
+    }
   nb_shape *shp = calloc((size_t)(n_in + n_out) + 1, sizeof *shp);
   nb_dtype *dt = calloc((size_t)(n_in + n_out) + 1, sizeof *dt);
   custom_call *c = calloc(1, sizeof *c);
-  nb_status st = shp && dt && c ? NB_OK : nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
+  st = shp && dt && c ? NB_OK : nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
   if (st) goto done;
   for (int k = 0; k < n_in; k++)
     shp[k] = in[k]->shape, dt[k] = in[k]->dtype;
   for (int j = 0; j < n_out; j++)
     dt[n_in + j] = NB_DTYPE_COUNT; /* "not written" */
-  if ((st = op->def.infer(op->def.user, shp, dt, n_in, shp + n_in, dt + n_in, n_out))) {
+  if ((st = op->def.infer(release ? user : op->def.user, shp, dt, n_in, shp + n_in, dt + n_in,
+                          n_out))) {
     st = callback_failed(st, op, "shape inference");
     goto done;
   }
@@ -302,6 +343,7 @@ nb_status nb_custom_call(const nb_custom_op *op, nb_tensor *const *in, int n_in,
   }
   c->m.base = (nbi_payload){.refcount = 1, .destroy = call_destroy, .h1 = h1, .h2 = h2};
   c->op = op;
+  c->user = user, c->release = release, taken = true;
   st = nbi_multi_init(FN, &c->m, n_out, shp + n_in, dt + n_in);
   if (!st) st = nbi_record_multi(NBI_OP_CUSTOM, in, n_in, &c->m, NULL, out);
   nbi_payload_release(&c->m.base);
@@ -310,6 +352,8 @@ done:
   free(shp);
   free(dt);
   free(c);
+refused:
+  if (!taken && release) release(user);
   return st;
 }
 
@@ -360,9 +404,9 @@ static nb_status custom_exec(const nb_tensor *n, nbi_view *out, const nbi_view *
       st = nbi_error(NB_ERR_OOM, "nb_eval: out of memory");
   }
   if (!st && kind == NB_DEVICE_CUDA) {
-    if ((st = op->def.cuda(op->def.user, nbi_device_native_stream(dev), ib, n_in, ob, n_out)))
+    if ((st = op->def.cuda(user_of(n), nbi_device_native_stream(dev), ib, n_in, ob, n_out)))
       st = callback_failed(st, op, "CUDA kernel");
-  } else if (!st && (st = op->def.cpu(op->def.user, ib, n_in, ob, n_out))) {
+  } else if (!st && (st = op->def.cpu(user_of(n), ib, n_in, ob, n_out))) {
     st = callback_failed(st, op, "CPU kernel");
   }
   for (int j = 0; j < n_out && staged && !st; j++) {

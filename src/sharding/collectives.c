@@ -262,14 +262,45 @@ static nb_status fetch(const char *fn, const groups *g, nb_tensor *const *phys, 
           need[(size_t)s * (size_t)R + (size_t)u] = true;
       }
     }
-  nb_status st = nbi_fetch_blocks(fn, m, phys, need, got);
+  bool any = false; /* every rank computes the same matrix: all skip alike */
+  for (size_t i = 0; i < (size_t)m->n_dev * (size_t)R && !any; i++)
+    any = need[i];
+  nb_status st = any ? nbi_fetch_blocks(fn, m, phys, need, got) : NB_OK;
   free(need);
+  if (!any) {
+    free(got);
+    return NB_OK;
+  }
   if (st) {
     free(got);
     return st;
   }
   *ph = *owned = got;
   return NB_OK;
+}
+
+/* Whether the collective goes as its groups' MPI collectives (dist_coll.c):
+ * on a mesh spanning processes whose groups have every member on a rank of
+ * its own. Reductions: of F32, F64, I32, I64 (MPI's types); float sums over
+ * more than 2 ranks, which MPI may associate differently, only without
+ * NABLA_MPI_EXACT=1. Otherwise the whole-blocks way (fetch). */
+static bool native(const groups *g, bool reduces, int op, nbi_dgroups *dg) {
+  const nb_mesh *m = g->m;
+  if (m->n_ranks <= 1 || g->n < 2) return false;
+  nb_dtype dt = g->dtype;
+  bool fl = dt == NB_F32 || dt == NB_F64;
+  if (reduces && !fl && dt != NB_I32 && dt != NB_I64) return false;
+  if (reduces && fl && (op == NB_REDUCE_SUM || op == NB_REDUCE_MEAN) && g->n > 2 &&
+      nbi_dist_exact())
+    return false;
+  for (int gi = 0; gi < g->n_groups; gi++)
+    for (int r = 0; r < g->n; r++)
+      for (int q = 0; q < r; q++)
+        if (nbi_mesh_rank_of(m, g->member[gi * g->n + r]) ==
+            nbi_mesh_rank_of(m, g->member[gi * g->n + q]))
+          return false;
+  *dg = (nbi_dgroups){.m = m, .n = g->n, .n_groups = g->n_groups, .member = g->member, .dtype = dt};
+  return true;
 }
 
 /* ---- running one collective ----------------------------------------------------
@@ -352,6 +383,11 @@ nb_status nbi_coll_all_reduce(const char *fn, const nb_mesh *m, nb_tensor *const
     return st;
   }
   nb_scope_begin();
+  nbi_dgroups dg;
+  if (native(&g, true, op, &dg)) {
+    bool done = nbi_dist_all_reduce(fn, &dg, phys, op, out) == NB_OK;
+    return finish(fn, m->n_dev, out, done, &g, NBI_COLL_ALL_REDUCE, bytes);
+  }
   nb_tensor **fetched; /* blocks of other processes (NULL: none) */
   bool ok = fetch(fn, &g, phys, NULL, &phys, &fetched) == NB_OK;
   for (int gi = 0; gi < g.n_groups && ok; gi++) {
@@ -386,6 +422,11 @@ nb_status nbi_coll_all_gather(const char *fn, const nb_mesh *m, nb_tensor *const
     return st;
   }
   nb_scope_begin();
+  nbi_dgroups dg;
+  if (native(&g, false, 0, &dg)) {
+    bool done = nbi_dist_all_gather(fn, &dg, phys, a, out) == NB_OK;
+    return finish(fn, m->n_dev, out, done, &g, NBI_COLL_ALL_GATHER, bytes);
+  }
   nb_tensor **fetched; /* blocks of other processes (NULL: none) */
   bool ok = fetch(fn, &g, phys, NULL, &phys, &fetched) == NB_OK;
   nb_tensor **blocks = malloc((size_t)g.n * sizeof *blocks);
@@ -422,6 +463,11 @@ nb_status nbi_coll_reduce_scatter(const char *fn, const nb_mesh *m, nb_tensor *c
     return st;
   }
   nb_scope_begin();
+  nbi_dgroups dg;
+  if (native(&g, true, NB_REDUCE_SUM, &dg)) {
+    bool done = nbi_dist_reduce_scatter(fn, &dg, phys, a, out) == NB_OK;
+    return finish(fn, m->n_dev, out, done, &g, NBI_COLL_REDUCE_SCATTER, bytes);
+  }
   nb_tensor **fetched; /* blocks of other processes (NULL: none) */
   bool ok = fetch(fn, &g, phys, NULL, &phys, &fetched) == NB_OK;
   for (int gi = 0; gi < g.n_groups && ok; gi++) {
@@ -463,6 +509,11 @@ nb_status nbi_coll_all_to_all(const char *fn, const nb_mesh *m, nb_tensor *const
     return st;
   }
   nb_scope_begin();
+  nbi_dgroups dg;
+  if (native(&g, false, 0, &dg)) {
+    bool done = nbi_dist_all_to_all(fn, &dg, phys, sa, ca, out) == NB_OK;
+    return finish(fn, m->n_dev, out, done, &g, NBI_COLL_ALL_TO_ALL, bytes);
+  }
   nb_tensor **fetched; /* blocks of other processes (NULL: none) */
   bool ok = fetch(fn, &g, phys, NULL, &phys, &fetched) == NB_OK;
   nb_tensor **pieces = malloc((size_t)g.n * sizeof *pieces);
@@ -518,6 +569,16 @@ nb_status nbi_coll_ppermute(const char *fn, const nb_mesh *m, nb_tensor *const *
     return st;
   }
   nb_scope_begin();
+  nbi_dgroups dg;
+  bool once = true; /* no rank is the source of two (the MPI path sends one block) */
+  for (int r = 0; r < g.n && once; r++)
+    for (int q = 0; q < r && once; q++)
+      once = src_of[r] < 0 || src_of[r] != src_of[q];
+  if (once && native(&g, false, 0, &dg)) {
+    bool done = nbi_dist_ppermute(fn, &dg, phys, src_of, out) == NB_OK;
+    free(src_of);
+    return finish(fn, m->n_dev, out, done, &g, NBI_COLL_PERMUTE, bytes);
+  }
   nb_tensor **fetched; /* blocks of other processes (NULL: none) */
   bool ok = fetch(fn, &g, phys, src_of, &phys, &fetched) == NB_OK;
   /* Devices no pair names get zeros of their own block's shape: one object

@@ -109,6 +109,36 @@ nb_status nbi_localize(const nb_mesh *m, nb_tensor **t);
 nb_status nbi_fetch_blocks(const char *fn, const nb_mesh *m, nb_tensor *const *phys,
                            const bool *need, nb_tensor **got);
 
+/* The groups of a collective on such a mesh whose members all sit on ranks of
+ * their own (member[gi * n + r]: the device of rank r of group gi): it runs
+ * as the matching MPI collective of each group (dist_coll.c), moving only
+ * what it must, the result a lazy node waiting for the transfer (overlap;
+ * NABLA_MPI_OVERLAP=0: waited at once). Each writes every out[d]: local
+ * devices their results, the others remote blocks of the results' shapes,
+ * registered in the current scope. Values: those of the virtual mesh, but
+ * float sums over groups of more than 2 ranks (MPI's association). */
+typedef struct nbi_dgroups {
+  const nb_mesh *m;
+  int n, n_groups;
+  const int *member;
+  nb_dtype dtype;
+} nbi_dgroups;
+/* NABLA_MPI_EXACT=1: float sums over more than 2 ranks go the whole-blocks
+ * way (exact) instead. */
+bool nbi_dist_exact(void);
+nb_status nbi_dist_all_reduce(const char *fn, const nbi_dgroups *g, nb_tensor *const *phys, int op,
+                              nb_tensor **out);
+nb_status nbi_dist_all_gather(const char *fn, const nbi_dgroups *g, nb_tensor *const *phys, int a,
+                              nb_tensor **out);
+nb_status nbi_dist_reduce_scatter(const char *fn, const nbi_dgroups *g, nb_tensor *const *phys,
+                                  int a, nb_tensor **out);
+nb_status nbi_dist_all_to_all(const char *fn, const nbi_dgroups *g, nb_tensor *const *phys,
+                              int split, int concat, nb_tensor **out);
+/* src_of[r]: the group rank r receives from (-1: zeros); no rank is the
+ * source of two. */
+nb_status nbi_dist_ppermute(const char *fn, const nbi_dgroups *g, nb_tensor *const *phys,
+                            const int *src_of, nb_tensor **out);
+
 /* Index of the axis named name[0..len), or -1. */
 int nbi_mesh_axis(const nb_mesh *m, const char *name, size_t len);
 /* Device dev's coordinate on the (sub-)axis a. */

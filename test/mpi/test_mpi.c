@@ -117,6 +117,117 @@ Test(mpi, a_mismatch_is_reported_on_every_rank) {
   cr_assert_eq(buf[4], 5.0f * (float)N);
 }
 
+/* The exchange moves bytes: its mismatch says so (not "elements of bool"). */
+Test(mpi, an_exchange_mismatch_counts_bytes) {
+  if (N == 1) return;
+  nb_on_distributed_error(record, NULL);
+  int64_t *c = calloc((size_t)N, sizeof *c);
+  char buf[1];
+  nb_status st = nbi_dist_exchange(buf, c, buf, c, R == 0 ? 8 : 9);
+  cr_assert_eq(st, NB_ERR_DISTRIBUTED);
+  cr_assert(strstr(handled_msg, "exchange (call") && strstr(handled_msg, "bytes") &&
+                !strstr(handled_msg, "bool"),
+            "%s", handled_msg);
+  free(c);
+  nb_clear_error();
+  nb_on_distributed_error(NULL, NULL);
+}
+
+/* A group's collective (nbi_dist_start on every rank's group): a mismatch is
+ * reported on every member, then the group goes on; all-reduce, all-gather
+ * and all-to-all of uneven parts and a ring permute give MPI's values. */
+Test(mpi, group_calls) {
+  if (N == 1) return;
+  int *ranks = malloc(sizeof *ranks * (size_t)N);
+  int64_t *sc = malloc(sizeof *sc * (size_t)N), *rc = malloc(sizeof *rc * (size_t)N);
+  for (int i = 0; i < N; i++)
+    ranks[i] = N - 1 - i; /* group order: reversed ranks */
+  int me = N - 1 - R;
+  nb_on_distributed_error(record, NULL);
+  nbi_dist_req *q;
+  nbi_dist_call c = {.kind = NBI_DIST_ALL_REDUCE,
+                     .ranks = ranks,
+                     .n = N,
+                     .dtype = NB_I64,
+                     .count = 2,
+                     .sig = R == 0 ? 2 : 3};
+  cr_assert_eq(nbi_dist_start(&c, malloc(16), &q), NB_ERR_DISTRIBUTED);
+  cr_assert(strstr(handled_msg, "all_reduce") && strstr(handled_msg, "differ"), "%s", handled_msg);
+  nb_clear_error();
+  nb_on_distributed_error(NULL, NULL);
+  /* all-reduce (max) */
+  int64_t *v = malloc(16);
+  v[0] = R, v[1] = -R;
+  c.sig = 2, c.op = NBI_DIST_MAX;
+  cr_assert_eq(nbi_dist_start(&c, v, &q), NB_OK, "%s", nb_last_error());
+  cr_assert_eq(nbi_dist_wait(q), NB_OK, "%s", nb_last_error());
+  int64_t *got = nbi_dist_recv(q);
+  cr_assert(got[0] == N - 1 && got[1] == 0, "%lld %lld", (long long)got[0], (long long)got[1]);
+  nbi_dist_free(q);
+  /* all-gather: member i sends i + 1 elements of value i */
+  int64_t total = 0;
+  for (int i = 0; i < N; i++)
+    total += rc[i] = i + 1;
+  v = malloc(sizeof *v * (size_t)(me + 1));
+  for (int i = 0; i <= me; i++)
+    v[i] = me;
+  c = (nbi_dist_call){.kind = NBI_DIST_ALL_GATHER,
+                      .ranks = ranks,
+                      .n = N,
+                      .dtype = NB_I64,
+                      .rcount = rc,
+                      .sig = total};
+  cr_assert_eq(nbi_dist_start(&c, v, &q), NB_OK, "%s", nb_last_error());
+  cr_assert_eq(nbi_dist_wait(q), NB_OK, "%s", nb_last_error());
+  got = nbi_dist_recv(q);
+  for (int i = 0, k = 0; i < N; i++)
+    for (int j = 0; j <= i; j++, k++)
+      cr_assert_eq(got[k], i, "all_gather [%d]", k);
+  nbi_dist_free(q);
+  /* all-to-all: member i sends j + 1 elements of 10 i + j to member j */
+  int64_t ns = 0;
+  for (int j = 0; j < N; j++)
+    ns += sc[j] = j + 1, rc[j] = me + 1;
+  v = malloc(sizeof *v * (size_t)ns);
+  for (int j = 0, k = 0; j < N; j++)
+    for (int e = 0; e <= j; e++)
+      v[k++] = 10 * me + j;
+  c = (nbi_dist_call){.kind = NBI_DIST_ALL_TO_ALL,
+                      .ranks = ranks,
+                      .n = N,
+                      .dtype = NB_I64,
+                      .scount = sc,
+                      .rcount = rc,
+                      .sig = 7};
+  cr_assert_eq(nbi_dist_start(&c, v, &q), NB_OK, "%s", nb_last_error());
+  cr_assert_eq(nbi_dist_wait(q), NB_OK, "%s", nb_last_error());
+  got = nbi_dist_recv(q);
+  for (int i = 0, k = 0; i < N; i++)
+    for (int e = 0; e <= me; e++, k++)
+      cr_assert_eq(got[k], 10 * i + me, "all_to_all [%d]", k);
+  nbi_dist_free(q);
+  /* a ring: member i sends to i + 1 */
+  v = malloc(sizeof *v);
+  v[0] = 100 + me;
+  rc[0] = 1;
+  c = (nbi_dist_call){.kind = NBI_DIST_PERMUTE,
+                      .ranks = ranks,
+                      .n = N,
+                      .dtype = NB_I64,
+                      .count = 1,
+                      .rcount = rc,
+                      .dest = (me + 1) % N,
+                      .src = (me + N - 1) % N,
+                      .sig = N};
+  cr_assert_eq(nbi_dist_start(&c, v, &q), NB_OK, "%s", nb_last_error());
+  cr_assert_eq(nbi_dist_wait(q), NB_OK, "%s", nb_last_error());
+  cr_assert_eq(*(int64_t *)nbi_dist_recv(q), 100 + (me + N - 1) % N);
+  nbi_dist_free(q);
+  cr_assert_eq(nbi_dist_start(&c, calloc(1, 8), &q), NB_OK, "%s", nb_last_error());
+  nbi_dist_free(q); /* freed unwaited: waits first */
+  free(ranks), free(sc), free(rc);
+}
+
 int main(int argc, char **argv) {
   if (nb_init_distributed(&argc, &argv) != NB_OK) {
     fprintf(stderr, "%s\n", nb_last_error());

@@ -10,6 +10,7 @@
  *                          end with the error within NABLA_COLLECTIVE_TIMEOUT_S */
 #define TC_STANDALONE
 #define TC_OWN_MAIN
+#include <math.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -235,6 +236,161 @@ Test(mpi_mesh, shard_map_collectives) {
   nb_fn_release(sw);
   nb_fn_release(sv);
   nb_fn_release(f);
+  nb_mesh_release(w);
+  nb_mesh_release(v);
+}
+
+/* ---- the collectives of groups spanning ranks, called directly ----------------
+ * On "x=N" (a device per rank: each runs as its group's MPI collective) and
+ * on "x=N,y=2" over axis x (two groups per rank on one communicator), every
+ * kind on blocks of uneven chunks, along dims 0 and 1, of every dtype MPI
+ * moves, each device's result against the virtual mesh's byte for byte (float
+ * sums over more than 2 ranks: within rounding, and exact with
+ * NABLA_MPI_EXACT=1). */
+enum {
+  K_SUM,
+  K_MAX,
+  K_MIN,
+  K_MEAN,
+  K_GATHER0,
+  K_GATHER1,
+  K_SCATTER0,
+  K_SCATTER1,
+  K_A2A,
+  K_PERM,
+  N_KINDS
+};
+static const char *const KIND[] = {"sum",     "max",      "min",      "mean",       "gather0",
+                                   "gather1", "scatter0", "scatter1", "all_to_all", "ppermute"};
+
+/* Device d's block of mesh m ([3 + d % 2 ... ] uneven along dim 0 for the
+ * gathers): values from d and the dtype, NaN and signed zeros among them. */
+static nb_tensor *block(nb_mesh *m, int d, nb_dtype dt, bool same_shape) {
+  nb_shape s = NB_SHAPE(same_shape ? 5 : 5 + d % 2, 3);
+  if (!nbi_mesh_local(m, d)) return nbi_remote_block(m, d, &s, dt);
+  int64_t n = tc_numel(s);
+  double *x = malloc(sizeof *x * (size_t)n);
+  uint64_t seed = 100 + (uint64_t)d;
+  double *r = tc_rand_floats(n, NB_F64, &seed);
+  for (int64_t i = 0; i < n; i++) {
+    x[i] = nb_dtype_is_float(dt) ? r[i] * 4 : (double)((int64_t)(r[i] * 1000) % 97);
+    if (nb_dtype_is_float(dt) && i % 7 == 3) x[i] = (d % 2) ? -0.0 : 0.0; /* ties */
+    if (nb_dtype_is_float(dt) && i == 4 && d == 1) x[i] = NAN;
+  }
+  nb_tensor *h = nb_cast(tc_tensor(x, s, NB_F64), dt);
+  free(x), free(r);
+  return nbi_place(m, d, h);
+}
+
+static nb_status run_kind(nb_mesh *m, int kind, nb_dtype dt, nb_tensor **out) {
+  nb_tensor *phys[16];
+  bool same = kind != K_GATHER0;
+  for (int d = 0; d < m->n_dev; d++)
+    phys[d] = block(m, d, dt, same);
+  nbi_axis ax = nbi_axis_whole(m, 0);
+  const char *fn = KIND[kind];
+  int pairs[4][2], np = 0;
+  switch (kind) {
+  case K_SUM: return nbi_coll_all_reduce(fn, m, phys, &ax, 1, NB_REDUCE_SUM, out);
+  case K_MAX: return nbi_coll_all_reduce(fn, m, phys, &ax, 1, NB_REDUCE_MAX, out);
+  case K_MIN: return nbi_coll_all_reduce(fn, m, phys, &ax, 1, NB_REDUCE_MIN, out);
+  case K_MEAN: return nbi_coll_all_reduce(fn, m, phys, &ax, 1, NB_REDUCE_MEAN, out);
+  case K_GATHER0: return nbi_coll_all_gather(fn, m, phys, &ax, 1, 0, out);
+  case K_GATHER1: return nbi_coll_all_gather(fn, m, phys, &ax, 1, 1, out);
+  case K_SCATTER0: return nbi_coll_reduce_scatter(fn, m, phys, &ax, 1, 0, out);
+  case K_SCATTER1: return nbi_coll_reduce_scatter(fn, m, phys, &ax, 1, 1, out);
+  case K_A2A: return nbi_coll_all_to_all(fn, m, phys, &ax, 1, 0, 1, out);
+  default: /* a shift by one, the last rank receiving nothing (zeros) */
+    for (int i = 0; i + 1 < N; i++)
+      pairs[np][0] = i, pairs[np][1] = i + 1, np++;
+    return nbi_coll_ppermute(fn, m, phys, &ax, 1, (const int(*)[2])pairs, np, out);
+  }
+}
+
+static void check_kinds(const char *axes, nb_dtype dt, double tol) {
+  nb_mesh *w = nb_mesh_world(axes), *v = nb_mesh_cpu(axes);
+  bool reduces_ok = dt == NB_F32 || dt == NB_F64 || dt == NB_I32 || dt == NB_I64;
+  for (int k = 0; k < N_KINDS; k++) {
+    if (k == K_MEAN && !nb_dtype_is_float(dt)) continue;
+    if (!reduces_ok && (k <= K_MEAN || k == K_SCATTER0 || k == K_SCATTER1)) continue;
+    nb_scope_begin();
+    nb_tensor *gw[16], *gv[16];
+    cr_assert_eq(run_kind(w, k, dt, gw), NB_OK, "%s %s: %s", axes, KIND[k], nb_last_error());
+    cr_assert_eq(run_kind(v, k, dt, gv), NB_OK, "%s %s: %s", axes, KIND[k], nb_last_error());
+    bool sums =
+        nb_dtype_is_float(dt) && (k == K_SUM || k == K_MEAN || k == K_SCATTER0 || k == K_SCATTER1);
+    for (int d = 0; d < w->n_dev; d++) {
+      cr_assert(nbi_shape_eq(&gw[d]->shape, &gv[d]->shape), "%s %s %s: device %d's shape", axes,
+                KIND[k], nb_dtype_name(dt), d);
+      if (!nbi_mesh_local(w, d)) {
+        cr_assert(gw[d]->flags & NBI_T_REMOTE, "%s %s: device %d is remote", axes, KIND[k], d);
+        continue;
+      }
+      size_t nb = (size_t)nbi_numel(&gv[d]->shape) * nb_dtype_size(dt);
+      char *a = malloc(nb + 1), *b = malloc(nb + 1);
+      cr_assert_eq(nb_to_host(gw[d], a, nb), NB_OK, "%s", nb_last_error());
+      cr_assert_eq(nb_to_host(gv[d], b, nb), NB_OK, "%s", nb_last_error());
+      if (sums && tol > 0) {
+        double *x = tc_read(gw[d]), *y = tc_read(gv[d]);
+        for (int64_t i = 0; i < nbi_numel(&gv[d]->shape); i++)
+          cr_assert(fabs(x[i] - y[i]) <= tol * (1 + fabs(y[i])) || (x[i] != x[i] && y[i] != y[i]),
+                    "%s %s %s: device %d [%lld]: %.17g vs %.17g", axes, KIND[k], nb_dtype_name(dt),
+                    d, (long long)i, x[i], y[i]);
+        free(x), free(y);
+      } else {
+        cr_assert(memcmp(a, b, nb) == 0, "%s %s %s: device %d differs from the virtual mesh", axes,
+                  KIND[k], nb_dtype_name(dt), d);
+      }
+      free(a), free(b);
+    }
+    nb_scope_end();
+  }
+  nb_mesh_release(w);
+  nb_mesh_release(v);
+}
+
+Test(mpi_mesh, group_collectives_every_kind_and_dtype) {
+  char a1[16], a2[16];
+  snprintf(a1, sizeof a1, "x=%d", N);
+  snprintf(a2, sizeof a2, "x=%d,y=2", N);
+  static const nb_dtype dts[] = {NB_F64, NB_F32, NB_I32, NB_I64, NB_F16};
+  for (int i = 0; i < 5; i++) {
+    double tol = N <= 2 ? 0 : dts[i] == NB_F32 ? 1e-5 : 1e-12; /* MPI's association */
+    check_kinds(a1, dts[i], tol);
+    check_kinds(a2, dts[i], tol);
+  }
+  setenv("NABLA_MPI_EXACT", "1", 1); /* the whole-blocks way: exact at every size */
+  check_kinds(a1, NB_F64, 0);
+  check_kinds(a2, NB_F32, 0);
+  unsetenv("NABLA_MPI_EXACT");
+}
+
+/* The result of a collective between ranks is a lazy node waiting for the
+ * transfer (overlap) that realizes to the value; NABLA_MPI_OVERLAP=0 waits at
+ * once. A result dropped unread is waited for when it goes (no leak, no
+ * dangling transfer). */
+Test(mpi_mesh, results_wait_at_the_first_consumer) {
+  if (N == 1) return;
+  char axes[16];
+  snprintf(axes, sizeof axes, "x=%d", N);
+  nb_mesh *w = nb_mesh_world(axes), *v = nb_mesh_cpu(axes);
+  for (int overlap = 1; overlap >= 0; overlap--) {
+    setenv("NABLA_MPI_OVERLAP", overlap ? "1" : "0", 1);
+    nb_scope_begin();
+    nb_tensor *gw[16], *gv[16];
+    cr_assert_eq(run_kind(w, K_MAX, NB_F64, gw), NB_OK, "%s", nb_last_error());
+    int d = nbi_mesh_first_local(w);
+    if (overlap) cr_assert(!nb_is_realized(gw[d]), "the result waits for its first consumer");
+    cr_assert_eq(run_kind(w, K_SUM, NB_F64, gw + 8), NB_OK, "%s", nb_last_error()); /* dropped */
+    cr_assert_eq(run_kind(v, K_MAX, NB_F64, gv), NB_OK, "%s", nb_last_error());
+    nb_tensor *y = nb_exp(gw[d]), *z = nb_exp(gv[d]);
+    double *a = tc_read(y), *b = tc_read(z);
+    for (int64_t i = 0; i < nbi_numel(&z->shape); i++)
+      cr_assert(a[i] == b[i] || (a[i] != a[i] && b[i] != b[i]), "[%lld]", (long long)i);
+    free(a), free(b);
+    nb_scope_end();
+  }
+  unsetenv("NABLA_MPI_OVERLAP");
   nb_mesh_release(w);
   nb_mesh_release(v);
 }

@@ -93,6 +93,23 @@ nb_status nbi_dist_exchange(const void *send, const int64_t *scount, void *recv,
   return NB_OK;
 }
 
+nb_status nbi_dist_start(const nbi_dist_call *c, void *send, nbi_dist_req **req) {
+  (void)c;
+  free(send);
+  *req = NULL;
+  return nbi_error(NB_ERR_DISTRIBUTED, "nabla: a collective between processes in a nabla built "
+                                       "without MPI (rebuild with `make MPI=1`)");
+}
+nb_status nbi_dist_wait(nbi_dist_req *r) {
+  (void)r;
+  return NB_ERR_DISTRIBUTED;
+}
+void *nbi_dist_recv(nbi_dist_req *r) {
+  (void)r;
+  return NULL;
+}
+void nbi_dist_free(nbi_dist_req *r) { (void)r; }
+
 #else /* NABLA_MPI */
 #include <mpi.h>
 #include <stdarg.h>
@@ -162,9 +179,13 @@ nb_status nb_init_distributed(int *argc, char ***argv) {
   return NB_OK;
 }
 
+static void free_groups(void), free_ops(void);
+
 nb_status nb_finalize(void) {
   if (!joined) return NB_OK;
   MPI_Barrier(MPI_COMM_WORLD);
+  free_groups();
+  free_ops();
   MPI_Comm_free(&sig_comm);
   MPI_Comm_free(&data_comm);
   joined = false;
@@ -203,10 +224,22 @@ static const char *const kinds[] = {"all_reduce", "all_gather", "reduce_scatter"
                                     "all_to_all", "permute",    "exchange"};
 enum { N_KINDS = sizeof kinds / sizeof kinds[0] };
 
-/* The signature exchange of collective kind (n elements of dt, op); peers:
- * the ranks it talks to (NULL: all). */
-static nb_status check_signature(int kind, int64_t n, nb_dtype dt, int op, const bool *peers) {
-  int64_t mine[SIG_WORDS] = {(int64_t)++seq, kind, n, dt, op};
+/* "n elements of dt", or "n bytes" for the exchange (which moves bytes). */
+static const char *amount(char *buf, size_t len, int kind, int64_t n, int64_t dt) {
+  if (kind == 5)
+    snprintf(buf, len, "%lld bytes", (long long)n);
+  else
+    snprintf(buf, len, "%lld elements of %s", (long long)n,
+             dt >= 0 && dt < NB_DTYPE_COUNT ? nb_dtype_name((nb_dtype)dt) : "?");
+  return buf;
+}
+
+/* The signature exchange of collective kind (n elements of dt, op), the
+ * *seqp-th call of its communicator; peers: the ranks it talks to (NULL:
+ * all). */
+static nb_status check_signature_on(uint64_t *seqp, int kind, int64_t n, nb_dtype dt, int op,
+                                    const bool *peers) {
+  int64_t mine[SIG_WORDS] = {(int64_t)++ * seqp, kind, n, dt, op};
   int64_t *theirs = malloc(sizeof *theirs * SIG_WORDS * (size_t)world_);
   MPI_Request *reqs = malloc(sizeof *reqs * 2 * (size_t)world_);
   bool *missing = calloc((size_t)world_, sizeof *missing);
@@ -249,17 +282,23 @@ static nb_status check_signature(int kind, int64_t n, nb_dtype dt, int op, const
   } else {
     for (int i = 0; i < n_recv && !st; i++) {
       const int64_t *o = theirs + SIG_WORDS * who[i];
-      if (memcmp(o, mine, sizeof mine) != 0)
+      if (memcmp(o, mine, sizeof mine) != 0) {
+        char a[64], b[64];
         st = fail(NB_ERR_DISTRIBUTED,
-                  "%s (call %llu, %lld elements of %s): rank %d called %s (call %lld, %lld "
-                  "elements of %s): the ranks' programs differ",
-                  kinds[kind], (unsigned long long)mine[0], (long long)n, nb_dtype_name(dt), who[i],
-                  o[1] >= 0 && o[1] < N_KINDS ? kinds[o[1]] : "?", (long long)o[0], (long long)o[2],
-                  o[3] >= 0 && o[3] < NB_DTYPE_COUNT ? nb_dtype_name((nb_dtype)o[3]) : "?");
+                  "%s (call %llu, %s): rank %d called %s (call %lld, %s): the ranks' programs "
+                  "differ",
+                  kinds[kind], (unsigned long long)mine[0], amount(a, sizeof a, kind, n, dt),
+                  who[i], o[1] >= 0 && o[1] < N_KINDS ? kinds[o[1]] : "?", (long long)o[0],
+                  amount(b, sizeof b, (int)o[1], o[2], o[3]));
+      }
     }
   }
   free(who), free(theirs), free(reqs), free(missing);
   return st;
+}
+
+static nb_status check_signature(int kind, int64_t n, nb_dtype dt, int op, const bool *peers) {
+  return check_signature_on(&seq, kind, n, dt, op, peers);
 }
 
 static MPI_Datatype mpi_type(nb_dtype dt) {
@@ -432,5 +471,277 @@ nb_status nbi_dist_exchange(const void *send, const int64_t *scount, void *recv,
   }
   free(c);
   return st;
+}
+
+/* ---- collectives of a group of ranks (nbi.h, nbi_dist_start) --------------------------
+ * One communicator per rank list (MPI_Comm_create_group over data_comm, made
+ * the first time the list is used, after the signature check proved its
+ * members in the same call; the sharding layer starts its groups' calls in
+ * the same global order on every rank, so the creations never wait in a
+ * cycle), with its own call sequence. */
+typedef struct gcomm {
+  int n, *ranks;
+  MPI_Comm comm;
+  uint64_t seq;
+} gcomm;
+static gcomm *gcomms;
+static int n_gcomms, cap_gcomms;
+
+static gcomm *group_of(const int *ranks, int n) {
+  for (int i = 0; i < n_gcomms; i++)
+    if (gcomms[i].n == n && !memcmp(gcomms[i].ranks, ranks, sizeof *ranks * (size_t)n))
+      return &gcomms[i];
+  if (n_gcomms == cap_gcomms) {
+    int cap = cap_gcomms ? 2 * cap_gcomms : 8;
+    gcomm *g = realloc(gcomms, sizeof *g * (size_t)cap);
+    if (!g) return NULL;
+    gcomms = g, cap_gcomms = cap;
+  }
+  int *r = malloc(sizeof *r * (size_t)n);
+  if (!r) return NULL;
+  memcpy(r, ranks, sizeof *r * (size_t)n);
+  gcomms[n_gcomms] = (gcomm){.n = n, .ranks = r, .comm = MPI_COMM_NULL};
+  return &gcomms[n_gcomms++];
+}
+
+static nb_status group_comm(gcomm *g) {
+  if (g->comm != MPI_COMM_NULL) return NB_OK;
+  MPI_Group world, sub;
+  int rc = MPI_Comm_group(data_comm, &world);
+  if (rc == MPI_SUCCESS) {
+    rc = MPI_Group_incl(world, g->n, g->ranks, &sub);
+    MPI_Group_free(&world);
+  }
+  if (rc == MPI_SUCCESS) {
+    rc = MPI_Comm_create_group(data_comm, sub, 11, &g->comm);
+    MPI_Group_free(&sub);
+  }
+  if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
+  return rc == MPI_SUCCESS ? NB_OK : mpi_fail("a group's communicator", rc);
+}
+
+static void free_groups(void) {
+  for (int i = 0; i < n_gcomms; i++) {
+    if (gcomms[i].comm != MPI_COMM_NULL) MPI_Comm_free(&gcomms[i].comm);
+    free(gcomms[i].ranks);
+  }
+  free(gcomms);
+  gcomms = NULL, n_gcomms = cap_gcomms = 0;
+}
+
+/* Float maximum / minimum as nb_maximum / nb_minimum (src/backends/ew_formulas.h):
+ * NaN propagates, ties keep the later operand. Not commutative, so MPI
+ * combines in rank order (a0 op a1 op ...): the virtual mesh's values. */
+#define MAXMIN_LOOP(T, CMP)                                                                        \
+  do {                                                                                             \
+    const T *a = in;                                                                               \
+    T *b = io;                                                                                     \
+    for (int i = 0; i < *len; i++)                                                                 \
+      b[i] = (a[i] CMP b[i] || a[i] != a[i]) ? a[i] : b[i];                                        \
+  } while (0)
+static void float_max(void *in, void *io, int *len, MPI_Datatype *dt) {
+  if (*dt == MPI_FLOAT)
+    MAXMIN_LOOP(float, >);
+  else
+    MAXMIN_LOOP(double, >);
+}
+static void float_min(void *in, void *io, int *len, MPI_Datatype *dt) {
+  if (*dt == MPI_FLOAT)
+    MAXMIN_LOOP(float, <);
+  else
+    MAXMIN_LOOP(double, <);
+}
+static MPI_Op op_fmax = MPI_OP_NULL, op_fmin = MPI_OP_NULL;
+
+static MPI_Op dist_op(int op, nb_dtype dt) {
+  bool fl = dt == NB_F32 || dt == NB_F64;
+  if (op == NBI_DIST_MAX) {
+    if (!fl) return MPI_MAX;
+    if (op_fmax == MPI_OP_NULL) MPI_Op_create(float_max, 0, &op_fmax);
+    return op_fmax;
+  }
+  if (op == NBI_DIST_MIN) {
+    if (!fl) return MPI_MIN;
+    if (op_fmin == MPI_OP_NULL) MPI_Op_create(float_min, 0, &op_fmin);
+    return op_fmin;
+  }
+  return MPI_SUM;
+}
+
+static void free_ops(void) {
+  if (op_fmax != MPI_OP_NULL) MPI_Op_free(&op_fmax);
+  if (op_fmin != MPI_OP_NULL) MPI_Op_free(&op_fmin);
+}
+
+struct nbi_dist_req {
+  MPI_Request r[2];
+  int nr, kind;
+  uint64_t seq;
+  void *send, *recv;
+  int *cnt; /* counts and displacements of the v-calls (live until done) */
+  bool waited;
+  nb_status st;
+};
+
+void *nbi_dist_recv(nbi_dist_req *r) { return r ? r->recv : NULL; }
+
+nb_status nbi_dist_wait(nbi_dist_req *q) {
+  if (!q) return nbi_error(NB_ERR_NULL, "nabla: nbi_dist_wait of NULL");
+  if (q->waited) return q->st;
+  q->waited = true;
+  int rc = MPI_SUCCESS;
+  double t = timeout_s();
+  if (q->nr == 0 || wait_all(q->r, q->nr, MPI_Wtime() + t, NULL, &rc))
+    q->st = NB_OK;
+  else if (rc != MPI_SUCCESS)
+    q->st = mpi_fail(kinds[q->kind], rc);
+  else
+    q->st = fail(NB_ERR_DISTRIBUTED,
+                 "%s (call %llu of its group): the data did not arrive "
+                 "within %.0f s (NABLA_COLLECTIVE_TIMEOUT_S)",
+                 kinds[q->kind], (unsigned long long)q->seq, t);
+  return q->st;
+}
+
+void nbi_dist_free(nbi_dist_req *q) {
+  if (!q) return;
+  if (!q->waited && joined) {
+    nb_status keep = nb_last_status();
+    char msg[512];
+    if (keep) snprintf(msg, sizeof msg, "%s", nb_last_error());
+    nbi_dist_wait(q); /* MPI still writes into recv until done */
+    if (keep) nbi_error(keep, "%s", msg);
+  }
+  free(q->send);
+  free(q->recv);
+  free(q->cnt);
+  free(q);
+}
+
+static int64_t sum_of(const int64_t *c, int n) {
+  int64_t s = 0;
+  for (int i = 0; i < n; i++)
+    s += c[i];
+  return s;
+}
+
+/* Fills cnt[0..n) with c[]*es and disp[0..n) with their running sums (bytes);
+ * false when one does not fit an int. */
+static bool byte_counts(const int64_t *c, int n, size_t es, int *cnt, int *disp) {
+  int64_t off = 0;
+  for (int i = 0; i < n; i++) {
+    int64_t b = c[i] * (int64_t)es;
+    if (c[i] < 0 || b > INT32_MAX || off > INT32_MAX) return false;
+    cnt[i] = (int)b, disp[i] = (int)off;
+    off += b;
+  }
+  return off <= INT32_MAX;
+}
+
+nb_status nbi_dist_start(const nbi_dist_call *c, void *send, nbi_dist_req **req) {
+  *req = NULL;
+  nbi_dist_req *q = calloc(1, sizeof *q);
+  const char *fn = c && c->kind >= 0 && c->kind < 5 ? kinds[c->kind] : "collective";
+  if (!q) {
+    free(send);
+    return nbi_error(NB_ERR_OOM, "nabla: %s: out of memory", fn);
+  }
+  q->send = send, q->kind = c ? c->kind : 0;
+  nb_status st = NB_OK;
+  int me = -1, n = c ? c->n : 0;
+  for (int i = 0; i < n && c->ranks; i++)
+    if (c->ranks[i] == rank_) me = i;
+  size_t es = c ? nb_dtype_size(c->dtype) : 1;
+  bool reduces = c && (c->kind == NBI_DIST_ALL_REDUCE || c->kind == NBI_DIST_REDUCE_SCATTER);
+  if (!joined || !c || c->kind < 0 || c->kind > NBI_DIST_PERMUTE || n < 1 || !c->ranks || me < 0 ||
+      (reduces && mpi_type(c->dtype) == MPI_DATATYPE_NULL))
+    st = nbi_error(NB_ERR_INTERNAL, "nabla: %s between processes: a bad call", fn);
+  bool *peers = st ? NULL : calloc((size_t)world_, sizeof *peers);
+  gcomm *g = st ? NULL : group_of(c->ranks, n);
+  q->cnt = st ? NULL : malloc(sizeof *q->cnt * 4 * (size_t)n + 1);
+  if (!st && (!peers || !g || !q->cnt)) st = nbi_error(NB_ERR_OOM, "nabla: %s: out of memory", fn);
+  int64_t recv_n = 0;
+  for (int i = 0; i < n && !st; i++) {
+    if (c->ranks[i] < 0 || c->ranks[i] >= world_)
+      st = nbi_error(NB_ERR_INTERNAL, "nabla: %s: rank %d in a job of %d", fn, c->ranks[i], world_);
+    else if (i != me && (c->kind != NBI_DIST_PERMUTE || i == c->dest || i == c->src))
+      peers[c->ranks[i]] = true;
+  }
+  if (!st) {
+    switch (c->kind) {
+    case NBI_DIST_ALL_REDUCE: recv_n = c->count; break;
+    case NBI_DIST_REDUCE_SCATTER: recv_n = c->rcount[me]; break;
+    case NBI_DIST_PERMUTE: recv_n = c->src >= 0 ? c->rcount[0] : 0; break;
+    default: recv_n = sum_of(c->rcount, n);
+    }
+    if (recv_n < 0 || (double)recv_n * (double)es > (double)INT32_MAX)
+      st = nbi_error(NB_ERR_OVERFLOW, "nabla: %s: more than 2 GiB to one process", fn);
+  }
+  if (!st && !(q->recv = malloc((size_t)recv_n * es + 1)))
+    st = nbi_error(NB_ERR_OOM, "nabla: %s: out of memory", fn);
+  if (!st) st = check_signature_on(&g->seq, c->kind, c->sig, c->dtype, c->op, peers);
+  q->seq = g ? g->seq : 0;
+  if (!st) st = group_comm(g);
+  free(peers);
+  int rc = MPI_SUCCESS;
+  int *cnt = q->cnt, *sd = cnt + n, *rcn = cnt + 2 * n, *rd = cnt + 3 * n;
+  MPI_Datatype t = st ? MPI_DATATYPE_NULL : mpi_type(c->dtype);
+  if (!st) switch (c->kind) {
+    case NBI_DIST_ALL_REDUCE:
+      rc = MPI_Iallreduce(send, q->recv, (int)c->count, t, dist_op(c->op, c->dtype), g->comm,
+                          &q->r[q->nr++]);
+      break;
+    case NBI_DIST_REDUCE_SCATTER:
+      for (int i = 0; i < n; i++)
+        if (c->rcount[i] < 0 || c->rcount[i] > INT32_MAX) st = NB_ERR_OVERFLOW;
+      for (int i = 0; i < n; i++)
+        cnt[i] = (int)c->rcount[i];
+      if (!st)
+        rc = MPI_Ireduce_scatter(send, q->recv, cnt, t, dist_op(c->op, c->dtype), g->comm,
+                                 &q->r[q->nr++]);
+      break;
+    case NBI_DIST_ALL_GATHER:
+      if (!byte_counts(c->rcount, n, es, rcn, rd))
+        st = NB_ERR_OVERFLOW;
+      else
+        rc = MPI_Iallgatherv(send, rcn[me], MPI_BYTE, q->recv, rcn, rd, MPI_BYTE, g->comm,
+                             &q->r[q->nr++]);
+      break;
+    case NBI_DIST_ALL_TO_ALL:
+      if (!byte_counts(c->scount, n, es, cnt, sd) || !byte_counts(c->rcount, n, es, rcn, rd))
+        st = NB_ERR_OVERFLOW;
+      else
+        rc = MPI_Ialltoallv(send, cnt, sd, MPI_BYTE, q->recv, rcn, rd, MPI_BYTE, g->comm,
+                            &q->r[q->nr++]);
+      break;
+    case NBI_DIST_PERMUTE: {
+      int64_t sb = c->count * (int64_t)es;
+      if (c->count < 0 || sb > INT32_MAX) {
+        st = NB_ERR_OVERFLOW;
+      } else if (c->src == me) { /* a copy of this member's own block */
+        if (c->dest != me)
+          st = NB_ERR_INTERNAL;
+        else if (sb)
+          memcpy(q->recv, send, (size_t)sb);
+      } else {
+        if (c->src >= 0)
+          rc = MPI_Irecv(q->recv, (int)(recv_n * (int64_t)es), MPI_BYTE, c->src, 9, g->comm,
+                         &q->r[q->nr++]);
+        if (rc == MPI_SUCCESS && c->dest >= 0)
+          rc = MPI_Isend(send, (int)sb, MPI_BYTE, c->dest, 9, g->comm, &q->r[q->nr++]);
+      }
+      break;
+    }
+    }
+  if (st == NB_ERR_OVERFLOW || st == NB_ERR_INTERNAL)
+    st = nbi_error(st, "nabla: %s: a part over 2 GiB or a bad permutation", fn);
+  if (!st && rc != MPI_SUCCESS) st = mpi_fail(fn, rc);
+  if (st) {
+    q->waited = true; /* nothing in flight that completes: free at once */
+    nbi_dist_free(q);
+    return st;
+  }
+  *req = q;
+  return NB_OK;
 }
 #endif

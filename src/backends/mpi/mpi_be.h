@@ -6,8 +6,9 @@
  * op): a mismatch is NB_ERR_DISTRIBUTED on every rank. Every wait has the
  * deadline NABLA_COLLECTIVE_TIMEOUT_S; see include/nabla/distributed.h for what
  * happens on failure. In a process alone (no MPI, or a job of one) every call
- * is a local copy. Data moves with non-blocking MPI calls (MPI_I*), so a caller
- * can overlap (nbi_mpi_start / nbi_mpi_wait). */
+ * is a local copy. Data moves with non-blocking MPI calls (MPI_I*), waited for
+ * before returning; the calls that return before the data arrives (overlap)
+ * are nbi_dist_start / nbi_dist_wait (src/core/nbi.h). */
 #ifndef NABLA_BACKENDS_MPI_BE_H
 #define NABLA_BACKENDS_MPI_BE_H
 
