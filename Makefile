@@ -53,7 +53,7 @@ LIBS := -ldnnl -lopenblas -lm
 LDFLAGS_ALL := -fopenmp $(LDSAN) $(LDFLAGS)
 
 SRCS := $(sort $(wildcard src/core/*.c src/ops/*.c src/transforms/*.c src/sharding/*.c \
-                          src/train/*.c src/backends/cpu/*.c src/backends/emu/*.c \
+                          src/train/*.c src/io/*.c src/backends/cpu/*.c src/backends/emu/*.c \
                           src/backends/mpi/*.c))
 
 # make MPI=1: the processes of an mpirun job (src/backends/mpi/README.md) through

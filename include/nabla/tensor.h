@@ -40,7 +40,8 @@ extern "C" {
   X(ERR_STATE, "invalid state")                                                                    \
   X(ERR_SHARDING, "invalid sharding")                                                              \
   X(ERR_DISTRIBUTED, "distributed job failure")                                                    \
-  X(ERR_INTERNAL, "internal error")
+  X(ERR_INTERNAL, "internal error")                                                                \
+  X(ERR_IO, "I/O error")
 
 typedef enum nb_status {
 #define NB_STATUS_ENUM_(name, msg) NB_##name,
