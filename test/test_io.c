@@ -69,6 +69,9 @@ static void st_store(void *buf, nb_dtype dt, int64_t i) {
     nbi_store_i64(buf, dt, i, (int64_t)((u * 0x9E3779B97F4A7C15ull) ^ (1ull << 63)));
     break;
   case NB_BOOL: nbi_store_i64(buf, dt, i, i % 3 == 0); break;
+  case NB_U8: nbi_store_i64(buf, dt, i, (i * 37 + 11) % 256); break;
+  case NB_I8: nbi_store_i64(buf, dt, i, (i * 37 + 11) % 256 - 128); break;
+  case NB_I16: nbi_store_i64(buf, dt, i, (i * 4099 + 7) % 65536 - 32768); break;
   default: cr_assert_fail("st_store: dtype %s", nb_dtype_name(dt));
   }
 }
@@ -157,17 +160,39 @@ Test(io, golden_file_from_python) {
   nb_tree_release(t);
 }
 
+Test(io, golden_small_ints_from_python) {
+  char path[1024];
+  golden_path(path, sizeof path, "st_small_ints.safetensors");
+  char **kv;
+  int n_kv;
+  nb_tree *t = nb_load_safetensors_meta(path, &kv, &n_kv);
+  cr_assert(t, "%s", nb_last_error());
+  cr_assert(!kv && n_kv == 0); /* written without metadata */
+  cr_assert_eq(nb_tree_len(t), 4);
+  assert_same(nb_tree_get(t, "u8"), st_tensor(NB_SHAPE(300), NB_U8), "u8");
+  assert_same(nb_tree_get(t, "i8"), st_tensor(NB_SHAPE(2, 150), NB_I8), "i8");
+  assert_same(nb_tree_get(t, "i16"), st_tensor(NB_SHAPE(3, 5), NB_I16), "i16");
+  assert_same(nb_tree_get(t, "u8_scalar"), st_tensor(NB_SCALAR_SHAPE, NB_U8), "u8_scalar");
+  /* u8 data computes: the sum of 300 values in i64 */
+  int64_t want = 0;
+  for (int i = 0; i < 300; i++)
+    want += (i * 37 + 11) % 256;
+  cr_assert_eq(nb_item(nb_sum(nb_tree_get(t, "u8"), NB_ALL, false)), (double)want);
+  nb_tree_release(t);
+}
+
 /* ---- round trips -------------------------------------------------------------------------- */
 static nb_tree *every_dtype_tree(void) {
   nb_tree *t = nb_tree_create();
-  const nb_dtype dts[] = {NB_F32, NB_F64, NB_F16, NB_BF16, NB_I32, NB_I64, NB_BOOL};
+  const nb_dtype dts[] = {NB_F32, NB_F64,  NB_F16, NB_BF16, NB_I32,
+                          NB_I64, NB_BOOL, NB_U8,  NB_I8,   NB_I16};
   uint64_t seed = 7;
   for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++) {
     char name[32];
     snprintf(name, sizeof name, "layer.%zu.%s", k, nb_dtype_name(dts[k]));
     nb_shape s = NB_SHAPE(3, (int64_t)k + 1);
     double *v = dts[k] == NB_BOOL          ? tc_rand_ints(tc_numel(s), NB_I32, &seed, 2)
-                : nbi_dtype_is_int(dts[k]) ? tc_rand_ints(tc_numel(s), dts[k], &seed, 1000000)
+                : nbi_dtype_is_int(dts[k]) ? tc_rand_ints(tc_numel(s), dts[k], &seed, 100)
                                            : tc_rand_floats(tc_numel(s), dts[k], &seed);
     cr_assert_eq(nb_tree_set(t, name, tc_tensor(v, s, dts[k])), NB_OK);
     free(v);
@@ -246,7 +271,8 @@ Test(io, save_for_python) {
            {"a.f16", NB_F16, NB_SHAPE(3)},    {"a.bf16", NB_BF16, NB_SHAPE(2, 2)},
            {"a.i32", NB_I32, NB_SHAPE(5)},    {"a.i64", NB_I64, NB_SHAPE(3)},
            {"a.bool", NB_BOOL, NB_SHAPE(7)},  {"s", NB_F64, NB_SCALAR_SHAPE},
-           {"e", NB_I32, NB_SHAPE(0)}};
+           {"b.u8", NB_U8, NB_SHAPE(9)},      {"b.i8", NB_I8, NB_SHAPE(9)},
+           {"b.i16", NB_I16, NB_SHAPE(2, 3)}, {"e", NB_I32, NB_SHAPE(0)}};
   for (size_t k = 0; k < sizeof e / sizeof e[0]; k++)
     cr_assert_eq(nb_tree_set(t, e[k].name, st_tensor(e[k].s, e[k].dt)), NB_OK);
   const char *kv[] = {"writer", "nabla", "utf8", "\xc3\xa9"};
@@ -523,8 +549,8 @@ Test(io, mutated_files_never_crash) {
       nb_tree_release(t);
     } else {
       failed++;
-      cr_assert_eq(nb_last_status(), NB_ERR_IO, "case %d: %s: %s", k, nb_status_str(nb_last_status()),
-                   nb_last_error());
+      cr_assert_eq(nb_last_status(), NB_ERR_IO, "case %d: %s: %s", k,
+                   nb_status_str(nb_last_status()), nb_last_error());
       nb_clear_error();
     }
     nb_scope_end();

@@ -30,14 +30,15 @@ bool nbi_any_null(const char *fn, nb_tensor *const *ts, int n);
 
 /* ---- dtypes ------------------------------------------------------------- */
 bool nbi_dtype_valid(nb_dtype dt);
-bool nbi_dtype_is_int(nb_dtype dt); /* i32, i64 (not bool) */
+bool nbi_dtype_is_int(nb_dtype dt); /* i32, i64, u8, i8, i16 (not bool) */
 float nbi_f16_to_f32(uint16_t h);
 uint16_t nbi_f32_to_f16(float f); /* round to nearest even */
 float nbi_bf16_to_f32(uint16_t h);
 uint16_t nbi_f32_to_bf16(float f); /* round to nearest even */
 /* Element i of a typed array read as double / int64 (exact for every integer
  * dtype), and stored from double (float dtypes: rounding; ints: truncation
- * toward zero, saturating; bool: != 0) / int64. */
+ * toward zero, saturating; u8/i8/i16: truncation then wrapping; bool: != 0)
+ * / int64 (i32: saturating; u8/i8/i16: wrapping, as a PyTorch cast). */
 double nbi_load_f64(const void *p, nb_dtype dt, int64_t i);
 int64_t nbi_load_i64(const void *p, nb_dtype dt, int64_t i);
 void nbi_store_f64(void *p, nb_dtype dt, int64_t i, double v);

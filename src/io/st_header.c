@@ -415,8 +415,8 @@ void nbi_st_header_free(nbi_st_header *hd) {
 
 /* ---- dtype names ------------------------------------------------------------------ */
 static const char *const st_names[NB_DTYPE_COUNT] = {
-    [NB_F32] = "F32", [NB_F64] = "F64", [NB_F16] = "F16",   [NB_BF16] = "BF16",
-    [NB_I32] = "I32", [NB_I64] = "I64", [NB_BOOL] = "BOOL",
+    [NB_F32] = "F32", [NB_F64] = "F64",   [NB_F16] = "F16", [NB_BF16] = "BF16", [NB_I32] = "I32",
+    [NB_I64] = "I64", [NB_BOOL] = "BOOL", [NB_U8] = "U8",   [NB_I8] = "I8",     [NB_I16] = "I16",
 };
 
 const char *nbi_st_dtype_str(nb_dtype dt) { return nbi_dtype_valid(dt) ? st_names[dt] : NULL; }
@@ -428,9 +428,8 @@ nb_dtype nbi_st_dtype_of(const char *s) {
 }
 
 bool nbi_st_dtype_known(const char *s) {
-  static const char *const others[] = {"U8",      "I8",      "I16",     "U16",     "U32",
-                                       "U64",     "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3",
-                                       "F6_E3M2", "F4",      "C64",     "E8M0"};
+  static const char *const others[] = {"U16",     "U32",     "U64", "F8_E4M3", "F8_E5M2", "F8_E8M0",
+                                       "F6_E2M3", "F6_E3M2", "F4",  "C64",     "E8M0"};
   for (size_t k = 0; k < sizeof others / sizeof others[0]; k++)
     if (!strcmp(others[k], s)) return true;
   return nbi_st_dtype_of(s) != NB_DTYPE_COUNT;
