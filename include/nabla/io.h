@@ -6,9 +6,9 @@
  * shape and byte range, then the tensors' bytes, row-major. Files written
  * here load with `safetensors.numpy.load_file` / `safetensors.torch.load_file`
  * and files those write load here (test/golden/gen_safetensors.py checks
- * both directions). Dtypes: F32 F64 F16 BF16 I64 I32 BOOL map to nabla's
- * dtypes of the same name; the format's others (U8, I8, I16, U16, U32, U64,
- * F8_*, ...) are NB_ERR_IO errors naming the tensor until nabla has them.
+ * both directions). Dtypes: F32 F64 F16 BF16 I64 I32 I16 I8 U8 BOOL map to
+ * nabla's dtypes of the same name; the format's others (U16, U32, U64, F8_*,
+ * ...) are NB_ERR_IO errors naming the tensor and the dtype.
  * Little-endian hosts only (a big-endian one gets NB_ERR_IO).
  *
  * Memory: a loaded tensor wraps the file's memory map when the calling
@@ -59,6 +59,32 @@ nb_tree *nb_load_safetensors(const char *path);
  * the caller frees with free(*metadata_kv); NULL and 0 when there are none
  * or on error. Both pointers NULL: nb_load_safetensors. */
 nb_tree *nb_load_safetensors_meta(const char *path, char ***metadata_kv, int *n_metadata);
+
+/* ---- checkpoints ----------------------------------------------------------------------
+ * A whole training state in one safetensors file: params as "params.<name>",
+ * opt_state (nb_optim_init's tree, NULL for none) as "opt.<name>", step as a
+ * 0-d i64 "step", key (an i64 [2] random key, NULL for none) as "key", and
+ * __metadata__ {"format": "nabla.checkpoint", "version": "1"}. Python reads
+ * it as any safetensors file. Saving realizes what is pending; the file
+ * appears whole or not at all.
+ *
+ *   nb_save_checkpoint("run.ckpt", params, state, step, key);
+ *   ...                                        // a new process:
+ *   nb_tree *params, *state; int64_t step; nb_tensor *key;
+ *   nb_load_checkpoint("run.ckpt", &params, &state, &step, &key);
+ *   // go on: nb_optim_step(opt, params, grads, state) with the same opt
+ *
+ * Continuing from a checkpoint gives the same numbers, bit for bit, as a run
+ * that never stopped (test io_ckpt::checkpoint_resume_is_bit_exact). */
+nb_status nb_save_checkpoint(const char *path, const nb_tree *params, const nb_tree *opt_state,
+                             int64_t step, nb_tensor *key);
+/* New trees *params and *opt_state (the caller releases them; an empty tree
+ * when the file has none), *step, and *key (a tensor in the caller's scope,
+ * NULL when the file has none); any output pointer may be NULL to skip it.
+ * NB_ERR_IO naming the file when it is not a nabla checkpoint (or any
+ * nb_load_safetensors error); on error the outputs are NULL. */
+nb_status nb_load_checkpoint(const char *path, nb_tree **params, nb_tree **opt_state, int64_t *step,
+                             nb_tensor **key);
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,8 @@
 /* src/io/io.h — internal contract of src/io: the safetensors header parser
  * (st_header.c), shared by the loader (safetensors.c) and the checkpoints
  * (checkpoint.c). */
-#ifndef NABLA_IO_H
-#define NABLA_IO_H
+#ifndef NABLA_SRC_IO_IO_H
+#define NABLA_SRC_IO_IO_H
 
 #include "../core/nbi.h"
 
