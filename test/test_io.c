@@ -320,6 +320,7 @@ Test(io, map_outlives_tree_and_file) {
   nb_scope_end();
   nb_release(x); /* the last reference to the map */
   if (cpu) cr_assert_eq(nb_get_stats().live_bytes, live0);
+  nb_tree_release(t);
   tmp_close(&d);
 }
 
