@@ -53,8 +53,8 @@ LIBS := -ldnnl -lopenblas -lm -ldl
 LDFLAGS_ALL := -fopenmp $(LDSAN) $(LDFLAGS)
 
 SRCS := $(sort $(wildcard src/core/*.c src/ops/*.c src/transforms/*.c src/sharding/*.c \
-                          src/autoshard/*.c src/train/*.c src/nn/*.c src/backends/cpu/*.c \
-                          src/backends/emu/*.c src/backends/mpi/*.c))
+                          src/autoshard/*.c src/train/*.c src/nn/*.c src/io/*.c \
+                          src/backends/cpu/*.c src/backends/emu/*.c src/backends/mpi/*.c))
 
 # make MPI=1: the processes of an mpirun job (src/backends/mpi/README.md) through
 # Debian's Open MPI (scripts/deps.sh mpi installs it); without it the job is one

@@ -10,6 +10,7 @@
 # the rules below; <...> includes (system headers, <nabla/...>) are not read.
 # Layers, from the top (a layer includes only itself and what it lists):
 #   nn          src/nn/          core (modules built from the public API)
+#   io          src/io/          core (the rest through the public API)
 #   train       src/train/       transforms, sharding, ops, core
 #   autoshard   src/autoshard/   transforms, sharding, ops, core
 #   transforms  src/transforms/  sharding, ops, core
@@ -68,7 +69,7 @@ function exists(path, line, r) {
 # opslist (src/ops/*.def, a pseudo-layer core and backends may include), or "".
 function layer(p, a) {
   if (p ~ /^include\/nabla\//) return "public"
-  if (p ~ /^src\/(core|ops|sharding|transforms|train|nn|autoshard)\//) { split(p, a, "/"); return a[2] }
+  if (p ~ /^src\/(core|ops|sharding|transforms|train|nn|autoshard|io)\//) { split(p, a, "/"); return a[2] }
   if (p ~ /^src\/backends\/[^\/]+$/) return "iface"
   if (p ~ /^src\/backends\/[^\/]+\//) { split(p, a, "/"); return "be:" a[3] }
   return ""
@@ -79,6 +80,7 @@ function allowed(from, p, to) {
   if (from == "nn") return to == "core"
   if (from == "train") return to == "transforms" || to == "sharding" || to == "ops" || to == "core"
   if (from == "autoshard") return to == "transforms" || to == "sharding" || to == "ops" || to == "core"
+  if (from == "io") return to == "core"
   if (from == "transforms") return to == "sharding" || to == "ops" || to == "core"
   if (from == "sharding") return to == "ops" || to == "core"
   if (from == "ops") return to == "core"
@@ -93,6 +95,7 @@ function rule(from) {
   if (from == "nn") return "nn may include only nn, core"
   if (from == "train") return "train may include only train, transforms, sharding, ops, core"
   if (from == "autoshard") return "autoshard may include only autoshard, transforms, sharding, ops, core"
+  if (from == "io") return "io may include only io, core (everything else through include/nabla)"
   if (from == "transforms") return "transforms may include only transforms, sharding, ops, core"
   if (from == "sharding") return "sharding may include only sharding, ops, core"
   if (from == "ops") return "ops may include only ops, core"

@@ -152,11 +152,14 @@ static inline nb_shape tc_rand_shape(uint64_t *seed, int rmin, int rmax, int64_t
   return s;
 }
 
-/* n small integers in [-lim, lim] (0/1 for bool), exact in every dtype; malloc'd. */
+/* n small integers in [-lim, lim] (0/1 for bool, [0, lim] for u8), exact in
+ * every dtype; malloc'd. */
 static inline double *tc_rand_ints(int64_t n, nb_dtype dt, uint64_t *seed, int64_t lim) {
   double *x = malloc((size_t)(n ? n : 1) * sizeof *x);
   for (int64_t i = 0; i < n; i++)
-    x[i] = dt == NB_BOOL ? (double)tc_randint(seed, 0, 1) : (double)tc_randint(seed, -lim, lim);
+    x[i] = dt == NB_BOOL ? (double)tc_randint(seed, 0, 1)
+           : dt == NB_U8 ? (double)tc_randint(seed, 0, lim)
+                         : (double)tc_randint(seed, -lim, lim);
   return x;
 }
 

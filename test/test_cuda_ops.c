@@ -351,6 +351,43 @@ Test(cuda_ops, cast_between_every_pair_of_dtypes) {
     }
 }
 
+/* u8, i8, i16: casts to and from every dtype, and the elementwise ops (same
+ * and mixed dtypes, wrapping as the CPU); ops without a kernel for them are
+ * NB_ERR_DEVICE errors naming the op, never a wrong answer. */
+Test(cuda_ops, small_int_dtypes_cast_and_elementwise_match_cpu) {
+  need_gpu();
+  static const nb_dtype small[] = {NB_U8, NB_I8, NB_I16};
+  static const nb_dtype every[] = {NB_F32, NB_F64,  NB_F16, NB_BF16, NB_I32,
+                                   NB_I64, NB_BOOL, NB_U8,  NB_I8,   NB_I16};
+  for (int s = 0; s < COUNT(every); s++)
+    for (int d = 0; d < COUNT(every); d++) {
+      if (s < 7 && d < 7) continue; /* cast_between_every_pair_of_dtypes */
+      char name[32];
+      snprintf(name, sizeof name, "cast_to_%s", nb_dtype_name(every[d]));
+      const spec cases[] = {SPEC(every[s], V_SPECIAL, 128), strided(SPEC(every[s], V_REAL, 3, 4))};
+      for (int c = 0; c < COUNT(cases); c++)
+        run_case(name, apply_cast, &every[d], 1, &cases[c], 1, 500 + c);
+    }
+  static const binary_op ops[] = {{"add", nb_add},         {"sub", nb_sub}, {"mul", nb_mul},
+                                  {"maximum", nb_maximum}, {"lt", nb_lt},   {"div", nb_div}};
+  for (int o = 0; o < COUNT(ops); o++)
+    for (int a = 0; a < COUNT(small); a++)
+      for (int b = 0; b < COUNT(every); b++) {
+        const spec cases[][2] = {
+            {SPEC(small[a], V_SPECIAL, 64), SPEC(every[b], V_SPECIAL, 64)},
+            {strided(SPEC(small[a], V_REAL, 4, 3)), SPEC(every[b], V_REAL, 3)},
+        };
+        for (int c = 0; c < COUNT(cases); c++)
+          run_case(ops[o].name, apply_binary, &ops[o], 2, cases[c], 4, 600 + c);
+      }
+  nb_tensor *u = nb_to_device(nb_full(NB_SHAPE(4), 200, NB_U8), NB_CUDA(0));
+  nb_tensor *sum = nb_sum(u, NB_ALL, false); /* i64 result: routed, u8 input refused */
+  cr_assert(sum == NULL || nb_eval(&sum, 1) != NB_OK);
+  tc_assert_error(NB_ERR_DEVICE, "u8");
+  cr_assert_null(nb_take(u, nb_to_device(nb_zeros(NB_SHAPE(1), NB_I64), NB_CUDA(0)), 0));
+  tc_assert_error(NB_ERR_DEVICE, "u8 results");
+}
+
 /* ---- reductions and axis ops --------------------------------------------------------------- */
 
 typedef struct reduce_case {

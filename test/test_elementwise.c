@@ -551,7 +551,8 @@ Test(elementwise, division_by_zero_gives_inf_or_nan) {
     if (dt == NB_BOOL) continue;
     nb_tensor *q =
         nb_div(tc_tensor(a, NB_SHAPE(3), (nb_dtype)dt), tc_tensor(z, NB_SHAPE(3), (nb_dtype)dt));
-    tc_assert_close(q, r, NB_SHAPE(3));
+    double ru[3] = {INFINITY, INFINITY, NAN}; /* u8: -1 is 255 */
+    tc_assert_close(q, dt == NB_U8 ? ru : r, NB_SHAPE(3));
   }
   tc_assert_close(nb_reciprocal(tc_tensor(z, NB_SHAPE(1), NB_I32)), (double[]){INFINITY},
                   NB_SHAPE(1));
@@ -704,6 +705,16 @@ Test(elementwise, clip_matches_numpy) {
 /* What a cast of v (a value of dtype from) to dtype to must give. */
 static double cast_ref(double v, nb_dtype from, nb_dtype to) {
   if (to == NB_BOOL) return v != 0;
+  if (to == NB_U8 || to == NB_I8 || to == NB_I16) { /* to i64 (saturating), then wrapping */
+    int64_t w = !nb_dtype_is_float(from) ? (int64_t)v
+                : isnan(v)               ? 0
+                : v >= 0x1p63            ? INT64_MAX
+                : v <= -0x1p63           ? INT64_MIN
+                                         : (int64_t)trunc(v);
+    return to == NB_U8   ? (double)(uint8_t)w
+           : to == NB_I8 ? (double)(int8_t)(uint8_t)w
+                         : (double)(int16_t)(uint16_t)w;
+  }
   if (nbi_dtype_is_int(to)) {
     double lo = to == NB_I32 ? -0x1p31 : -0x1p63, hi = to == NB_I32 ? 0x1p31 - 1 : 0x1p63;
     if (nb_dtype_is_float(from)) {
@@ -846,7 +857,9 @@ Test(elementwise, where_requires_a_bool_condition) {
 Test(elementwise, cast_to_an_invalid_dtype_is_an_error) {
   nb_tensor *t = nb_zeros(NB_SHAPE(2), NB_F32);
   cr_assert_null(nb_cast(t, NB_DTYPE_COUNT));
-  tc_assert_error(NB_ERR_DTYPE, "nb_cast: invalid dtype 7");
+  char msg[64];
+  snprintf(msg, sizeof msg, "nb_cast: invalid dtype %d", (int)NB_DTYPE_COUNT);
+  tc_assert_error(NB_ERR_DTYPE, msg);
   cr_assert_null(nb_cast(t, (nb_dtype)-1));
   tc_assert_error(NB_ERR_DTYPE, "nb_cast: invalid dtype -1");
 }

@@ -13,5 +13,6 @@
 #include "random.h"
 #include "tree.h"
 #include "optim.h"
+#include "io.h"
 
 #endif

@@ -86,7 +86,8 @@ nb_tensor *nb_ge_scalar(nb_tensor *t, double s);
 nb_tensor *nb_where(nb_tensor *cond, nb_tensor *a, nb_tensor *b);
 nb_tensor *nb_clip(nb_tensor *t, double lo, double hi);
 
-/* ---- reductions (axes may be negative; NB_ALL = every axis) -------------------- */
+/* ---- reductions (axes may be negative; NB_ALL = every axis). sum, prod and cumsum
+ *      keep the dtype, except bool -> i32 and u8, i8, i16 -> i64 ---------------- */
 nb_tensor *nb_sum(nb_tensor *t, nb_axes axes, bool keepdims);
 nb_tensor *nb_mean(nb_tensor *t, nb_axes axes, bool keepdims);
 nb_tensor *nb_prod(nb_tensor *t, nb_axes axes, bool keepdims);
@@ -136,7 +137,7 @@ nb_tensor *nb_flip(nb_tensor *t, nb_axes axes);
 nb_tensor *nb_repeat(nb_tensor *t, int64_t repeats, int axis); /* NumPy repeat */
 nb_tensor *nb_tile(nb_tensor *t, nb_shape reps);               /* NumPy tile */
 
-/* ---- indexing (indices are i32 or i64; negative indices count from the end;
+/* ---- indexing (indices are i32, i64, i16, i8 or u8; negative indices count from the end;
  *      an index out of range is an NB_ERR_INDEX error when realized) ------------- */
 /* out.shape = t.shape[:axis] + idx.shape + t.shape[axis+1:] */
 nb_tensor *nb_take(nb_tensor *t, nb_tensor *idx, int axis);

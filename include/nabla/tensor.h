@@ -40,7 +40,8 @@ extern "C" {
   X(ERR_STATE, "invalid state")                                                                    \
   X(ERR_SHARDING, "invalid sharding")                                                              \
   X(ERR_DISTRIBUTED, "distributed job failure")                                                    \
-  X(ERR_INTERNAL, "internal error")
+  X(ERR_INTERNAL, "internal error")                                                                \
+  X(ERR_IO, "I/O error")
 
 typedef enum nb_status {
 #define NB_STATUS_ENUM_(name, msg) NB_##name,
@@ -77,14 +78,20 @@ typedef enum nb_dtype {
   NB_I32,
   NB_I64,
   NB_BOOL,
+  NB_U8, /* unsigned and narrow signed integers (safetensors U8, I8, I16) */
+  NB_I8,
+  NB_I16,
   NB_DTYPE_COUNT
 } nb_dtype;
 
 const char *nb_dtype_name(nb_dtype dt); /* "f32"...; "?" if out of range */
 size_t nb_dtype_size(nb_dtype dt);      /* bytes per element; 0 if out of range */
 bool nb_dtype_is_float(nb_dtype dt);
-/* Result dtype of a binary op on a and b (JAX lattice: bool < i32 < i64 <
- * floats; an integer with a float gives the float; f16 with bf16 gives f32). */
+/* Result dtype of a binary op on a and b, PyTorch's rules: bool < integers <
+ * floats; two integers give the narrowest one holding both ranges (u8 with
+ * i8 gives i16, u8 with i16 gives i16, i8 with i32 gives i32); an integer
+ * with a float gives the float; f16 with bf16 gives f32. Integer arithmetic
+ * wraps in the result dtype (two's complement), as in C and PyTorch. */
 nb_dtype nb_promote_types(nb_dtype a, nb_dtype b);
 
 /* ---- shapes and axes ------------------------------------------------------- */

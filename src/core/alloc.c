@@ -14,7 +14,9 @@
  * bytes of blocks (env NABLA_CACHE_BYTES, bytes with an optional K/M/G suffix,
  * read at the first request; default 1 GiB; 0 disables caching; an unparsable
  * value keeps the default); a release that would exceed it frees the block.
- * Requests above 2^47 bytes bypass the cache. nbi_buffer_cache_trim() empties
+ * Requests above 2^47 bytes bypass the cache. An external buffer
+ * (nbi_buffer_wrap: a memory-mapped file) is never cached: its owner's
+ * ext_free takes it back at refcount 0. nbi_buffer_cache_trim() empties
  * the lists; it runs at exit, after which releases free directly.
  *
  * Thread safety: one mutex guards the free lists, the counters and the live
@@ -188,6 +190,8 @@ nbi_buffer *nbi_buffer_alloc(int dev, size_t nbytes) {
   k->b.refcount = 1;
   k->b.device = dev;
   k->b.nbytes = nbytes;
+  k->b.ext_free = NULL;
+  k->b.ext_ctx = NULL;
   k->next = NULL;
   if (host_memory(dev)) {
     UNPOISON(k->b.data, nbytes);
@@ -199,6 +203,20 @@ nbi_buffer *nbi_buffer_alloc(int dev, size_t nbytes) {
   return &k->b;
 }
 
+nbi_buffer *nbi_buffer_wrap(void *data, size_t nbytes, void (*ext_free)(void *), void *ext_ctx) {
+  block *k = malloc(sizeof *k);
+  if (!k) {
+    nbi_error(NB_ERR_OOM, "nabla: out of memory wrapping %zu bytes", nbytes);
+    return NULL;
+  }
+  *k = (block){.b = {.refcount = 1, .device = 0, .nbytes = nbytes, .data = data,
+                     .ext_free = ext_free, .ext_ctx = ext_ctx}};
+  pthread_mutex_lock(&lock);
+  nbi_stats_alloc(nbytes);
+  pthread_mutex_unlock(&lock);
+  return &k->b;
+}
+
 void nbi_buffer_retain(nbi_buffer *b) {
   if (b) NBI_REF_INC(b);
 }
@@ -206,6 +224,14 @@ void nbi_buffer_retain(nbi_buffer *b) {
 void nbi_buffer_release(nbi_buffer *b) {
   if (!b || NBI_REF_DEC(b) > 0) return;
   block *k = (block *)b;
+  if (b->ext_free) { /* external memory: its owner frees it */
+    pthread_mutex_lock(&lock);
+    nbi_stats_free(b->nbytes);
+    pthread_mutex_unlock(&lock);
+    b->ext_free(b->ext_ctx);
+    free(k);
+    return;
+  }
   size_t bytes;
   int c = nbi_device_at(b->device)->be->own_cache ? -1 : size_class(b->nbytes, &bytes);
   pthread_mutex_lock(&lock);

@@ -4,9 +4,9 @@
 
 #include <math.h>
 
-static const char *const dtype_names[NB_DTYPE_COUNT] = {"f32", "f64", "f16", "bf16",
-                                                        "i32", "i64", "bool"};
-static const size_t dtype_sizes[NB_DTYPE_COUNT] = {4, 8, 2, 2, 4, 8, 1};
+static const char *const dtype_names[NB_DTYPE_COUNT] = {"f32", "f64",  "f16", "bf16", "i32",
+                                                        "i64", "bool", "u8",  "i8",   "i16"};
+static const size_t dtype_sizes[NB_DTYPE_COUNT] = {4, 8, 2, 2, 4, 8, 1, 1, 1, 2};
 
 bool nbi_dtype_valid(nb_dtype dt) { return (unsigned)dt < NB_DTYPE_COUNT; }
 const char *nb_dtype_name(nb_dtype dt) { return nbi_dtype_valid(dt) ? dtype_names[dt] : "?"; }
@@ -14,15 +14,29 @@ size_t nb_dtype_size(nb_dtype dt) { return nbi_dtype_valid(dt) ? dtype_sizes[dt]
 bool nb_dtype_is_float(nb_dtype dt) {
   return dt == NB_F32 || dt == NB_F64 || dt == NB_F16 || dt == NB_BF16;
 }
-bool nbi_dtype_is_int(nb_dtype dt) { return dt == NB_I32 || dt == NB_I64; }
+bool nbi_dtype_is_int(nb_dtype dt) {
+  return dt == NB_I32 || dt == NB_I64 || dt == NB_U8 || dt == NB_I8 || dt == NB_I16;
+}
 
-/* JAX's lattice restricted to nabla's dtypes:
- * bool -> i32 -> i64 -> {f16, bf16} -> f32 -> f64, with f16 v bf16 = f32. */
+/* PyTorch's rules: bool < integers < {f16, bf16} < f32 < f64, f16 v bf16 =
+ * f32; two integers give the narrowest signed type holding both (u8 is the
+ * only unsigned one: u8 v i8 = i16). */
 nb_dtype nb_promote_types(nb_dtype a, nb_dtype b) {
   if (!nbi_dtype_valid(a) || !nbi_dtype_valid(b)) return NB_DTYPE_COUNT;
   if (a == b) return a;
-  static const int rank[NB_DTYPE_COUNT] = {[NB_BOOL] = 0, [NB_I32] = 1, [NB_I64] = 2, [NB_F16] = 3,
-                                           [NB_BF16] = 3, [NB_F32] = 4, [NB_F64] = 5};
+  if (nbi_dtype_is_int(a) && nbi_dtype_is_int(b)) {
+    /* bits of a signed type holding the values: u8 needs 16 beside a signed one */
+    static const int bits[NB_DTYPE_COUNT] = {
+        [NB_I8] = 8, [NB_I16] = 16, [NB_I32] = 32, [NB_I64] = 64, [NB_U8] = 16};
+    if (a == NB_U8 || b == NB_U8) {
+      nb_dtype s = a == NB_U8 ? b : a;
+      return bits[s] <= 16 ? NB_I16 : s;
+    }
+    return bits[a] > bits[b] ? a : b;
+  }
+  static const int rank[NB_DTYPE_COUNT] = {
+      [NB_BOOL] = 0, [NB_U8] = 1,  [NB_I8] = 1,   [NB_I16] = 1, [NB_I32] = 1,
+      [NB_I64] = 1,  [NB_F16] = 3, [NB_BF16] = 3, [NB_F32] = 4, [NB_F64] = 5};
   if (rank[a] == rank[b]) return NB_F32; /* f16 with bf16 */
   return rank[a] > rank[b] ? a : b;
 }
@@ -96,6 +110,9 @@ double nbi_load_f64(const void *p, nb_dtype dt, int64_t i) {
   case NB_I32: return ((const int32_t *)p)[i];
   case NB_I64: return (double)((const int64_t *)p)[i];
   case NB_BOOL: return ((const uint8_t *)p)[i] != 0;
+  case NB_U8: return ((const uint8_t *)p)[i];
+  case NB_I8: return ((const int8_t *)p)[i];
+  case NB_I16: return ((const int16_t *)p)[i];
   default: return NAN;
   }
 }
@@ -105,6 +122,9 @@ int64_t nbi_load_i64(const void *p, nb_dtype dt, int64_t i) {
   case NB_I32: return ((const int32_t *)p)[i];
   case NB_I64: return ((const int64_t *)p)[i];
   case NB_BOOL: return ((const uint8_t *)p)[i] != 0;
+  case NB_U8: return ((const uint8_t *)p)[i];
+  case NB_I8: return ((const int8_t *)p)[i];
+  case NB_I16: return ((const int16_t *)p)[i];
   default: {
     double v = nbi_load_f64(p, dt, i);
     if (v != v) return 0;
@@ -136,6 +156,15 @@ void nbi_store_f64(void *p, nb_dtype dt, int64_t i, double v) {
                                                       : (int64_t)v;
     break;
   case NB_BOOL: ((uint8_t *)p)[i] = v != 0; break;
+  case NB_U8:
+  case NB_I8:
+  case NB_I16: /* truncation toward zero (saturating to i64), then wrapping */
+    nbi_store_i64(p, dt, i,
+                  v != v                        ? 0
+                  : v >= 9.2233720368547758e18  ? INT64_MAX
+                  : v <= -9.2233720368547758e18 ? INT64_MIN
+                                                : (int64_t)v);
+    break;
   default: break;
   }
 }
@@ -147,6 +176,9 @@ void nbi_store_i64(void *p, nb_dtype dt, int64_t i, int64_t v) {
     break;
   case NB_I64: ((int64_t *)p)[i] = v; break;
   case NB_BOOL: ((uint8_t *)p)[i] = v != 0; break;
+  case NB_U8: ((uint8_t *)p)[i] = (uint8_t)(uint64_t)v; break; /* wrapping, as PyTorch */
+  case NB_I8: ((int8_t *)p)[i] = (int8_t)(uint8_t)(uint64_t)v; break;
+  case NB_I16: ((int16_t *)p)[i] = (int16_t)(uint16_t)(uint64_t)v; break;
   default: nbi_store_f64(p, dt, i, (double)v); break;
   }
 }

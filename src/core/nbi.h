@@ -30,14 +30,15 @@ bool nbi_any_null(const char *fn, nb_tensor *const *ts, int n);
 
 /* ---- dtypes ------------------------------------------------------------- */
 bool nbi_dtype_valid(nb_dtype dt);
-bool nbi_dtype_is_int(nb_dtype dt); /* i32, i64 (not bool) */
+bool nbi_dtype_is_int(nb_dtype dt); /* i32, i64, u8, i8, i16 (not bool) */
 float nbi_f16_to_f32(uint16_t h);
 uint16_t nbi_f32_to_f16(float f); /* round to nearest even */
 float nbi_bf16_to_f32(uint16_t h);
 uint16_t nbi_f32_to_bf16(float f); /* round to nearest even */
 /* Element i of a typed array read as double / int64 (exact for every integer
  * dtype), and stored from double (float dtypes: rounding; ints: truncation
- * toward zero, saturating; bool: != 0) / int64. */
+ * toward zero, saturating; u8/i8/i16: truncation then wrapping; bool: != 0)
+ * / int64 (i32: saturating; u8/i8/i16: wrapping, as a PyTorch cast). */
 double nbi_load_f64(const void *p, nb_dtype dt, int64_t i);
 int64_t nbi_load_i64(const void *p, nb_dtype dt, int64_t i);
 void nbi_store_f64(void *p, nb_dtype dt, int64_t i, double v);
@@ -83,6 +84,10 @@ typedef struct nbi_buffer {
   int device; /* index into the backend table; 0 = CPU */
   size_t nbytes;
   void *data; /* 64-byte aligned */
+  /* An external buffer (nbi_buffer_wrap): memory the allocator does not own,
+   * handed back by calling ext_free(ext_ctx) at refcount 0. NULL otherwise. */
+  void (*ext_free)(void *ext_ctx);
+  void *ext_ctx;
 } nbi_buffer;
 
 /* A strided window of a buffer: what kernels read and write. Strides and the
@@ -108,6 +113,12 @@ typedef struct nbi_storage {
 /* A buffer on device dev (an index of the device table, src/backends/backend.h). */
 nbi_buffer *nbi_buffer_alloc(int dev, size_t nbytes); /* NULL + NB_ERR_OOM on failure */
 void nbi_buffer_retain(nbi_buffer *b);
+/* A CPU buffer over nbytes of memory the caller owns at data (64-byte aligned:
+ * a memory map's start), one reference; at refcount 0 ext_free(ext_ctx) is
+ * called instead of caching the memory (src/io's memory-mapped files). It
+ * counts in live_bytes while it lives. NULL + NB_ERR_OOM on failure (ext_free
+ * is then not called). */
+nbi_buffer *nbi_buffer_wrap(void *data, size_t nbytes, void (*ext_free)(void *), void *ext_ctx);
 void nbi_buffer_release(nbi_buffer *b);       /* at refcount 0: back to the cache or freed */
 size_t nbi_buffer_class_bytes(size_t nbytes); /* block size serving a request; 0: too big */
 void nbi_buffer_cache_trim(void);             /* frees every cached block */
@@ -263,6 +274,11 @@ nb_tensor *nbi_record(int op, nb_dtype dt, const nb_shape *shape, nb_tensor *con
 nb_tensor *nbi_leaf_alloc(const char *fn, const nb_shape *shape, nb_dtype dt);
 /* The same on device dev (a device table index). */
 nb_tensor *nbi_leaf_alloc_on(const char *fn, const nb_shape *shape, nb_dtype dt, int dev);
+/* A realized CPU leaf of shape s and dtype dt over b's memory from element
+ * offset (contiguous, b retained), registered in the current scope: the caller
+ * has checked that numel(s) elements of dt from offset lie within b. */
+nb_tensor *nbi_leaf_wrap(const char *fn, nbi_buffer *b, int64_t offset, const nb_shape *s,
+                         nb_dtype dt);
 /* The calling thread's default device (table index; nb_set_default_device),
  * the index of a public device (-1 + NB_ERR_DEVICE naming fn when there is
  * none), and a device's name for messages ("cuda:0"). src/core/device.c. */

@@ -12,7 +12,10 @@ static void print_elem(FILE *f, const nbi_view *v, int64_t off) {
   switch (v->dtype) {
   case NB_BOOL: fputs(nbi_load_i64(v->data, v->dtype, off) ? "true" : "false", f); break;
   case NB_I32:
-  case NB_I64: fprintf(f, "%lld", (long long)nbi_load_i64(v->data, v->dtype, off)); break;
+  case NB_I64:
+  case NB_U8:
+  case NB_I8:
+  case NB_I16: fprintf(f, "%lld", (long long)nbi_load_i64(v->data, v->dtype, off)); break;
   default: fprintf(f, "%.6g", nbi_load_f64(v->data, v->dtype, off)); break;
   }
 }

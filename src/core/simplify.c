@@ -66,6 +66,10 @@ static bool lossless(nb_dtype a, nb_dtype b) {
   case NB_BF16: return b == a || b == NB_F32 || b == NB_F64;
   case NB_F32: return b == NB_F32 || b == NB_F64;
   case NB_I32: return b == NB_I32 || b == NB_I64 || b == NB_F64;
+  case NB_U8:
+  case NB_I8:
+    return b == a || b == NB_I16 || b == NB_I32 || b == NB_I64 || b == NB_F32 || b == NB_F64;
+  case NB_I16: return b == a || b == NB_I32 || b == NB_I64 || b == NB_F32 || b == NB_F64;
   default: return b == a;
   }
 }

@@ -707,6 +707,28 @@ nb_tensor *nbi_leaf_alloc_on(const char *fn, const nb_shape *shape, nb_dtype dt,
   return t;
 }
 
+nb_tensor *nbi_leaf_wrap(const char *fn, nbi_buffer *b, int64_t offset, const nb_shape *s,
+                         nb_dtype dt) {
+  if (!nbi_dtype_valid(dt)) {
+    nbi_error(NB_ERR_DTYPE, "%s: invalid dtype %d", fn, (int)dt);
+    return NULL;
+  }
+  if (nbi_check_shape(fn, s)) return NULL;
+  nb_tensor *t = scope_reserve() ? tensor_new(s, dt, NBI_OP_CONST) : NULL;
+  if (!t) {
+    nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+    return NULL;
+  }
+  nbi_buffer_retain(b);
+  t->shard0.buf = b;
+  t->shard0.offset = offset;
+  t->device = b->device;
+  nbi_contig_strides(s, t->shard0.strides);
+  t->flags |= NBI_T_REALIZED;
+  nbi_scope_register(t);
+  return t;
+}
+
 nb_tensor *nbi_leaf_share(nb_tensor *t) {
   nb_tensor *l = scope_reserve() ? tensor_new(&t->shape, t->dtype, NBI_OP_CONST) : NULL;
   if (!l) {

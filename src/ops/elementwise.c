@@ -174,7 +174,11 @@ static nb_tensor *weak_scalar(const char *fn, const nb_tensor *t, double s) {
       dt = NB_F32;
     } else {
       if (dt == NB_BOOL) dt = NB_I32;
-      bool fits = dt == NB_I32 ? s >= -0x1p31 && s < 0x1p31 : s >= -0x1p63 && s < 0x1p63;
+      bool fits = dt == NB_I32   ? s >= -0x1p31 && s < 0x1p31
+                  : dt == NB_U8  ? s >= 0 && s < 0x1p8
+                  : dt == NB_I8  ? s >= -0x1p7 && s < 0x1p7
+                  : dt == NB_I16 ? s >= -0x1p15 && s < 0x1p15
+                                 : s >= -0x1p63 && s < 0x1p63;
       if (!fits) {
         nbi_error(NB_ERR_ARG, "%s: scalar %.17g does not fit the tensor's dtype %s", fn, s,
                   nb_dtype_name(dt));

@@ -19,11 +19,11 @@
 
 #define SHAPE_STR_CAP 160
 
-/* Checks that idx holds integer indices (i32 or i64). */
+/* Checks that idx holds integer indices (i32, i64, u8, i8, i16). */
 static nb_status check_index_dtype(const char *fn, const nb_tensor *idx) {
-  if (idx->dtype == NB_I32 || idx->dtype == NB_I64) return NB_OK;
-  return nbi_error(NB_ERR_DTYPE, "%s: indices must be i32 or i64, got %s", fn,
-                   nb_dtype_name(idx->dtype));
+  if (nbi_dtype_is_int(idx->dtype)) return NB_OK;
+  return nbi_error(NB_ERR_DTYPE, "%s: indices must be integers (i32, i64, u8, i8 or i16), got %s",
+                   fn, nb_dtype_name(idx->dtype));
 }
 
 /* Shape of take(t, idx, axis): t.shape[:axis] + idx.shape + t.shape[axis+1:]. */

@@ -151,7 +151,8 @@ static nb_tensor *embedding_body(nb_tensor *table, nb_tensor *idx) {
     return NULL;
   }
   if (!nbi_dtype_is_int(nb_dtype_of(idx))) {
-    nbi_error(NB_ERR_DTYPE, "nb_embedding: indices must be i32 or i64, got %s",
+    nbi_error(NB_ERR_DTYPE,
+              "nb_embedding: indices must be integers (i32, i64, u8, i8 or i16), got %s",
               nb_dtype_name(nb_dtype_of(idx)));
     return NULL;
   }

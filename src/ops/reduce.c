@@ -11,8 +11,9 @@
  *   A 0-d input with NB_ALL or NB_NO_AXES gives its value. keepdims keeps the
  *   reduced axes as size 1. argmax/argmin/softmax/log_softmax/cumsum take one
  *   axis, which must exist (a 0-d input has none).
- * - Dtypes (JAX): sum/prod keep the dtype, bool gives i32; integers accumulate
- *   in int64 and wrap to the result width. f16/bf16 and f32 accumulate in
+ * - Dtypes (JAX): sum/prod/cumsum keep the dtype, bool gives i32, and u8, i8,
+ *   i16 give i64 (PyTorch's rule for them); integers accumulate in int64 and
+ *   wrap to the result width. f16/bf16 and f32 accumulate in
  *   double. mean/var/std/logsumexp/softmax/log_softmax keep float dtypes and
  *   give f32 for i32/i64/bool (computed as if cast to f32 first, except that
  *   mean sums integers exactly). max/min keep the dtype (bool included);
@@ -73,7 +74,10 @@ static bool reduction_check(const char *fn, nb_tensor *t, nb_axes axes, bool kee
 }
 
 static nb_dtype float_result(nb_dtype dt) { return nb_dtype_is_float(dt) ? dt : NB_F32; }
-static nb_dtype sum_result(nb_dtype dt) { return dt == NB_BOOL ? NB_I32 : dt; }
+/* bool sums count in i32 (JAX); u8, i8 and i16 accumulate in i64 (PyTorch). */
+static nb_dtype sum_result(nb_dtype dt) {
+  return dt == NB_BOOL ? NB_I32 : dt == NB_U8 || dt == NB_I8 || dt == NB_I16 ? NB_I64 : dt;
+}
 
 static nb_tensor *record_reduction(int op, nb_dtype dt, nb_tensor *t, const reduction *r) {
   return nbi_record(op, dt, &r->out, &t, 1, &r->at);

@@ -90,10 +90,10 @@ static inline double scalar_arg(reader *r) {
 }
 
 static inline nb_dtype dtype_arg(reader *r) {
-  static const nb_dtype valid[] = {NB_F32,  NB_F32, NB_F64, NB_F64, NB_F16,
-                                   NB_BF16, NB_I32, NB_I64, NB_BOOL};
+  static const nb_dtype valid[] = {NB_F32, NB_F32, NB_F64,  NB_F64, NB_F16, NB_BF16,
+                                   NB_I32, NB_I64, NB_BOOL, NB_U8,  NB_I8,  NB_I16};
   uint8_t v = u8(r);
-  if (v < 240) return valid[v % 9];
+  if (v < 240) return valid[v % 12];
   return (nb_dtype)(NB_DTYPE_COUNT + v % 3);
 }
 

@@ -3,7 +3,7 @@
  * too: k_fused.c).
  *
  * Every op is evaluated in one of three domains picked by the node's compute
- * dtype: float (f32, f16, bf16), double (f64), int64 (i32, i64, bool). Each op's
+ * dtype: float (f32, f16, bf16), double (f64), int64 (i32, i64, i16, i8, u8, bool). Each op's
  * scalar expression is written once in an X-macro list (../ew_formulas.h) and
  * instantiated per domain type as a row function over unit-stride or stride-0
  * operands.

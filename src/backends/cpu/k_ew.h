@@ -37,7 +37,8 @@ EW_STATIC domain domain_of(nb_dtype dt) {
   return nb_dtype_is_float(dt) ? DOM_F32 : DOM_I64;
 }
 
-/* Float -> integer: truncation toward zero, saturating, NaN -> 0. */
+/* Float -> integer: truncation toward zero, saturating, NaN -> 0 (u8, i8,
+ * i16: saturating to i64, then wrapping, as PyTorch's casts on x86). */
 EW_STATIC int32_t sat_i32(double v) {
   if (v != v) return 0;
   if (v >= 2147483647.0) return INT32_MAX;
@@ -98,6 +99,9 @@ EW_STATIC void load_f32(float *restrict d, const char *src, nb_dtype dt, int64_t
   case NB_BF16: GATHER(uint16_t, nbi_bf16_to_f32(v))
   case NB_I32: GATHER(int32_t, (float)v)
   case NB_I64: GATHER(int64_t, (float)v)
+  case NB_U8: GATHER(uint8_t, (float)v)
+  case NB_I8: GATHER(int8_t, (float)v)
+  case NB_I16: GATHER(int16_t, (float)v)
   default: GATHER(uint8_t, (float)(v != 0)) /* bool */
   }
 }
@@ -110,6 +114,9 @@ EW_STATIC void load_f64(double *restrict d, const char *src, nb_dtype dt, int64_
   case NB_BF16: GATHER(uint16_t, nbi_bf16_to_f32(v))
   case NB_I32: GATHER(int32_t, v)
   case NB_I64: GATHER(int64_t, (double)v)
+  case NB_U8: GATHER(uint8_t, v)
+  case NB_I8: GATHER(int8_t, v)
+  case NB_I16: GATHER(int16_t, v)
   default: GATHER(uint8_t, v != 0) /* bool */
   }
 }
@@ -119,6 +126,9 @@ EW_STATIC void load_i64(int64_t *restrict d, const char *src, nb_dtype dt, int64
   case NB_I32: GATHER(int32_t, v)
   case NB_I64: GATHER(int64_t, v)
   case NB_BOOL: GATHER(uint8_t, v != 0)
+  case NB_U8: GATHER(uint8_t, v)
+  case NB_I8: GATHER(int8_t, v)
+  case NB_I16: GATHER(int16_t, v)
   default: /* float dtypes: truncation toward zero, saturating */
     for (int64_t j = 0; j < n; j++)
       d[j] = sat_i64(nbi_load_f64(src, dt, j * s));
@@ -153,6 +163,9 @@ EW_STATIC void store_f32(char *dst, nb_dtype dt, const float *restrict x, int64_
   case NB_BF16: SCATTER(uint16_t, nbi_f32_to_bf16(x[j]))
   case NB_I32: SCATTER(int32_t, sat_i32(x[j]))
   case NB_I64: SCATTER(int64_t, sat_i64(x[j]))
+  case NB_U8: SCATTER(uint8_t, (uint8_t)(uint64_t)sat_i64(x[j]))
+  case NB_I8: SCATTER(int8_t, (int8_t)(uint8_t)(uint64_t)sat_i64(x[j]))
+  case NB_I16: SCATTER(int16_t, (int16_t)(uint16_t)(uint64_t)sat_i64(x[j]))
   default: SCATTER(uint8_t, x[j] != 0) /* bool */
   }
 }
@@ -165,6 +178,9 @@ EW_STATIC void store_f64(char *dst, nb_dtype dt, const double *restrict x, int64
   case NB_BF16: SCATTER(uint16_t, nbi_f32_to_bf16(f64_to_f32_odd(x[j])))
   case NB_I32: SCATTER(int32_t, sat_i32(x[j]))
   case NB_I64: SCATTER(int64_t, sat_i64(x[j]))
+  case NB_U8: SCATTER(uint8_t, (uint8_t)(uint64_t)sat_i64(x[j]))
+  case NB_I8: SCATTER(int8_t, (int8_t)(uint8_t)(uint64_t)sat_i64(x[j]))
+  case NB_I16: SCATTER(int16_t, (int16_t)(uint16_t)(uint64_t)sat_i64(x[j]))
   default: SCATTER(uint8_t, x[j] != 0) /* bool */
   }
 }
@@ -178,6 +194,9 @@ EW_STATIC void store_i64(char *dst, nb_dtype dt, const int64_t *restrict x, int6
   case NB_BF16: SCATTER(uint16_t, nbi_f32_to_bf16(i64_to_f32_odd(x[j])))
   case NB_I32: SCATTER(int32_t, (int32_t)(uint32_t)(uint64_t)x[j])
   case NB_I64: SCATTER(int64_t, x[j])
+  case NB_U8: SCATTER(uint8_t, (uint8_t)(uint64_t)x[j])
+  case NB_I8: SCATTER(int8_t, (int8_t)(uint8_t)(uint64_t)x[j])
+  case NB_I16: SCATTER(int16_t, (int16_t)(uint16_t)(uint64_t)x[j])
   default: SCATTER(uint8_t, x[j] != 0) /* bool */
   }
 }

@@ -8,9 +8,13 @@
 
 #include "../../ops/index.h" /* the attribute slots: axis, caller */
 
-/* Element off (in elements) of an i32 or i64 index array. */
+/* Element off (in elements) of an integer index array. */
 static inline int64_t index_at(const char *base, nb_dtype dt, int64_t off) {
-  return dt == NB_I32 ? ((const int32_t *)base)[off] : ((const int64_t *)base)[off];
+  switch (dt) {
+  case NB_I32: return ((const int32_t *)base)[off];
+  case NB_I64: return ((const int64_t *)base)[off];
+  default: return nbi_load_i64(base, dt, off); /* u8, i8, i16 */
+  }
 }
 
 /* Checks that every index of idx lies in [-size, size) ([0, size) for the
@@ -197,6 +201,9 @@ nb_status nbi_cpu_take_along_axis(const nb_tensor *n, nbi_view *out, const nbi_v
 #define ADD_WRAP32(a, b) ((int32_t)((uint32_t)(a) + (uint32_t)(b)))
 #define ADD_WRAP64(a, b) ((int64_t)((uint64_t)(a) + (uint64_t)(b)))
 #define ADD_OR(a, b) ((uint8_t)((a) | (b)))
+#define ADD_WRAP8(a, b) ((uint8_t)((uint8_t)(a) + (uint8_t)(b)))
+#define ADD_WRAPS8(a, b) ((int8_t)(uint8_t)((uint8_t)(a) + (uint8_t)(b)))
+#define ADD_WRAP16(a, b) ((int16_t)(uint16_t)((uint16_t)(a) + (uint16_t)(b)))
 
 /* add_row_<name>: d[j] = COMBINE(d[j], s[j]) for j < m; d is the accumulator
  * (ACC), s the updates (UPD), both contiguous and disjoint. */
@@ -215,6 +222,9 @@ DEFINE_ADD_ROW(bf16, float, uint16_t, ADD_BF16)
 DEFINE_ADD_ROW(i32, int32_t, int32_t, ADD_WRAP32)
 DEFINE_ADD_ROW(i64, int64_t, int64_t, ADD_WRAP64)
 DEFINE_ADD_ROW(bool, uint8_t, uint8_t, ADD_OR)
+DEFINE_ADD_ROW(u8, uint8_t, uint8_t, ADD_WRAP8)
+DEFINE_ADD_ROW(i8, int8_t, int8_t, ADD_WRAPS8)
+DEFINE_ADD_ROW(i16, int16_t, int16_t, ADD_WRAP16)
 
 /* acc is (outer, n, inner) of aes-byte elements, upd is (outer, K, inner) of
  * ues-byte elements, both contiguous: acc[o, ix[q], :] += upd[o, q, :] with
@@ -298,7 +308,8 @@ nb_status nbi_cpu_scatter_add(const nb_tensor *n, nbi_view *out, const nbi_view 
   static const add_row_fn adds[NB_DTYPE_COUNT] = {
       [NB_F32] = add_row_f32,   [NB_F64] = add_row_f64, [NB_F16] = add_row_f16,
       [NB_BF16] = add_row_bf16, [NB_I32] = add_row_i32, [NB_I64] = add_row_i64,
-      [NB_BOOL] = add_row_bool,
+      [NB_BOOL] = add_row_bool, [NB_U8] = add_row_u8,   [NB_I8] = add_row_i8,
+      [NB_I16] = add_row_i16,
   };
   bool half = out->dtype == NB_F16 || out->dtype == NB_BF16;
   scatter_blocks(acc, half ? sizeof(float) : es, upd.data, es, ix, outer, size, k, inner,
@@ -333,6 +344,9 @@ DEFINE_SCATTER_ROW(bf16, float, uint16_t, ADD_BF16)
 DEFINE_SCATTER_ROW(i32, int32_t, int32_t, ADD_WRAP32)
 DEFINE_SCATTER_ROW(i64, int64_t, int64_t, ADD_WRAP64)
 DEFINE_SCATTER_ROW(bool, uint8_t, uint8_t, ADD_OR)
+DEFINE_SCATTER_ROW(u8, uint8_t, uint8_t, ADD_WRAP8)
+DEFINE_SCATTER_ROW(i8, int8_t, int8_t, ADD_WRAPS8)
+DEFINE_SCATTER_ROW(i16, int16_t, int16_t, ADD_WRAP16)
 
 /* Moves dim `axis` of v to the end (iteration then keeps an axis within a row). */
 static void move_axis_last(nbi_view *v, int axis) {
@@ -381,7 +395,8 @@ nb_status nbi_cpu_scatter_add_along_axis(const nb_tensor *n, nbi_view *out, cons
   static const scatter_row_fn rows_by_dtype[NB_DTYPE_COUNT] = {
       [NB_F32] = scatter_row_f32,   [NB_F64] = scatter_row_f64, [NB_F16] = scatter_row_f16,
       [NB_BF16] = scatter_row_bf16, [NB_I32] = scatter_row_i32, [NB_I64] = scatter_row_i64,
-      [NB_BOOL] = scatter_row_bool,
+      [NB_BOOL] = scatter_row_bool, [NB_U8] = scatter_row_u8,   [NB_I8] = scatter_row_i8,
+      [NB_I16] = scatter_row_i16,
   };
   scatter_row_fn row = rows_by_dtype[out->dtype];
   bool half = out->dtype == NB_F16 || out->dtype == NB_BF16;

@@ -1,5 +1,5 @@
 /* src/backends/cpu/k_index.h — CPU kernels of the indexing family
- * (src/ops/index.c). Indices are i32 or i64; a negative index counts from the
+ * (src/ops/index.c). Indices are any integer dtype; a negative index counts from the
  * end; an index outside [-size, size) records NB_ERR_INDEX naming the op, the
  * index and the axis size, and the kernel returns that status. */
 #ifndef NABLA_K_INDEX_H

@@ -43,7 +43,7 @@
 
 /* Hot row and column loops are compiled twice, for AVX2 and for the baseline
  * ISA, and picked at load time (ifunc): the build targets plain x86-64. */
-#if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__)) && \
+#if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__)) &&        \
     !defined(NBI_NO_CLONES) /* a ThreadSanitizer build: the default clone */
 #define HOT __attribute__((target_clones("avx2", "default")))
 #else
@@ -429,7 +429,7 @@ DEF_INT_FOLDS(b8, uint8_t, LOAD_BOOL)
 static nb_dtype compute_dtype(nb_dtype dt, bool float_result, bool widen_ints) {
   if (dt == NB_F64) return NB_F64;
   if (float_result || nb_dtype_is_float(dt)) return NB_F32;
-  return widen_ints ? NB_I64 : dt;
+  return widen_ints || dt == NB_U8 || dt == NB_I8 || dt == NB_I16 ? NB_I64 : dt;
 }
 
 static int64_t view_numel(const nbi_view *v) {
@@ -453,9 +453,12 @@ static void convert_contig(void *dst, nb_dtype ct, const void *src, nb_dtype dt,
     if (ct == NB_I64 && dt == NB_I32)
       for (int64_t i = i0; i < i1; i++)
         l[i] = w[i];
-    else if (ct == NB_I64) /* from bool */
+    else if (ct == NB_I64 && dt == NB_BOOL)
       for (int64_t i = i0; i < i1; i++)
         l[i] = b[i] != 0;
+    else if (ct == NB_I64) /* u8, i8, i16 */
+      for (int64_t i = i0; i < i1; i++)
+        l[i] = nbi_load_i64(src, dt, i);
     else if (dt == NB_F16)
       for (int64_t i = i0; i < i1; i++)
         f[i] = nbi_f16_to_f32(h[i]);
@@ -468,9 +471,12 @@ static void convert_contig(void *dst, nb_dtype ct, const void *src, nb_dtype dt,
     else if (dt == NB_I64)
       for (int64_t i = i0; i < i1; i++)
         f[i] = (float)q[i];
-    else /* bool */
+    else if (dt == NB_BOOL)
       for (int64_t i = i0; i < i1; i++)
         f[i] = b[i] != 0;
+    else /* u8, i8, i16 */
+      for (int64_t i = i0; i < i1; i++)
+        f[i] = (float)nbi_load_i64(src, dt, i);
   });
 }
 

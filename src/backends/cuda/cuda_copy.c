@@ -166,10 +166,16 @@ static const char odd_helper[] =
     "  return f;\n"
     "}\n";
 
-static const char *const storage_type[NB_DTYPE_COUNT] = {
-    [NB_F32] = "float",           [NB_F64] = "double", [NB_F16] = "unsigned short",
-    [NB_BF16] = "unsigned short", [NB_I32] = "int",    [NB_I64] = "long long",
-    [NB_BOOL] = "unsigned char"};
+static const char *const storage_type[NB_DTYPE_COUNT] = {[NB_F32] = "float",
+                                                         [NB_F64] = "double",
+                                                         [NB_F16] = "unsigned short",
+                                                         [NB_BF16] = "unsigned short",
+                                                         [NB_I32] = "int",
+                                                         [NB_I64] = "long long",
+                                                         [NB_BOOL] = "unsigned char",
+                                                         [NB_U8] = "unsigned char",
+                                                         [NB_I8] = "signed char",
+                                                         [NB_I16] = "short"};
 
 /* The unsigned type of an element of es bytes (same-dtype copies, fills). */
 static const char *raw_type(size_t es) {
@@ -202,6 +208,10 @@ static const char *store_expr(nb_dtype d, bool ints, bool flt) {
     case NB_I32:
       return "(int)(x > 2147483647LL ? 2147483647LL : x < -2147483648LL ? -2147483648LL : x)";
     case NB_I64: return "x";
+    /* u8, i8, i16 wrap, as the CPU's stores */
+    case NB_U8: return "(unsigned char)(unsigned long long)x";
+    case NB_I8: return "(signed char)(unsigned char)(unsigned long long)x";
+    case NB_I16: return "(short)(unsigned short)(unsigned long long)x";
     default: return "(unsigned char)(x != 0)";
     }
   }
@@ -212,6 +222,9 @@ static const char *store_expr(nb_dtype d, bool ints, bool flt) {
   case NB_BF16: return flt ? "nb_f32_to_bf16(x)" : "nb_f32_to_bf16(nb_copy_f64_to_f32_odd(x))";
   case NB_I32: return "nb_sat_i32((double)x)";
   case NB_I64: return "nb_sat_i64((double)x)";
+  case NB_U8: return "(unsigned char)(unsigned long long)nb_sat_i64((double)x)";
+  case NB_I8: return "(signed char)(unsigned char)(unsigned long long)nb_sat_i64((double)x)";
+  case NB_I16: return "(short)(unsigned short)(unsigned long long)nb_sat_i64((double)x)";
   default: return "(unsigned char)(x != 0)";
   }
 }

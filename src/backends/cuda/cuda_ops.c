@@ -410,17 +410,21 @@ typedef struct op_route {
 #define DT_FLOAT (DT(NB_F32) | DT(NB_F64) | DT(NB_F16) | DT(NB_BF16))
 #define DT_ALL (DT_FLOAT | DT(NB_I32) | DT(NB_I64) | DT(NB_BOOL))
 #define DT_NUM (DT_ALL & ~DT(NB_BOOL))
+/* u8, i8, i16: the generated elementwise kernels and copies handle them (an
+ * elementwise route that takes i64 takes them); other ops refuse their
+ * inputs at realization (small_int_inputs_ok). */
+#define DT_SMALL (DT(NB_U8) | DT(NB_I8) | DT(NB_I16))
 
 #define R_NONE                                                                                     \
   { NULL, 0 }
 #define R_EW(dts)                                                                                  \
-  { run_elementwise, dts }
+  { run_elementwise, (dts) | ((dts)&DT(NB_I64) ? DT_SMALL : 0) }
 #define R_RED(dts)                                                                                 \
   { run_reduce, dts }
 #define R_AXIS(dts)                                                                                \
   { run_axis, dts }
 #define R_VIEW                                                                                     \
-  { run_view_copy, DT_ALL }
+  { run_view_copy, DT_ALL | DT_SMALL }
 
 /* clang-format off */
 #define ROUTE_CONST R_NONE
@@ -546,6 +550,11 @@ nb_status nbi_cuda_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const nb
   if (!nbi_cuda_supports(ctx, n->op, out->dtype))
     return nbi_error(NB_ERR_DEVICE, "nb_%s: no CUDA kernel for a %s result", name,
                      nb_dtype_name(out->dtype));
+  if (routes[n->op].run != run_elementwise && routes[n->op].run != run_view_copy)
+    for (int k = 0; k < n->n_in; k++)
+      if (DT(in[k].dtype) & DT_SMALL)
+        return nbi_error(NB_ERR_DEVICE, "nb_%s: no CUDA kernel for %s inputs (cast them first)",
+                         name, nb_dtype_name(in[k].dtype));
   nb_status st = nbi_cuda_enter(c);
   if (st) return st;
   return routes[n->op].run(c, n, out, in);

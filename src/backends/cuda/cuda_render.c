@@ -77,6 +77,9 @@ const char *cr_repr(nb_dtype dt) {
   case NB_I32: return "int32_t";
   case NB_I64: return "int64_t";
   case NB_BOOL: return "bool";
+  case NB_U8:
+  case NB_I8:
+  case NB_I16: return "int32_t"; /* the preamble's nb_ld_u8 ... widen them */
   default: return "float";
   }
 }
@@ -103,6 +106,9 @@ static const char *storage_type(nb_dtype dt) {
   case NB_I32: return "int32_t";
   case NB_I64: return "int64_t";
   case NB_BOOL: return "uint8_t";
+  case NB_U8: return "uint8_t";
+  case NB_I8: return "int8_t";
+  case NB_I16: return "int16_t";
   default: return "uint16_t";
   }
 }
@@ -689,6 +695,11 @@ static bool group_ok(const nbi_group *g) {
       if (m->src[q] >= k || -1 - m->src[q] >= g->n_operands) return false;
   }
   if (g->kind == NBI_GROUP_ELEMENTWISE) return ew_ok(g);
+  /* u8, i8, i16: elementwise groups only */
+  for (int e = 0; e < g->n_operands; e++)
+    if (g->operand[e].dtype >= NB_U8) return false;
+  for (int k = 0; k < g->n_members; k++)
+    if (g->m[k].dtype >= NB_U8) return false;
   if (g->kind == NBI_GROUP_ROWS) return cr_rows_ok(g);
   return false;
 }

@@ -269,6 +269,9 @@ static MPI_Datatype mpi_type(nb_dtype dt) {
   case NB_I32: return MPI_INT32_T;
   case NB_I64: return MPI_INT64_T;
   case NB_BOOL: return MPI_UINT8_T;
+  case NB_U8: return MPI_UINT8_T;
+  case NB_I8: return MPI_INT8_T;
+  case NB_I16: return MPI_INT16_T;
   default: return MPI_DATATYPE_NULL;
   }
 }
