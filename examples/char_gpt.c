@@ -7,13 +7,17 @@
  * parameters; the batch with its integer tokens and a dropout key), then
  * AdamW with global-norm clipping and a linear-warmup + cosine learning rate
  * (include/nabla/optim.h). Half-way the whole training state (parameters,
- * optimizer state, step, key) is saved, dropped and loaded back, and training
- * resumes from the file. At the end it samples text with nb_categorical.
+ * optimizer state, step, key) goes to a checkpoint (nb_save_checkpoint, a
+ * safetensors file), the run takes one more step, then drops everything,
+ * loads the checkpoint (nb_load_checkpoint) and takes that step again: the
+ * loss must be the same, bit for bit, and training goes on from the file.
+ * At the end it samples text with nb_categorical.
  *
  *   char_gpt [--steps N] [--threads N] [TEXT]
  * TEXT defaults to /usr/share/common-licenses/GPL-3 (on every Debian system).
  * The default 60 steps take a few seconds (make demo); 2000 steps write
- * recognisable words. Exits 1 unless the loss fell. */
+ * recognisable words. Exits 1 unless the loss fell and the resumed step
+ * repeated the uninterrupted one. */
 #include <nabla/nabla.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,10 +63,11 @@ static int read_text(const char *path, text *t) {
 }
 
 /* A batch: BATCH windows at offsets from a 64-bit LCG; "y" is "x" shifted by one. */
+static uint64_t lcg_next(uint64_t s) { return s * 6364136223846793005ull + 1442695040888963407ull; }
 static nb_tree *batch_at(const text *t, uint64_t *lcg, nb_tensor *key) {
   int32_t x[BATCH][CONTEXT], y[BATCH][CONTEXT];
   for (int b = 0; b < BATCH; b++) {
-    *lcg = *lcg * 6364136223846793005ull + 1442695040888963407ull;
+    *lcg = lcg_next(*lcg);
     int64_t at = (int64_t)((*lcg >> 33) % (uint64_t)(t->n - CONTEXT - 1));
     for (int i = 0; i < CONTEXT; i++)
       x[b][i] = t->tokens[at + i], y[b][i] = t->tokens[at + i + 1];
@@ -86,55 +91,36 @@ static nb_status loss_fn(void *user, nb_tree *const *in, int n_in, nb_tree **out
   return nb_tree_set(out[0], "loss", loss);
 }
 
-/* ---- the training state in one file ------------------------------------------------------------
- * A tree of "params.*", "opt.*", "step" and "key", written as raw tensors:
- * per entry its name, dtype, shape and bytes. */
-static int save_state(const char *path, const nb_tree *state) {
-  FILE *f = fopen(path, "wb");
-  if (!f) return 1;
-  int32_t n = nb_tree_len(state);
-  fwrite(&n, sizeof n, 1, f);
-  for (int i = 0; i < n; i++) {
-    nb_tensor *t = nb_tree_at(state, i);
-    nb_shape s = nb_shape_of(t);
-    int32_t len = (int32_t)strlen(nb_tree_name(state, i)), dt = nb_dtype_of(t), nd = s.ndim;
-    size_t bytes = (size_t)nb_numel(t) * nb_dtype_size(dt);
-    void *data = malloc(bytes + 1);
-    if (nb_to_host(t, data, bytes)) return free(data), fclose(f), 1;
-    fwrite(&len, sizeof len, 1, f), fwrite(nb_tree_name(state, i), 1, (size_t)len, f);
-    fwrite(&dt, sizeof dt, 1, f), fwrite(&nd, sizeof nd, 1, f);
-    fwrite(s.dims, sizeof *s.dims, (size_t)nd, f), fwrite(data, 1, bytes, f);
-    free(data);
-  }
-  return fclose(f) != 0;
+/* The LCG's state before step `step`: the batch stream is a function of the
+ * step, so a checkpoint (which holds the step) needs no more to resume it. */
+static uint64_t lcg_at(int64_t step) {
+  uint64_t s = 42;
+  for (int64_t i = 0; i < step * BATCH; i++)
+    s = lcg_next(s);
+  return s;
 }
 
-static nb_tree *load_state(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  nb_tree *state = nb_tree_create();
-  int32_t n = 0, len, dt, nd;
-  bool ok = fread(&n, sizeof n, 1, f) == 1;
-  for (int i = 0; i < n && ok; i++) {
-    char name[256] = {0};
-    nb_shape s = {0};
-    ok = fread(&len, sizeof len, 1, f) == 1 && len > 0 && len < 256 &&
-         fread(name, 1, (size_t)len, f) == (size_t)len && fread(&dt, sizeof dt, 1, f) == 1 &&
-         fread(&nd, sizeof nd, 1, f) == 1 && nd >= 0 && nd <= NB_MAX_DIMS &&
-         fread(s.dims, sizeof *s.dims, (size_t)nd, f) == (size_t)nd;
-    s.ndim = nd;
-    int64_t numel = 1;
-    for (int d = 0; d < nd && ok; d++)
-      numel *= s.dims[d];
-    size_t bytes = ok ? (size_t)numel * nb_dtype_size((nb_dtype)dt) : 0;
-    void *data = ok ? malloc(bytes + 1) : NULL;
-    ok = ok && data && fread(data, 1, bytes, f) == bytes &&
-         nb_tree_set(state, name, nb_from_data(data, s, (nb_dtype)dt)) == NB_OK;
-    free(data);
-  }
-  fclose(f);
-  if (!ok) nb_tree_release(state);
-  return ok ? state : NULL;
+/* One training step: a new dropout key split from *key (which moves on), the
+ * batch, the jitted loss and gradients, the update of params and state in
+ * place. The loss, or a negative number after printing the error. */
+static double train_step(nb_fn *step_fn, nb_optim *opt, nb_tree *params, nb_tree *state,
+                         nb_tensor **key, const text *t, uint64_t *lcg, int step) {
+  nb_scope_begin();
+  nb_tensor *k[2];
+  nb_key_split(*key, 2, k); /* k[0] the next step's key, k[1] this step's dropout */
+  nb_release(*key);
+  *key = nb_retain(k[0]);
+  nb_eval(key, 1); /* a value, not a chain of splits */
+  nb_tree *batch = batch_at(t, lcg, k[1]), *out[2] = {NULL, NULL};
+  double loss = -1;
+  if (nb_call_trees(step_fn, (nb_tree *[]){params, batch}, out) ||
+      nb_optim_step(opt, params, out[1], state))
+    fprintf(stderr, "char_gpt: step %d: %s\n", step, nb_last_error());
+  else
+    loss = nb_item(nb_tree_get(out[0], "loss"));
+  nb_tree_release(out[0]), nb_tree_release(out[1]), nb_tree_release(batch);
+  nb_scope_end();
+  return loss;
 }
 
 /* ---- sampling
@@ -211,50 +197,42 @@ int main(int argc, char **argv) {
   nb_tree *state = nb_optim_init(opt, params);
 
   char ckpt[512];
-  snprintf(ckpt, sizeof ckpt, "%s/char_gpt_%d.ckpt", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
-           (int)(seconds() * 1000) % 100000);
-  uint64_t lcg = 42;
+  snprintf(ckpt, sizeof ckpt, "%s/char_gpt_%d.safetensors",
+           getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)(seconds() * 1000) % 100000);
+  uint64_t lcg = lcg_at(0);
   double first = 0, last = 0, t0 = seconds(), tokens = 0;
   for (int step = 0; step < steps; step++) {
-    if (step == steps / 2) { /* save everything, drop it, load it back, go on */
-      nb_tree *all = nb_tree_create();
-      nb_tree_set_tree(all, "params", params);
-      nb_tree_set_tree(all, "opt", state);
-      nb_tree_set(all, "step", nb_scalar((double)step, NB_I64));
-      nb_tree_set(all, "lcg", nb_from_data(&lcg, NB_SCALAR_SHAPE, NB_I64)); /* the batch stream */
-      nb_tree_set(all, "key", key);
-      int bad = save_state(ckpt, all);
-      nb_tree_release(all), nb_tree_release(params), nb_tree_release(state), nb_release(key);
-      all = bad ? NULL : load_state(ckpt);
-      remove(ckpt);
-      if (!all) return fprintf(stderr, "char_gpt: checkpoint %s failed\n", ckpt), 1;
-      params = nb_tree_subtree(all, "params");
-      state = nb_tree_subtree(all, "opt");
-      key = nb_retain(nb_tree_get(all, "key"));
-      step = (int)nb_item(nb_tree_get(all, "step"));
-      nb_to_host(nb_tree_get(all, "lcg"), &lcg, sizeof lcg);
-      nb_tree_release(all);
-      printf("step %4d | checkpoint saved and loaded back (%s)\n", step, ckpt);
+    if (step == steps / 2) {
+      /* save everything, take this step as a run that never stopped would, drop it all,
+       * load the file and take the step again: the same loss, bit for bit */
+      if (nb_save_checkpoint(ckpt, params, state, step, key))
+        return fprintf(stderr, "char_gpt: %s\n", nb_last_error()), 1;
+      double want = train_step(step_fn, opt, params, state, &key, &t, &lcg, step);
+      nb_tree_release(params), nb_tree_release(state), nb_release(key);
+      int64_t at;
+      nb_status st = nb_load_checkpoint(ckpt, &params, &state, &at, &key);
+      remove(ckpt); /* the loaded tensors keep their memory map */
+      if (st) return fprintf(stderr, "char_gpt: %s\n", nb_last_error()), 1;
+      key = nb_retain(key);
+      step = (int)at;
+      lcg = lcg_at(at);
+      double got = train_step(step_fn, opt, params, state, &key, &t, &lcg, step);
+      printf("step %4d | checkpoint %s saved and loaded: loss %.6f, uninterrupted %.6f\n", step,
+             ckpt, got, want);
+      if (want < 0 || got != want)
+        return fprintf(stderr, "char_gpt: the resumed step differs from the uninterrupted one\n"),
+               1;
+      tokens += BATCH * CONTEXT;
+      last = got;
+      continue;
     }
-    nb_scope_begin();
-    nb_key_split(key, 2, k); /* k[0] the next step's key, k[1] this step's dropout */
-    nb_release(key);
-    key = nb_retain(k[0]);
-    nb_eval(&key, 1); /* a value, not a chain of splits */
-    nb_tree *batch = batch_at(&t, &lcg, k[1]), *out[2];
-    if (nb_call_trees(step_fn, (nb_tree *[]){params, batch}, out) ||
-        nb_optim_step(opt, params, out[1], state)) {
-      fprintf(stderr, "char_gpt: step %d: %s\n", step, nb_last_error());
-      return 1;
-    }
+    last = train_step(step_fn, opt, params, state, &key, &t, &lcg, step);
+    if (last < 0) return 1;
     tokens += BATCH * CONTEXT;
-    last = nb_item(nb_tree_get(out[0], "loss"));
     if (step == 0) first = last;
     if (step % 10 == 0 || step == steps - 1)
       printf("step %4d | loss %.4f | lr %.2e | %.0f tokens/s\n", step, last,
              nb_schedule_value(lr, step), tokens / (seconds() - t0));
-    nb_tree_release(out[0]), nb_tree_release(out[1]), nb_tree_release(batch);
-    nb_scope_end();
   }
   sample(params, &c, &t, key);
   key = NULL;
