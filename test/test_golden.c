@@ -9,108 +9,26 @@
 #include <stdio.h>
 
 #include "common.h"
+#include "golden_file.h"
 
 TestSuite(golden, .init = tc_setup, .fini = tc_teardown);
 
 #define GD_TOL 1e-9
 
-/* ---- the golden file --------------------------------------------------------------
- * A case is a list of named records (inputs and expected outputs), each a dtype,
- * a shape and row-major values. The file sits next to this source: the path is
- * derived from __FILE__ ("test/test_golden.c" when built from the repo root, as
- * `make test` does). */
-#define GD_MAX_RECS 24
+/* ---- the golden file ----------------------------------------------------------------
+ * test/golden/autodiff.txt, read by golden_file.h (a case is a list of named records:
+ * inputs and expected outputs, each a dtype, a shape and row-major values). */
+#define GD_MAX_RECS GF_MAX_RECS
+typedef gf_rec gd_rec;
+typedef gf_case gd_case;
 
-typedef struct gd_rec {
-  char name[32];
-  nb_dtype dt; /* NB_F64 or NB_I64 */
-  nb_shape shape;
-  double *v; /* numel(shape) values (malloc'd) */
-} gd_rec;
-
-typedef struct gd_case {
-  char name[48];
-  int n;
-  gd_rec rec[GD_MAX_RECS];
-} gd_case;
-
-static FILE *gd_open(void) {
-  const char *src = __FILE__, *slash = strrchr(src, '/');
-  char path[1024];
-  snprintf(path, sizeof path, "%.*sgolden/autodiff.txt", slash ? (int)(slash - src + 1) : 0, src);
-  FILE *f = fopen(path, "r");
-  cr_assert(f, "cannot open %s (run the tests from the repository root)", path);
-  return f;
-}
-
-/* Reads one record header after its kind word: name dtype ndim dims... then the
- * values. */
-static void gd_read_rec(FILE *f, const char *case_name, gd_rec *r) {
-  char dt[8];
-  cr_assert_eq(fscanf(f, "%31s %7s %d", r->name, dt, &r->shape.ndim), 3, "%s: bad record header",
-               case_name);
-  cr_assert(!strcmp(dt, "f64") || !strcmp(dt, "i64"), "%s/%s: dtype %s", case_name, r->name, dt);
-  r->dt = dt[0] == 'f' ? NB_F64 : NB_I64;
-  cr_assert(r->shape.ndim >= 0 && r->shape.ndim <= NB_MAX_DIMS, "%s/%s: rank", case_name, r->name);
-  for (int d = 0; d < r->shape.ndim; d++)
-    cr_assert_eq(fscanf(f, "%" SCNd64, &r->shape.dims[d]), 1, "%s/%s: dims", case_name, r->name);
-  int64_t n = tc_numel(r->shape);
-  r->v = malloc((size_t)(n ? n : 1) * sizeof *r->v);
-  for (int64_t i = 0; i < n; i++)
-    cr_assert_eq(fscanf(f, "%lf", &r->v[i]), 1, "%s/%s: value %lld", case_name, r->name,
-                 (long long)i);
-}
-
-/* Loads case `name` (caller frees with gd_free). Comment lines start with '#'. */
-static gd_case *gd_load(const char *name) {
-  FILE *f = gd_open();
-  gd_case *c = calloc(1, sizeof *c);
-  char word[64];
-  bool in_case = false;
-  while (fscanf(f, "%63s", word) == 1) {
-    if (word[0] == '#') {
-      int ch;
-      while ((ch = fgetc(f)) != EOF && ch != '\n') {
-      }
-    } else if (!strcmp(word, "case")) {
-      cr_assert_eq(fscanf(f, "%47s", c->name), 1);
-      in_case = !strcmp(c->name, name);
-    } else if (!strcmp(word, "input") || !strcmp(word, "output")) {
-      cr_assert(c->n < GD_MAX_RECS, "%s: too many records", c->name);
-      gd_rec r;
-      gd_read_rec(f, c->name, &r);
-      if (in_case)
-        c->rec[c->n++] = r;
-      else
-        free(r.v);
-    } else if (!strcmp(word, "end")) {
-      if (in_case) break;
-    } else {
-      cr_assert_fail("golden file: unexpected word \"%s\"", word);
-    }
-  }
-  fclose(f);
-  cr_assert(in_case, "golden file has no case %s", name);
-  return c;
-}
-
-static void gd_free(gd_case *c) {
-  for (int i = 0; i < c->n; i++)
-    free(c->rec[i].v);
-  free(c);
-}
-
-static const gd_rec *gd_find(const gd_case *c, const char *name) {
-  for (int i = 0; i < c->n; i++)
-    if (!strcmp(c->rec[i].name, name)) return &c->rec[i];
-  cr_assert_fail("case %s has no record %s", c->name, name);
-  return NULL;
-}
+static gd_case *gd_load(const char *name) { return gf_load("autodiff.txt", name); }
+#define gd_free gf_free
+#define gd_find gf_find
 
 /* The record as a tensor of its dtype. */
 static nb_tensor *gd_tensor(const gd_case *c, const char *name) {
-  const gd_rec *r = gd_find(c, name);
-  return tc_tensor(r->v, r->shape, r->dt);
+  return gf_tensor(c, name, NB_DTYPE_COUNT);
 }
 
 /* Asserts t is f64 with the record's shape and |t - want| <= GD_TOL (1 + |want|)

@@ -215,19 +215,19 @@ static nb_status norm_dim(const char *fn, const nb_mesh *m, nb_tensor *const *ph
   return nbi_norm_axis(fn, dim, nd, out);
 }
 
-/* Ceil chunk r of n along a dimension of size len: [*start, *stop). */
-static void chunk(int64_t len, int n, int r, int64_t *start, int64_t *stop) {
+/* Ceil chunk r of n along a dimension of size len: [*start, *stop) (sharding.h). */
+void nbi_coll_chunk(int64_t len, int n, int r, int64_t *start, int64_t *stop) {
   int64_t c = (len + n - 1) / n;
   *start = r * c < len ? r * c : len;
   *stop = (r + 1) * c < len ? (r + 1) * c : len;
 }
 
-/* Chunk r of n of t along dim (t itself when it is the whole tensor). */
-static nb_tensor *chunk_of(nb_tensor *t, int dim, int n, int r) {
+/* Chunk r of n of t along dim (t itself when it is the whole tensor; sharding.h). */
+nb_tensor *nbi_coll_chunk_of(nb_tensor *t, int dim, int n, int r) {
   int64_t starts[NB_MAX_DIMS] = {0}, stops[NB_MAX_DIMS];
   for (int k = 0; k < t->shape.ndim; k++)
     stops[k] = t->shape.dims[k];
-  chunk(t->shape.dims[dim], n, r, &starts[dim], &stops[dim]);
+  nbi_coll_chunk(t->shape.dims[dim], n, r, &starts[dim], &stops[dim]);
   if (starts[dim] == 0 && stops[dim] == t->shape.dims[dim]) return t;
   return nb_slice(t, starts, stops, NULL);
 }
@@ -475,7 +475,7 @@ nb_status nbi_coll_reduce_scatter(const char *fn, const nb_mesh *m, nb_tensor *c
     nb_tensor *sum = reduce_group(&g, phys, gi, NB_REDUCE_SUM);
     ok = sum != NULL;
     for (int r = 0; r < g.n && ok; r++) {
-      nb_tensor *y = chunk_of(sum, a, g.n, r);
+      nb_tensor *y = nbi_coll_chunk_of(sum, a, g.n, r);
       ok = y != NULL;
       out[g.member[gi * g.n + r]] = y;
     }
@@ -500,7 +500,7 @@ nb_status nbi_coll_all_to_all(const char *fn, const nb_mesh *m, nb_tensor *const
   for (int d = 0; d < m->n_dev && !st; d++) {
     const nb_shape *s = &phys[d]->shape;
     int64_t b, e;
-    chunk(s->dims[sa], g.n, g.rank[d], &b, &e);
+    nbi_coll_chunk(s->dims[sa], g.n, g.rank[d], &b, &e);
     int64_t kept = s->dims[sa] ? nbi_numel(s) / s->dims[sa] * (e - b) : 0;
     bytes += bytes_of(phys[d], g.elt) - (uint64_t)kept * g.elt;
   }
@@ -523,7 +523,7 @@ nb_status nbi_coll_all_to_all(const char *fn, const nb_mesh *m, nb_tensor *const
     for (int r = 0; r < g.n && ok; r++) {
       for (int s = 0; s < g.n && ok; s++)
         ok = (pieces[s] = nbi_place(m, g.member[gi * g.n + r],
-                                    chunk_of(at(&g, phys, gi, s), sa, g.n, r))) != NULL;
+                                    nbi_coll_chunk_of(at(&g, phys, gi, s), sa, g.n, r))) != NULL;
       nb_tensor *y = !ok ? NULL : g.n == 1 ? pieces[0] : nb_concat(pieces, g.n, ca);
       ok = y != NULL;
       out[g.member[gi * g.n + r]] = y;
@@ -625,7 +625,7 @@ nb_status nbi_local_slice(const char *fn, const nb_mesh *m, nb_tensor *const *ph
   for (int gi = 0; gi < g.n_groups && ok; gi++) {
     if (g.same_as[gi] != gi) continue;
     for (int r = 0; r < g.n && ok; r++) {
-      nb_tensor *y = chunk_of(at(&g, phys, gi, r), a, g.n, r);
+      nb_tensor *y = nbi_coll_chunk_of(at(&g, phys, gi, r), a, g.n, r);
       ok = y != NULL;
       out[g.member[gi * g.n + r]] = y;
     }

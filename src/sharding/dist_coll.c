@@ -120,27 +120,13 @@ static nb_tensor *received(const char *fn, nbi_dist_req *req, int64_t n, nb_dtyp
 }
 
 /* ---- helpers -------------------------------------------------------------------------- */
-static void chunk(int64_t len, int n, int r, int64_t *start, int64_t *stop) {
-  int64_t c = (len + n - 1) / n;
-  *start = r * c < len ? r * c : len;
-  *stop = (r + 1) * c < len ? (r + 1) * c : len;
-}
 
 static nb_shape chunk_shape(const nb_shape *s, int dim, int n, int r) {
   nb_shape c = *s;
   int64_t b, e;
-  chunk(s->dims[dim], n, r, &b, &e);
+  nbi_coll_chunk(s->dims[dim], n, r, &b, &e);
   c.dims[dim] = e - b;
   return c;
-}
-
-static nb_tensor *chunk_of(nb_tensor *t, int dim, int n, int r) {
-  int64_t starts[NB_MAX_DIMS] = {0}, stops[NB_MAX_DIMS];
-  for (int k = 0; k < t->shape.ndim; k++)
-    stops[k] = t->shape.dims[k];
-  chunk(t->shape.dims[dim], n, r, &starts[dim], &stops[dim]);
-  if (starts[dim] == 0 && stops[dim] == t->shape.dims[dim]) return t;
-  return nb_slice(t, starts, stops, NULL);
 }
 
 /* Copies ts[0..k) (realizing them) one after the other into a new buffer
@@ -357,7 +343,7 @@ static nb_status pack_chunks(dctx *c, int d, int dim, void **send) {
   if (!ch) return nbi_error(NB_ERR_OOM, "%s: out of memory", c->fn);
   nb_status st = NB_OK;
   for (int q = 0; q < n && !st; q++) {
-    if (!(ch[q] = chunk_of(c->phys[d], dim, n, q)))
+    if (!(ch[q] = nbi_coll_chunk_of(c->phys[d], dim, n, q)))
       st = nb_last_status();
     else
       c->cnt[q] = nbi_numel(&ch[q]->shape);

@@ -260,6 +260,11 @@ nb_status nbi_propagate(const char *fn, const nb_mesh *m, const nbi_shard_rule *
  * ceil chunks (the last short or empty), as nbi_local_block cuts them.
  * NULL entries never occur on success; on failure out is all NULL and an
  * error is recorded naming fn. Counting: nbi_stats_collective (nbi.h). */
+/* Ceil chunk r of n along a dimension of size len: [*start, *stop) (the last chunks may be
+ * short or empty); and that chunk of t along dim (t itself when it is all of t). The one
+ * chunking rule of the in-memory collectives and the ones between processes (dist_coll.c). */
+void nbi_coll_chunk(int64_t len, int n, int r, int64_t *start, int64_t *stop);
+nb_tensor *nbi_coll_chunk_of(nb_tensor *t, int dim, int n, int r);
 nb_status nbi_coll_all_reduce(const char *fn, const nb_mesh *m, nb_tensor *const *phys,
                               const nbi_axis *axes, int n_axes, int op /* NB_REDUCE_* */,
                               nb_tensor **out);
