@@ -208,6 +208,8 @@ test: deps
 	@if [ -z "$(TEST_ARGS)" ]; then for isa in $(ISA_PASSES); do \
 	  echo "==== the numeric suites with NABLA_ISA=$$isa"; \
 	  NABLA_ISA=$$isa $(TEST_BIN) --jobs 2 --filter '@($(ISA_SUITES))/*' || exit 1; done; fi
+	@if [ -z "$(TEST_ARGS)" ]; then echo "==== the numeric suites with f32 GEMMs on OpenBLAS (the AVX2 path)"; \
+	  NABLA_SGEMM=openblas $(TEST_BIN) --jobs 2 --filter '@($(ISA_SUITES)|linalg|threads|optim|char_gpt)/*'; fi
 endif
 
 # make CUDA=1 test-cuda-host: the CUDA backend's host-side tests alone (no GPU, and

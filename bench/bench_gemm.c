@@ -42,8 +42,14 @@ typedef struct gemm_case {
 } gemm_case;
 
 /* Runs implementation impl once on c; returns seconds, or -1 on failure. */
+/* The OpenBLAS peer runs on every core (nb_get_num_threads()): where nabla
+ * takes f32 GEMMs through OpenBLAS itself (AVX2 machines) it keeps OpenBLAS
+ * single-threaded and splits products over its own OpenMP team, so the
+ * peer's count is set around its calls and nabla's restored after. */
 static double run_once(int impl, gemm_case *c) {
   int64_t n = c->n;
+  int keep = openblas_get_num_threads();
+  if (impl != IMPL_NABLA && impl != IMPL_ONEDNN) openblas_set_num_threads(nb_get_num_threads());
   double t0 = now_s();
   if (impl == IMPL_NABLA) {
     nb_scope_begin();
@@ -58,7 +64,9 @@ static double run_once(int impl, gemm_case *c) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)n, (blasint)n, (blasint)n, 1.0f,
                 c->ha, (blasint)n, c->hb, (blasint)n, 0.0f, c->hc, (blasint)n);
   }
-  return now_s() - t0;
+  double t = now_s() - t0;
+  openblas_set_num_threads(keep);
+  return t;
 }
 
 int main(int argc, char **argv) {

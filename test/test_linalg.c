@@ -4,6 +4,8 @@
  * (transpose folding, packing, broadcast batches), bad inputs. */
 #include "common.h"
 
+#include <omp.h>
+
 #include "../src/backends/cpu/cpu.h"
 
 TestSuite(linalg, .init = tc_setup, .fini = tc_teardown);
@@ -399,4 +401,58 @@ Test(linalg, matmul_keeps_the_first_error_in_a_chain) {
   nb_tensor *bad = nb_matmul(nb_zeros(NB_SHAPE(2, 3), NB_F32), nb_zeros(NB_SHAPE(2, 3), NB_F32));
   cr_assert_null(nb_matmul(bad, nb_zeros(NB_SHAPE(3, 3), NB_F32)));
   tc_assert_error(NB_ERR_SHAPE, "inner dimensions differ: [2,3] @ [2,3]");
+}
+
+/* nbi_cpu_blas_split (gemm.c: f32 and f64 GEMMs where OpenBLAS takes them):
+ * every transpose combination, column and row splits, beta != 0, leading
+ * dimensions wider than the matrices; the same bits on 1, 2 and 3 threads and
+ * a float64 reference within rounding. */
+Test(linalg, blas_split_matches_reference_on_any_team) {
+  static const int64_t shapes[][3] = {{70, 200, 130}, {300, 40, 120}, {33, 33, 1100}};
+  for (int dt_i = 0; dt_i < 2; dt_i++) {
+    nb_dtype dt = dt_i ? NB_F64 : NB_F32;
+    size_t es = dt == NB_F32 ? 4 : 8;
+    for (int s = 0; s < 3; s++)
+      for (int tr = 0; tr < 4; tr++) {
+        bool ta = tr & 1, tb = tr & 2;
+        int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
+        int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
+        int64_t na = (ta ? k : m) * lda, nbb = (tb ? n : k) * ldb, nc = m * ldc;
+        double *ra = malloc(sizeof(double) * (size_t)(na + nbb + nc));
+        double *rb = ra + na, *rc = rb + nbb;
+        void *a = malloc(es * (size_t)na), *b = malloc(es * (size_t)nbb);
+        void *c[3];
+        for (int64_t i = 0; i < na + nbb + nc; i++) /* small integers over 8: exact in f32 */
+          ra[i] = (double)((i * 7919 + 13) % 17 - 8) / 8.0;
+        for (int64_t i = 0; i < na; i++)
+          dt == NB_F32 ? (((float *)a)[i] = (float)ra[i]) : (((double *)a)[i] = ra[i]);
+        for (int64_t i = 0; i < nbb; i++)
+          dt == NB_F32 ? (((float *)b)[i] = (float)rb[i]) : (((double *)b)[i] = rb[i]);
+        int before = omp_get_max_threads();
+        for (int t = 0; t < 3; t++) {
+          c[t] = malloc(es * (size_t)nc);
+          for (int64_t i = 0; i < nc; i++)
+            dt == NB_F32 ? (((float *)c[t])[i] = (float)rc[i]) : (((double *)c[t])[i] = rc[i]);
+          omp_set_num_threads(t + 1);
+          nbi_cpu_blas_split(dt, ta, tb, m, n, k, 0.5, a, lda, b, ldb, 2.0, c[t], ldc);
+        }
+        omp_set_num_threads(before);
+        for (int t = 1; t < 3; t++)
+          cr_assert(memcmp(c[0], c[t], es * (size_t)nc) == 0, "%s %s%s %d threads",
+                    nb_dtype_name(dt), ta ? "T" : "N", tb ? "T" : "N", t + 1);
+        for (int64_t i = 0; i < m; i++)
+          for (int64_t j = 0; j < n; j++) {
+            double want = 2.0 * rc[i * ldc + j];
+            for (int64_t q = 0; q < k; q++)
+              want += 0.5 * ra[ta ? q * lda + i : i * lda + q] * rb[tb ? j * ldb + q : q * ldb + j];
+            double got =
+                dt == NB_F32 ? ((float *)c[0])[i * ldc + j] : ((double *)c[0])[i * ldc + j];
+            cr_assert(fabs(got - want) <= 1e-4 * (1 + fabs(want)), "[%lld, %lld] %g vs %g",
+                      (long long)i, (long long)j, got, want);
+          }
+        for (int t = 0; t < 3; t++)
+          free(c[t]);
+        free(a), free(b), free(ra);
+      }
+  }
 }

@@ -9,6 +9,8 @@
 
 #include "common.h"
 
+#include "../src/backends/cpu/cpu.h"
+
 TestSuite(threads, .init = tc_setup, .fini = tc_teardown);
 
 enum { STEPS = 12, MAX_THREADS = 4 };
@@ -297,4 +299,75 @@ Test(threads, another_threads_tensors) {
   cr_assert(strstr(u.err, "nb_mul") && strstr(u.err, "another thread"), "%s", u.err);
   cr_assert_eq(u.sum_realized, 385.0);                           /* sum of (i+1)^2, i < 10 */
   cr_assert_eq(nb_item(nb_sum(u.pending, NB_ALL, false)), 90.0); /* still fine here */
+}
+
+/* ---- the contention guard (src/backends/cpu/threads.c) ----------------------
+ * Its state machine fed synthetic realizations: (wall, this thread's CPU) in
+ * ms at a clock in ms. The guard's constants: windows of 20 ms, a share of
+ * 0.65, two windows in a row, back-off 0.25 s doubling to 4 s. */
+#define MS 1000000ull
+
+static void feed_ms(nbi_thread_guard *g, uint64_t *now, double wall, double cpu) {
+  *now += (uint64_t)(wall * MS);
+  nbi_thread_guard_feed(g, *now, (uint64_t)(wall * MS), (uint64_t)(cpu * MS));
+}
+
+Test(threads, contention_guard_reduces_only_when_contended) {
+  nbi_thread_guard g = {0};
+  uint64_t now = 1000 * MS;
+  /* quiet: 200 realizations of 1 ms on a CPU 90% of the time */
+  for (int i = 0; i < 200; i++) {
+    cr_assert(!nbi_thread_guard_reduced(&g, now));
+    feed_ms(&g, &now, 1, 0.9);
+  }
+  /* one contended window between quiet ones: no reduction */
+  feed_ms(&g, &now, 20, 8);
+  feed_ms(&g, &now, 20, 19);
+  feed_ms(&g, &now, 20, 8);
+  cr_assert(!nbi_thread_guard_reduced(&g, now));
+  /* CPU time above the wall (clock granularity) counts as the wall */
+  feed_ms(&g, &now, 20, 30);
+  /* two contended windows in a row (0.4 and 0.6 of the wall): reduced for 0.25 s */
+  feed_ms(&g, &now, 20, 8);
+  cr_assert(!nbi_thread_guard_reduced(&g, now));
+  for (int i = 0; i < 4; i++)
+    feed_ms(&g, &now, 5, 3); /* short realizations fill a window */
+  cr_assert(nbi_thread_guard_reduced(&g, now));
+  uint64_t start = now;
+  /* while reduced nothing is judged; the probe comes 0.25 s later */
+  feed_ms(&g, &now, 100, 10);
+  cr_assert(nbi_thread_guard_reduced(&g, start + 249 * MS));
+  cr_assert(!nbi_thread_guard_reduced(&g, start + 250 * MS));
+  now = start + 250 * MS;
+  /* a failed probe reduces at once, for twice as long each time up to 4 s */
+  uint64_t want[] = {500, 1000, 2000, 4000, 4000};
+  for (int k = 0; k < 5; k++) {
+    feed_ms(&g, &now, 20, 5);
+    uint64_t at = now;
+    cr_assert(nbi_thread_guard_reduced(&g, at + (want[k] - 1) * MS), "probe %d", k);
+    cr_assert(!nbi_thread_guard_reduced(&g, at + want[k] * MS), "probe %d", k);
+    now = at + want[k] * MS;
+  }
+  /* a probe that finds the CPU again ends it: the next contention starts at 0.25 s */
+  feed_ms(&g, &now, 20, 19);
+  cr_assert(!nbi_thread_guard_reduced(&g, now));
+  feed_ms(&g, &now, 20, 5);
+  feed_ms(&g, &now, 20, 5);
+  cr_assert(nbi_thread_guard_reduced(&g, now));
+  cr_assert(!nbi_thread_guard_reduced(&g, now + 250 * MS));
+}
+
+/* The guard's stats counter and NABLA_THREAD_GUARD: a quiet run of this
+ * suite's MLP (at most a few windows) keeps the full count unless the machine
+ * is busy, and the kernels' thread count is the one asked for. */
+Test(threads, contention_guard_keeps_the_count_asked_for) {
+  int before = nb_get_num_threads();
+  cr_assert_eq(nb_set_num_threads(3), NB_OK);
+  nb_tensor *x = nb_full(NB_SHAPE(64, 64), 1.0, NB_F32);
+  nb_tensor *y = nb_sum(nb_matmul(x, x), NB_ALL, false);
+  cr_assert_float_eq(nb_item(y), 64.0 * 64 * 64, 0);
+  int team = nbi_cpu_team();
+  cr_assert(team == 3 || (team == 1 && nb_get_stats().thread_reductions > 0), "team %d", team);
+  cr_assert_eq(nb_set_num_threads(0), NB_OK);
+  cr_assert_eq(nb_get_num_threads(), before);
 }

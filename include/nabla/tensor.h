@@ -156,9 +156,12 @@ void nb_set_matmul_precision(nb_precision p);
 
 /* Threads each CPU kernel uses (one process-wide count, like PyTorch's
  * set_num_threads): n >= 1, or 0 for the default (OMP_NUM_THREADS, else the
- * cores). Every thread's next realization applies it. On a machine shared with
- * other busy processes, fewer threads than cores avoids waiting on a
- * descheduled worker. NB_ERR_ARG for n < 0. */
+ * cores). Every thread's next realization applies it. It is the most a thread
+ * uses: a thread that finds itself descheduled for over a fifth of its
+ * realizations' time (other busy processes, or more application threads than
+ * cores) runs its kernels on one thread for 0.25-4 s, then tries the count
+ * again (nb_stats.thread_reductions counts these; env NABLA_THREAD_GUARD=0
+ * turns the guard off). NB_ERR_ARG for n < 0. */
 nb_status nb_set_num_threads(int n);
 int nb_get_num_threads(void);
 nb_precision nb_get_matmul_precision(void);
@@ -253,6 +256,9 @@ typedef struct nb_stats {
   uint64_t buffer_allocs;     /* buffer requests (node outputs, data leaves, ...) */
   uint64_t buffer_cache_hits; /* requests served from the cache, no system allocation */
   uint64_t cached_bytes;      /* bytes in free cached blocks (not part of live_bytes) */
+  /* Times a thread's kernels dropped to one OpenMP thread because the machine
+   * was oversubscribed (see nb_set_num_threads). */
+  uint64_t thread_reductions;
 } nb_stats;
 nb_stats nb_get_stats(void);
 void nb_reset_stats(void); /* zeroes counters; peak = live */

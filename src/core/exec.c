@@ -118,6 +118,7 @@ nb_status nbi_exec_run(nbi_exec *x, nb_tensor *const *in, nb_tensor **out) {
     nbi_buffer_release(x->slots[k]->shard0.buf);
     x->slots[k]->shard0.buf = NULL;
   }
+  nbi_cpu_done();
   if (t0) nbi_stats_exec_ns(nbi_now_ns() - t0);
   return st;
 }

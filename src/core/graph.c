@@ -54,6 +54,7 @@ void nbi_stats_free(size_t nbytes) { stats.live_bytes -= nbytes; }
 /* Counters are bumped from every thread: relaxed atomic adds. */
 #define STAT_ADD(field, v) __atomic_fetch_add(&stats.field, (v), __ATOMIC_RELAXED)
 void nbi_stats_kernel(void) { STAT_ADD(kernels_run, 1); }
+void nbi_stats_contended(void) { STAT_ADD(thread_reductions, 1); }
 void nbi_stats_collective(int kind, uint64_t bytes) {
   uint64_t *count[] = {&stats.n_all_reduce, &stats.n_all_gather, &stats.n_reduce_scatter,
                        &stats.n_all_to_all, &stats.n_permute};
@@ -244,7 +245,7 @@ static nb_status realize(nb_tensor *const *ts, int n, nb_tensor *const *dying_t,
     nbi_graph_free(&g);
     return NB_OK;
   }
-  nbi_cpu_init();
+  nbi_cpu_init(); /* paired with nbi_cpu_done at done: */
   int *uses = calloc((size_t)g.n, sizeof(int));
   uint8_t *flags = calloc((size_t)g.n, 1);
   bool *dying = n_dying ? calloc((size_t)g.n_leaves + 1, 1) : NULL;
@@ -297,7 +298,7 @@ static nb_status realize(nb_tensor *const *ts, int n, nb_tensor *const *dying_t,
       nbi_lazy_remove(t);
     } else if ((p->fate[i] == NBI_FATE_LAZY && (flags[i] & NBI_HELD)) || flags[i] == released) {
       nbi_lazy_add(t); /* recomputed if it is ever read */
-    } else { /* pending, but only other nodes hold it */
+    } else {           /* pending, but only other nodes hold it */
       nbi_lazy_remove(t);
     }
   }
@@ -315,6 +316,7 @@ static nb_status realize(nb_tensor *const *ts, int n, nb_tensor *const *dying_t,
     if (!(t->flags & NBI_T_GRAD_PATH) || (t->flags & NBI_T_GRAD_FREED)) nbi_tensor_drop_graph(t);
   }
 done:
+  nbi_cpu_done();
   free(dying);
   free(uses);
   free(flags);

@@ -816,9 +816,13 @@ void nbi_stats_collective(int kind, uint64_t bytes);
 void nbi_stats_alloc(size_t nbytes);
 void nbi_stats_free(size_t nbytes);
 void nbi_stats_kernel(void);
+void nbi_stats_contended(void); /* the contention guard reduced a thread to one */
 
 /* ---- threads ------------------------------------------------------------------ */
-/* Called once before the first kernel: OpenMP pool, FTZ/DAZ in every thread. */
+/* Around each realization's kernels (nested calls count, the outermost pair
+ * is watched): init sets the OpenMP pool and FTZ/DAZ in every thread; done
+ * feeds the contention guard (src/backends/cpu/threads.c). */
 void nbi_cpu_init(void);
+void nbi_cpu_done(void);
 
 #endif

@@ -24,6 +24,31 @@ nb_status nbi_cpu_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const nbi
  * region's fork and barrier cost more than half of such a product's work, and
  * far more when other processes hold the CPUs (gemm.c, k_gemm_epi.c). */
 #define NBI_GEMM_SERIAL_MACS (1 << 20)
+/* The contention guard's state, one per calling thread (threads.c): whether
+ * this thread's kernels run on one OpenMP thread for now. feed judges one
+ * realization (its wall and this thread's CPU ns, ended at now); reduced, at a
+ * realization's start, ends a reduction whose back-off is over (a probe). */
+typedef struct nbi_thread_guard {
+  uint64_t win_wall, win_cpu; /* the current window's realizations (ns) */
+  uint64_t resume_at;         /* reduced: when the full count is tried again */
+  uint64_t backoff;           /* the next reduction's length; 0: the shortest */
+  int strikes;                /* contended windows in a row */
+  bool reduced, probing;
+} nbi_thread_guard;
+bool nbi_thread_guard_reduced(nbi_thread_guard *g, uint64_t now);
+void nbi_thread_guard_feed(nbi_thread_guard *g, uint64_t now, uint64_t wall, uint64_t cpu);
+/* Whether f32 GEMMs go to OpenBLAS rather than oneDNN now (gemm.c: where
+ * oneDNN runs AVX2 code; env NABLA_SGEMM=onednn|openblas). */
+bool nbi_cpu_sgemm_blas(void);
+/* C = alpha op(A) @ op(B) + beta C (f32 or f64, row-major, 32-bit sizes) as
+ * single-threaded OpenBLAS calls on column (or row) blocks over this thread's
+ * OpenMP team: the same bits on any team. */
+void nbi_cpu_blas_split(nb_dtype dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                        double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                        double beta, void *c, int64_t ldc);
+/* OpenMP threads this thread's kernels use now: nb_get_num_threads(), or 1
+ * while the guard finds this thread contended. */
+int nbi_cpu_team(void);
 
 /* ---- row iteration ------------------------------------------------------------------------
  * Row iteration over views that share one index space (broadcast them first

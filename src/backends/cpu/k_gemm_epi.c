@@ -30,6 +30,7 @@
 #include "k_gemm_epi.h"
 
 #include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -113,9 +114,12 @@ enum { EPI_CACHE = 64, KIND_MATMUL = 0, KIND_ELTWISE = 1 };
 
 /* A primitive's key: matmul C = A @ B over nd dims (batch dims, then the
  * matrix dims) with A's and B's dims and element strides and C's dims (C is
- * contiguous); eltwise over a contiguous [cd[0], cd[1]]. */
+ * contiguous); eltwise over a contiguous [cd[0], cd[1]]; the OpenMP threads
+ * the primitive was made for (oneDNN fixes them at creation: a primitive made
+ * while the contention guard or nb_set_num_threads gave one thread would run
+ * on one thread ever after), filled in by epi_get. */
 typedef struct epi_key {
-  int64_t kind, alg, bias, nd;
+  int64_t kind, alg, bias, nd, threads;
   int64_t ad[NB_MAX_DIMS], as[NB_MAX_DIMS], bd[NB_MAX_DIMS], bs[NB_MAX_DIMS], cd[NB_MAX_DIMS];
 } epi_key;
 
@@ -215,7 +219,10 @@ static uint64_t key_hash(const epi_key *key) {
 /* The cached primitive of key (created on a miss, evicting the least recently
  * used; with `second`, only on the key's second miss); NULL when there is none
  * to use. Called with epi_lock held. */
-static epi_prim *epi_get(const epi_key *key, bool second) {
+static epi_prim *epi_get(const epi_key *key_in, bool second) {
+  epi_key with_threads = *key_in;
+  with_threads.threads = omp_get_max_threads();
+  const epi_key *key = &with_threads;
   if (!engine) {
     if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) return engine = NULL, NULL;
     if (dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success) {
@@ -446,6 +453,9 @@ nb_status nbi_cpu_gemm_epi_run(const nbi_group *g, nbi_view *out, const nbi_view
   if (rows == 0 || cols == 0) return NB_OK;
   if (inner == 0) return run_unfused(&eg, false);
   if (nbi_gemm_small_fits(rows, cols, inner)) return run_small(&eg, &a, &b, &bias, res, two_pass);
+  /* where OpenBLAS takes f32 GEMMs (gemm.c), it outruns oneDNN's fused
+   * primitive by more than the epilogue's separate passes cost */
+  if (nbi_cpu_sgemm_blas()) return run_unfused(&eg, false);
   key.ad[0] = key.cd[0] = rows;
   key.ad[1] = key.bd[0] = inner;
   key.bd[1] = key.cd[1] = cols;

@@ -257,7 +257,8 @@ static nb_status mm_float(mm_operand *a, mm_operand *b, nbi_view *out, int onb, 
   }
   /* One large 2-D product: sgemm measured faster than the primitive here
    * (bench_gemm, 1024 and 2048: 4% and 14%); batched and mid-size ones gain. */
-  bool prim = batches > 1 || (double)m * (double)n * (double)k < MM_SGEMM_MIN_MACS;
+  bool prim = batches > 1 ||
+              ((double)m * (double)n * (double)k < MM_SGEMM_MIN_MACS && !nbi_cpu_sgemm_blas());
   if (cdt == NB_F32 && prim &&
       nbi_cpu_gemm_prim(onb + 2, ad, as, (const float *)a->data, bd, bs, (const float *)b->data, cd,
                         (float *)g.c)) {
