@@ -293,7 +293,9 @@ $(BUILD)/examples/%: examples/%.c $(LIB_A)
 
 demo: deps
 	@$(MAKE) --no-print-directory all $(EXAMPLES)
-	@for e in $(EXAMPLES); do echo "==== $$e"; $$e || exit 1; done
+	@for e in $(EXAMPLES); do echo "==== $$e"; a=""; \
+	  case $$e in */digits) a=$$(sh scripts/deps.sh digits $(BUILD)/data) || exit 1;; esac; \
+	  $$e $$a || exit 1; done
 
 $(BUILD)/bench/%: bench/%.c bench/bench_common.h $(LIB_A)
 	@mkdir -p $(dir $@)
