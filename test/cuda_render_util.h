@@ -7,6 +7,7 @@
 #define NABLA_TEST_CUDA_RENDER_UTIL_H
 
 #include "common.h"
+#include "../src/core/oprules.h"
 
 #include <dlfcn.h>
 #include <libgen.h>

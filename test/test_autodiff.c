@@ -4,6 +4,8 @@
  * 10,000-step training loop, and the errors of issue 3. Per-op rules are
  * checked in test_grad_*.c. */
 #include "grad_check.h"
+#include "../src/core/oprules.h"
+#include "../src/core/program.h"
 
 TestSuite(autodiff, .init = tc_setup, .fini = tc_teardown);
 

@@ -12,6 +12,7 @@
  * (dtypes, shapes), how many elements differ and the first ones. */
 #ifdef NABLA_CUDA
 #include "common.h"
+#include "../src/core/oprules.h"
 
 #include "../src/backends/cpu/cpu.h"
 #include "../src/backends/cuda/cuda_be.h"

@@ -13,6 +13,7 @@
  * (skipped otherwise). Without NABLA_CUDA the file is empty. */
 #ifdef NABLA_CUDA
 #include "cuda_render_util.h"
+#include "../src/core/oprules.h"
 
 #include "../src/backends/ew_formulas.h"
 

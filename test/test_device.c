@@ -7,6 +7,7 @@
  * suite once more that way, so every host access that bypasses the seam
  * crashes a test. */
 #include "common.h"
+#include "../src/core/oprules.h"
 
 #include "../src/backends/cpu/cpu.h"
 
@@ -91,8 +92,8 @@ Test(device, to_device_moves_values_and_gradients) {
     cr_expect_eq(v[i], h[i] * h[i]);
   /* its VJP moves the cotangent back */
   nb_set_requires_grad(x, true);
-  nb_tensor *loss = nb_sum(nb_to_device(nb_square(nb_to_device(x, NB_EMU(2))), NB_CPU), NB_ALL,
-                           false);
+  nb_tensor *loss =
+      nb_sum(nb_to_device(nb_square(nb_to_device(x, NB_EMU(2))), NB_CPU), NB_ALL, false);
   cr_assert_eq(nb_backward(loss), NB_OK);
   cr_assert_eq(nb_to_host(nb_grad_of(x), v, sizeof v), NB_OK);
   for (int i = 0; i < 4; i++)

@@ -5,6 +5,7 @@
  * ones; JAX's conventions at kinks and ties; dtypes of cotangents and tangents;
  * zero derivatives of the NONDIFF ops and of integer inputs. */
 #include "grad_check.h"
+#include "../src/core/oprules.h"
 
 TestSuite(grad_elementwise, .init = tc_setup, .fini = tc_teardown);
 

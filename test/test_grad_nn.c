@@ -10,6 +10,7 @@
  * nn_layers.c (layer_norm, rms_norm, cross_entropy, mse, dropout, embedding,
  * attention), which differentiate through their primitives' rules. */
 #include "grad_check.h"
+#include "../src/core/oprules.h"
 
 #include "../src/backends/cpu/cpu.h"
 #include "../src/ops/nn.h"

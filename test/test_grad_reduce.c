@@ -5,6 +5,7 @@
  * keepdims, and on 0-d inputs. Exact checks for max/min ties and prod at
  * zeros, f32 gradients staying f32, integer inputs, and the op table. */
 #include "grad_check.h"
+#include "../src/core/oprules.h"
 
 #include "../src/ops/rule_util.h"
 

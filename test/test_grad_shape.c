@@ -7,6 +7,7 @@
  * graph (for a linear op alone the gradient does not depend on x, so its
  * second derivative would never reach the rule's rules). */
 #include "../src/ops/index.h"
+#include "../src/core/oprules.h"
 #include "grad_check.h"
 
 TestSuite(grad_shape, .init = tc_setup, .fini = tc_teardown);

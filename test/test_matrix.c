@@ -41,6 +41,8 @@
  * occur in the derivative graph of their forward op's row — so a new op
  * without a row fails; and every op has a batching rule. */
 #include "grad_check.h"
+#include "../src/core/oprules.h"
+#include "../src/core/program.h"
 
 #include "../src/sharding/sharding.h"
 
@@ -194,9 +196,8 @@ MX_BODY(b_attention_nomask, nb_attention(in[0], in[1], in[2], NULL))
 MX_BODY(b_detach, nb_mul(in[0], nb_detach(nb_sin(in[0]))))
 /* to another device (an emulated one) and back: values and derivatives move along */
 static nb_tensor *round_trip(nb_tensor *x) {
-  nb_device home = nb_device_of(x), away = home.kind == NB_DEVICE_EMU && home.index == 3
-                                                ? NB_EMU(2)
-                                                : NB_EMU(3);
+  nb_device home = nb_device_of(x),
+            away = home.kind == NB_DEVICE_EMU && home.index == 3 ? NB_EMU(2) : NB_EMU(3);
   return nb_to_device(nb_sin(nb_to_device(x, away)), home);
 }
 MX_BODY(b_to_device, round_trip(in[0]))

@@ -9,6 +9,7 @@
  * parser and compared as canonical text ("[x, _] partial(y)", sets in mesh
  * order; spec.c). */
 #include "../src/ops/index.h"
+#include "../src/core/oprules.h"
 #include "../src/ops/nn.h"
 #include "../src/sharding/sharding.h"
 #include "common.h"

@@ -5,6 +5,7 @@
  * subexpressions, no-op reshapes / permutations and folded constants cost no
  * kernel. */
 #include "common.h"
+#include "../src/core/oprules.h"
 
 typedef struct rng {
   uint64_t s;

@@ -14,6 +14,7 @@
  * nb_vmap of functions calling collectives inside a body (closed forms from
  * the block values), and grad of grad. */
 #include "common.h"
+#include "../src/core/program.h"
 
 #include "../src/sharding/sharding.h"
 #include "host_blocks.h"

@@ -10,6 +10,7 @@
  * vmap of vmap, vmap of nb_grad (per-example gradients), nb_grad of a vmap,
  * and the op table. */
 #include "common.h"
+#include "../src/core/oprules.h"
 
 TestSuite(vmap_ew, .init = tc_setup, .fini = tc_teardown);
 

@@ -5,6 +5,8 @@
  * step by step for the layouts enumerated here (whole axes in mesh order,
  * dividing sizes). */
 #include "autoshard.h"
+#include "../core/oprules.h"
+#include "../core/program.h"
 
 #include <math.h>
 #include <stdlib.h>

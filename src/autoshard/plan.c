@@ -8,6 +8,8 @@
  * moved tensors the same way), so the predicted collectives and bytes are the
  * ones nb_stats counts during the call. */
 #include "autoshard.h"
+#include "../core/oprules.h"
+#include "../core/program.h"
 
 #include <math.h>
 #include <stdlib.h>

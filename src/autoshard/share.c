@@ -19,6 +19,8 @@
  * and the edges between two groups are summed into one. The solvers of
  * solve.c run on it unchanged; a group's choice is every member's. */
 #include "autoshard.h"
+#include "../core/oprules.h"
+#include "../core/program.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -22,6 +22,7 @@
 #define NABLA_BACKEND_H
 
 #include "../core/nbi.h"
+#include "../core/oprules.h"
 
 /* ---- fused groups: the planner's backend-neutral description ----------------------
  * src/core/fuse.c groups runs of steps (elementwise chains, row groups with their

@@ -7,6 +7,7 @@
  * through this function; so both reach down into core and the sharding layer
  * never calls the public, transforms-level nb_assign. */
 #include "plan.h"
+#include "oprules.h"
 
 #include <assert.h>
 #include <stdint.h>

@@ -8,6 +8,7 @@
  * not run are grey and dotted: an alias (its value is another step's or
  * leaf's, a dotted edge points there) or dead code. */
 #include "fuse.h"
+#include "oprules.h"
 
 #include <stdlib.h>
 

@@ -16,6 +16,7 @@
  * in the executor's tiles only.
  */
 #include "fuse.h"
+#include "oprules.h"
 
 #include <stddef.h>
 #include <stdlib.h>

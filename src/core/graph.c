@@ -27,6 +27,7 @@
  * plan for reuse (nb_jit); assign.c realizes for nb_assign.
  */
 #include "plan.h"
+#include "oprules.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -38,6 +38,7 @@
  * allocates otherwise.
  */
 #include "plan.h"
+#include "oprules.h"
 
 #include <pthread.h>
 #include <stdlib.h>

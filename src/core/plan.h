@@ -8,6 +8,7 @@
 #define NABLA_PLAN_H
 
 #include "fuse.h"
+#include "oprules.h"
 
 #include <time.h>
 

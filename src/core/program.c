@@ -1,6 +1,8 @@
 /* src/core/program.c — multi-output nodes and programs (recorded graphs that
  * are applied to new inputs). See nbi.h for the contracts. */
 #include "nbi.h"
+#include "oprules.h"
+#include "program.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -23,6 +23,7 @@
  * plan serves every value of its leaves): programs drop those when they are
  * built, and fold subgraphs of trace constants (src/core/program.c). */
 #include "nbi.h"
+#include "oprules.h"
 
 #include <stdlib.h>
 

@@ -1,6 +1,8 @@
 /* src/core/tensor.c — tensor handles: lifetime (refcounts, scopes), creation of
  * data leaves, queries, and reading data back. */
 #include "../backends/backend.h"
+#include "oprules.h"
+#include "program.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -1,6 +1,7 @@
 /* src/ops/batch_util.c — helpers the batching (vmap) rules share. The batch
  * dim of a batched value is always dim 0 (see nbi_vmap_rule in nbi.h). */
 #include "rule_util.h"
+#include "../core/oprules.h"
 
 #include <stdlib.h>
 

@@ -12,6 +12,8 @@
  * errors naming the op.
  */
 #include "../core/nbi.h"
+#include "../core/oprules.h"
+#include "../core/program.h"
 #include "rule_util.h"
 
 #include <ctype.h>

@@ -37,6 +37,7 @@
  *   node on the batched inputs.
  */
 #include "../core/nbi.h"
+#include "../core/oprules.h"
 
 #include <math.h>
 

@@ -1,6 +1,7 @@
 /* src/ops/grad_util.c — small helpers shared by the VJP/JVP rules of every op
  * family (declared in nbi.h). Built from public ops, so they differentiate. */
 #include "rule_util.h"
+#include "../core/oprules.h"
 
 nb_tensor *nbi_sum_to(nb_tensor *g, const nb_shape *s) {
   if (!g) return NULL;

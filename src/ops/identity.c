@@ -8,6 +8,7 @@
  * (attrs.i[0] = j, i[1] = byte offset). The sweeps handle it together with
  * its pack (src/transforms/sweep.c), so it carries no rules of its own. */
 #include "../core/nbi.h"
+#include "../core/oprules.h"
 
 static bool alias_view(const nb_tensor *n, const nbi_view *in, nbi_view *out) {
   (void)n;

@@ -15,6 +15,7 @@
  * example b's data (see along_views); no index arithmetic, so out-of-range
  * indices still fail at realization as they do unbatched. */
 #include "index.h"
+#include "../core/oprules.h"
 #include "rule_util.h"
 
 #define SHAPE_STR_CAP 160

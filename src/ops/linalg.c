@@ -1,5 +1,6 @@
 /* src/ops/linalg.c — linear algebra: matmul. */
 #include "../core/nbi.h"
+#include "../core/oprules.h"
 
 #include "rule_util.h"
 

@@ -13,6 +13,7 @@
  * pool_bwd and pool_select are linear in their second argument and transposes
  * of each other; their x only picks the routes (zero derivative). */
 #include "nn.h"
+#include "../core/oprules.h"
 #include "rule_util.h"
 
 #include <limits.h>

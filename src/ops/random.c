@@ -9,6 +9,7 @@
  * bernoulli, categorical, dropout) is composed from it with public ops, so it
  * differentiates, batches and shards as those do. */
 #include "../core/nbi.h"
+#include "../core/oprules.h"
 
 #include <math.h>
 #include <nabla/nabla.h>

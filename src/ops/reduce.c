@@ -35,6 +35,7 @@
  * (normalized).
  */
 #include "../core/nbi.h"
+#include "../core/oprules.h"
 
 #include "rule_util.h"
 

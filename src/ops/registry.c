@@ -1,5 +1,6 @@
 /* src/ops/registry.c — the op table, generated from ops.def. */
 #include "../core/nbi.h"
+#include "../core/oprules.h"
 
 /* Data leaves: never recorded, never computed. */
 const nbi_op_def nbi_opdef_CONST = {.name = "const", .arity = 0, .flags = NBI_OPF_NO_KERNEL};

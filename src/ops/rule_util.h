@@ -7,6 +7,7 @@
 #define NABLA_OPS_RULE_UTIL_H
 
 #include "../core/nbi.h"
+#include "../core/oprules.h"
 
 /* ---- helpers for rules (src/ops/grad_util.c) ------------------------------------ */
 /* g summed over the dims that broadcasting added or stretched to reach g's

@@ -16,6 +16,7 @@
  * get B in front, axes +1, permutations keep 0 first, slices and pads take the
  * whole batch dim, concat expands its unbatched parts. */
 #include "../core/nbi.h"
+#include "../core/oprules.h"
 
 #include <stdlib.h>
 

@@ -39,6 +39,7 @@
 #include <stdlib.h>
 
 #include "sharding.h"
+#include "../core/oprules.h"
 
 #include "../ops/rule_util.h"
 

@@ -18,6 +18,8 @@
  * the same way (the transpose of with_sharding_constraint); batching: the
  * constraint with an unsharded batch dimension prepended. */
 #include "sharding.h"
+#include "../core/oprules.h"
+#include "../core/program.h"
 
 #include "../ops/rule_util.h"
 

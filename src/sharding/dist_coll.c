@@ -22,6 +22,8 @@
  * parameters reduced as they are produced, waited for at the optimizer's
  * update). NABLA_MPI_OVERLAP=0 waits at once instead. */
 #include "sharding.h"
+#include "../core/dist.h"
+#include "../core/oprules.h"
 
 #include "../ops/rule_util.h"
 

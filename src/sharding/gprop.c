@@ -27,6 +27,8 @@
  *    record hook). A closed value whose result still differs is resharded.
  * Values are always those of the unsharded program: only layouts change. */
 #include "sharding.h"
+#include "../core/oprules.h"
+#include "../core/program.h"
 
 #include <stdlib.h>
 

@@ -3,6 +3,8 @@
  * other ranks a collective needs (contract: sharding.h, "meshes spanning
  * processes"). */
 #include "sharding.h"
+#include "../core/dist.h"
+#include "../core/oprules.h"
 
 #include <nabla/distributed.h>
 #include <stdlib.h>

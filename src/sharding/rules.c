@@ -26,6 +26,7 @@
  *   cond, while_loop, scan) get the all-replicated rule: each dimension of
  *   each tensor its own need-replication factor. */
 #include "sharding.h"
+#include "../core/oprules.h"
 
 #include "../ops/nn.h"
 

@@ -8,6 +8,7 @@
  * replicated value is one tensor (autodiff then sums its cotangents once,
  * and a replicated computation is recorded once). */
 #include "sharding.h"
+#include "../core/oprules.h"
 
 #include <stdio.h>
 #include <stdlib.h>

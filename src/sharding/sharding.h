@@ -23,6 +23,9 @@
 #include <nabla/sharding.h>
 
 #include "../core/nbi.h"
+#include "../core/dist.h"
+#include "../core/oprules.h"
+#include "../core/program.h"
 
 #define NBI_MESH_MAX_AXES 8
 #define NBI_AXIS_NAME_MAX 32

@@ -23,6 +23,8 @@
 #include <stdlib.h>
 
 #include "sharding.h"
+#include "../core/oprules.h"
+#include "../core/program.h"
 
 /* ---- the mesh stack ------------------------------------------------------------ */
 #define SMAP_DEPTH 32

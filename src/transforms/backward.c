@@ -8,6 +8,7 @@
  * use. Afterwards the walked nodes drop their edges (NBI_T_GRAD_FREED): the
  * forward graph is freed as soon as nothing else holds it. */
 #include "transforms.h"
+#include "../core/oprules.h"
 
 #include "../ops/rule_util.h"
 #include "../sharding/sharding.h"

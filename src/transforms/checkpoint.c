@@ -17,6 +17,8 @@
  * So higher derivatives and batched derivatives stay checkpointed too.
  */
 #include "transforms.h"
+#include "../core/oprules.h"
+#include "../core/program.h"
 #include "tree.h"
 
 #include "../ops/rule_util.h"

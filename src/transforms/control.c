@@ -27,6 +27,8 @@
  * Program inputs: cond branches (ops, own captures); while cond/body (carries,
  * own captures); scan body (carries, x rows, captures). */
 #include "control.h"
+#include "../core/oprules.h"
+#include "../core/program.h"
 
 #include "../ops/rule_util.h"
 

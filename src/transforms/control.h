@@ -5,6 +5,8 @@
 #define NABLA_TRANSFORMS_CONTROL_H
 
 #include "transforms.h"
+#include "../core/oprules.h"
+#include "../core/program.h"
 
 typedef struct ctl {
   nbi_multi m;          /* outputs: cond/while carries; scan carries then ys */

@@ -3,6 +3,8 @@
  * this folder: the transforms of programs (vjp / jvp / vmap of a body) are
  * program_xform.c's, above autodiff.c and vmap.c. */
 #include "transforms.h"
+#include "../core/oprules.h"
+#include "../core/program.h"
 
 #include <stdlib.h>
 
@@ -93,7 +95,7 @@ nb_status nb_call(nb_fn *f, nb_tensor *const *in, nb_tensor **out) {
     out[k] = NULL;
   if (f->takes_trees)
     return nbi_error(NB_ERR_ARG, "nb_call: f takes trees (made by nb_fn_create_trees or a "
-                     "transform of one); call it with nb_call_trees");
+                                 "transform of one); call it with nb_call_trees");
   if (f->n_in > 0 && !in) return nbi_error(NB_ERR_NULL, "nb_call: in is NULL");
   for (int k = 0; k < f->n_in; k++)
     if (!in[k]) return nbi_error(NB_ERR_NULL, "nb_call: input %d is NULL", k);

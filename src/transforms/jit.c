@@ -47,6 +47,7 @@
  * involved are atomic).
  */
 #include "transforms.h"
+#include "../core/program.h"
 #include "tree.h"
 
 #include <pthread.h>

@@ -37,6 +37,8 @@
  * Every rule's shard_map records a new SHARD_MAP node, so they nest.
  */
 #include "../ops/rule_util.h"
+#include "../core/oprules.h"
+#include "../core/program.h"
 #include "../sharding/sharding.h"
 #include "transforms.h"
 

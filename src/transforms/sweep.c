@@ -4,6 +4,8 @@
  * a sweep's result is again an ordinary graph: sweeps of sweeps give higher
  * derivatives. Node indices live in nb_tensor.aux while a sweep is alive. */
 #include "transforms.h"
+#include "../core/oprules.h"
+#include "../core/program.h"
 
 #include "../ops/rule_util.h"
 

@@ -18,6 +18,7 @@
 #define NABLA_TRANSFORMS_INTERNAL_H
 
 #include "../core/nbi.h"
+#include "../core/program.h"
 
 struct nb_fn {
   int32_t refcount;

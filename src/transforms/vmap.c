@@ -9,6 +9,7 @@
  * axis moved to out_axes (unbatched outputs are broadcast).
  */
 #include "transforms.h"
+#include "../core/oprules.h"
 #include "tree.h"
 
 #include "../ops/rule_util.h"

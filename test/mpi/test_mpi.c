@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../../src/backends/mpi/mpi_be.h"
+#include "../../src/core/dist.h"
 #include "../common.h"
 
 static int R, N; /* this rank, the job's size */

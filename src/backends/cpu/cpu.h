@@ -4,6 +4,7 @@
 #define NABLA_CPU_H
 
 #include "../backend.h"
+#include "../../core/oprules.h"
 
 /* ---- the kernel table (kernels.c) ---------------------------------------------------------
  * The CPU kernel of op (nbi_kernel contract), or NULL when the CPU has none:

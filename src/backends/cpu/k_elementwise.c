@@ -22,6 +22,7 @@
  * functions and tables are looked up once per call.
  */
 #include "k_elementwise.h"
+#include "../../core/oprules.h"
 #include "k_ew.h"
 
 #include <stdlib.h>

@@ -15,6 +15,7 @@
 #define NABLA_K_EW_H
 
 #include "cpu.h"
+#include "../../core/oprules.h"
 
 #include <math.h>
 #include <omp.h>

@@ -10,6 +10,7 @@
  * run one by one: the same row functions and folds in the same order.
  */
 #include "k_fused.h"
+#include "../../core/oprules.h"
 
 #include <stdlib.h>
 

@@ -23,6 +23,7 @@
  * so results do not change with OMP_NUM_THREADS.
  */
 #include "k_reduce.h"
+#include "../../core/oprules.h"
 #include "k_linalg.h" /* nbi_cpu_scratch */
 
 #include <math.h>

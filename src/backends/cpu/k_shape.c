@@ -3,6 +3,7 @@
  * dtype conversion concat's promotion needs), all through nbi_copy_view, which
  * handles any strides and parallelizes large copies. */
 #include "k_shape.h"
+#include "../../core/oprules.h"
 
 /* Gives v contiguous row-major strides for its own dims. */
 static void set_contig_strides(nbi_view *v) {

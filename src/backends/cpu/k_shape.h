@@ -5,6 +5,7 @@
 #define NABLA_K_SHAPE_H
 
 #include "cpu.h"
+#include "../../core/oprules.h"
 
 /* reshape when the input strides do not allow a view: row-major copy. */
 nb_status nbi_cpu_reshape(const nb_tensor *n, nbi_view *out, const nbi_view *in);

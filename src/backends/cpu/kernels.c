@@ -10,6 +10,7 @@
  * ops core runs itself on any device (nbi_op_def.exec: device moves, control
  * flow, checkpoint, custom calls, shard_map, collectives). */
 #include "cpu.h"
+#include "../../core/oprules.h"
 #include "k_elementwise.h"
 #include "k_index.h"
 #include "k_linalg.h"

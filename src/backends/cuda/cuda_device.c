@@ -10,6 +10,7 @@
  * driver's calls are thread-safe, and ctx->lock serializes the state here
  * (staging, the error word's read-back). */
 #include "cuda_be.h"
+#include "../../core/oprules.h"
 
 #include "../../ops/index.h" /* the callers of index kernels' error codes */
 

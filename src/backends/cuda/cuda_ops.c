@@ -21,6 +21,7 @@
  * calls, sharding constraints, collectives) have no entry: supports answers
  * false for them. */
 #include "cuda_be.h"
+#include "../../core/oprules.h"
 
 #include <math.h>
 #include <stdint.h>

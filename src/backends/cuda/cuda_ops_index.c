@@ -18,6 +18,7 @@
  * run to run in the last bits). scatter_add_along_axis always runs one thread
  * per line of t along the axis, in the CPU's order. */
 #include "cuda_be.h"
+#include "../../core/oprules.h"
 
 #include "../../ops/index.h" /* the attribute slots: axis, caller */
 

@@ -25,6 +25,7 @@
  * device) in a fixed table under a mutex: a repeated call computes the layout (a few
  * loops over dims), finds its entry and launches, rendering and hashing nothing. */
 #include "cuda_render.h"
+#include "../../core/oprules.h"
 
 #include <stdarg.h>
 #include <stddef.h>

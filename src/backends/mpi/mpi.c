@@ -10,6 +10,7 @@
  * MPI call, polled until done or the deadline. O(ranks) signature messages per
  * call: meant for the few ranks of a CPU mesh. */
 #include "mpi_be.h"
+#include "../../core/dist.h"
 
 #include <nabla/distributed.h>
 #include <stdio.h>

@@ -13,6 +13,7 @@
 #define NABLA_BACKENDS_MPI_BE_H
 
 #include "../../core/nbi.h"
+#include "../../core/dist.h"
 
 enum { NBI_MPI_SUM, NBI_MPI_MAX, NBI_MPI_MIN };
 
