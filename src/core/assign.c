@@ -44,17 +44,17 @@ static int dst_find(const dst_set *d, const nb_tensor *t) {
 static nb_status assign_roots(const dst_set *dst, nb_tensor *const *cand, int n, int n_vals,
                               nb_tensor **roots, int *n_roots) {
   nb_tensor **stack = NULL, **seen = NULL;
-  int *next = NULL, sp = 0, cap = 0, n_seen = 0, cap_seen = 0;
-  bool *reads = NULL;
+  int *next = NULL, sp = 0, cap = 0, n_seen = 0, cap_seen = 0, cap_reads = 0;
+  bool *reads = NULL; /* [cap_reads]: grown with the stack, not on every push */
   nb_status st = NB_OK;
   for (int c = 0; c < n && !st; c++) {
     if (cand[c]->mark != -1 || (cand[c]->flags & NBI_T_REALIZED)) continue;
     if (!nbi_dfs_push(&stack, &next, &sp, &cap, cand[c])) st = NB_ERR_OOM;
-    bool *grown = st ? NULL : realloc(reads, sizeof(bool) * (size_t)cap);
+    bool *grown = st ? NULL : cap == cap_reads ? reads : realloc(reads, sizeof(bool) * (size_t)cap);
     if (!grown)
       st = NB_ERR_OOM;
     else
-      reads = grown, reads[sp - 1] = false;
+      reads = grown, cap_reads = cap, reads[sp - 1] = false;
     while (sp && !st) {
       nb_tensor *t = stack[sp - 1];
       if (next[sp - 1] < t->n_in) {
@@ -64,11 +64,11 @@ static nb_status assign_roots(const dst_set *dst, nb_tensor *const *cand, int n,
           continue;
         }
         if (!nbi_dfs_push(&stack, &next, &sp, &cap, x) ||
-            !(grown = realloc(reads, sizeof(bool) * (size_t)cap))) {
+            !(grown = cap == cap_reads ? reads : realloc(reads, sizeof(bool) * (size_t)cap))) {
           st = NB_ERR_OOM;
           break;
         }
-        reads = grown;
+        reads = grown, cap_reads = cap;
         reads[sp - 1] = false;
         continue;
       }

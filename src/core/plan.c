@@ -240,10 +240,18 @@ static void graph_hash(const nbi_graph *g, const int *uses, const uint8_t *flags
   hash_i64(h, g->n);
   for (int i = 0; i < g->n; i++) {
     const nb_tensor *t = g->nodes[i];
-    int64_t head[6] = {t->op, t->dtype, t->n_in, flags[i], t->shape.ndim, t->device};
-    hash_words(h, head, 6);
+    /* attrs up to their last nonzero word, and that count: most ops set a
+     * few of the 36 words, and hashing all of them was a tenth of a small
+     * step's time (bench_mlp readme_mlp_step) */
+    size_t nw = sizeof t->attrs / sizeof(uint64_t);
+    for (uint64_t w = 0; nw > 0; nw--) {
+      memcpy(&w, (const char *)&t->attrs + 8 * (nw - 1), 8);
+      if (w) break;
+    }
+    int64_t head[7] = {t->op, t->dtype, t->n_in, flags[i], t->shape.ndim, t->device, (int64_t)nw};
+    hash_words(h, head, 7);
     hash_words(h, t->shape.dims, (size_t)t->shape.ndim);
-    hash_words(h, &t->attrs, sizeof t->attrs / sizeof(uint64_t));
+    hash_words(h, &t->attrs, nw);
     for (int k = 0; k < t->n_in; k++)
       hash_i64(h, t->in[k]->mark);
     hash_i64(h, uses[i]);

@@ -336,9 +336,16 @@ static jit_entry *entry_insert(jit_fn *j, nb_tensor *const *in, jit_entry *fresh
 static nb_status jit_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
   jit_fn *j = user;
   jit_entry fresh = {0};
+  /* the fast path takes the lock twice: here (find, pin, claim the
+   * executable) and once after running it (release both) */
+  bool claimed = false; /* e's executable claimed for this call (exec_busy) */
   pthread_mutex_lock(&j->lock);
   jit_entry *e = lookup(j, in);
   if (e) e->running++; /* pinned: no thread (nor a nested call) evicts it */
+  if (e && !e->n_ext) {
+    e->last_used = ++j->clock;
+    if (!e->no_exec && !e->exec_busy) claimed = e->exec_busy = true;
+  }
   pthread_mutex_unlock(&j->lock);
   nb_status st = NB_OK;
   if (e && e->n_ext) { /* the guard: does f still read the tensors it captured? */
@@ -380,13 +387,18 @@ static nb_status jit_body(void *user, nb_tensor *const *in, int n_in, nb_tensor 
   }
   bool cached = e != &fresh;
   nb_tensor *local[LOCAL_ARGS], **args = gather_args(e, in, n_in, local);
+  bool run_exec = claimed && args && plain(args, e->prog->n_in);
+  if (claimed && !run_exec) { /* claimed for nothing: give it back */
+    pthread_mutex_lock(&j->lock);
+    e->exec_busy = false;
+    pthread_mutex_unlock(&j->lock);
+  }
   if (!args) {
     if (cached) entry_unpin(j, e);
     entry_clear(&fresh);
     return nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
   }
-  bool run_exec = false;
-  if (cached && plain(args, e->prog->n_in)) {
+  if (!claimed && cached && plain(args, e->prog->n_in)) {
     pthread_mutex_lock(&j->lock);
     e->last_used = ++j->clock;
     if (!e->no_exec && !e->exec_busy) run_exec = e->exec_busy = true;
@@ -398,9 +410,9 @@ static nb_status jit_body(void *user, nb_tensor *const *in, int n_in, nb_tensor 
     if (fits) st = nbi_exec_run(e->exec, args, out);
     pthread_mutex_lock(&j->lock);
     e->exec_busy = false;
+    if (fits) e->running--; /* unpinned with the same lock */
     pthread_mutex_unlock(&j->lock);
     if (fits) {
-      entry_unpin(j, e);
       if (args != local) free(args);
       return st;
     }

@@ -144,6 +144,12 @@ static int guard_enabled(void) {
 static _Thread_local nbi_thread_guard guard;
 static _Thread_local int guard_depth;                  /* nesting of nbi_cpu_init / nbi_cpu_done */
 static _Thread_local uint64_t guard_wall0, guard_cpu0; /* at the outermost init; 0: unwatched */
+/* Reading this thread's CPU clock is a system call (~0.4 us): realizations
+ * shorter than GUARD_SHORT_NS (a small eager op, a tiny jitted step) are
+ * watched one in GUARD_SAMPLE, so the guard costs them ~10 ns each. */
+enum { GUARD_SHORT_NS = 200000, GUARD_SAMPLE = 64 };
+static _Thread_local bool guard_short;    /* the last watched realization was short */
+static _Thread_local unsigned guard_skip; /* realizations since the last watched one */
 
 int nbi_cpu_team(void) {
   int want = nb_get_num_threads();
@@ -155,9 +161,16 @@ void nbi_cpu_init(void) {
   if (guard_depth++ == 0) {
     guard_wall0 = 0;
     if (nb_get_num_threads() > 1 && guard_enabled()) {
-      guard_wall0 = clock_ns(CLOCK_MONOTONIC);
-      (void)nbi_thread_guard_reduced(&guard, guard_wall0);
-      guard_cpu0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+      bool watch = !guard_short || ++guard_skip >= GUARD_SAMPLE;
+      if (watch || guard.reduced) { /* the clock only when it is needed */
+        uint64_t now = clock_ns(CLOCK_MONOTONIC);
+        (void)nbi_thread_guard_reduced(&guard, now);
+        if (watch) {
+          guard_skip = 0;
+          guard_wall0 = now;
+          guard_cpu0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+        }
+      }
     }
   }
 #ifdef _OPENMP
@@ -174,6 +187,7 @@ void nbi_cpu_init(void) {
 void nbi_cpu_done(void) {
   if (guard_depth <= 0 || --guard_depth > 0 || !guard_wall0) return;
   uint64_t cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID) - guard_cpu0, now = clock_ns(CLOCK_MONOTONIC);
+  guard_short = now - guard_wall0 < GUARD_SHORT_NS;
   nbi_thread_guard_feed(&guard, now, now - guard_wall0, cpu);
   guard_wall0 = 0;
 }
