@@ -184,7 +184,7 @@ bool nb_auto_shard_ilp_available(void);
 typedef struct nb_shard_plan nb_shard_plan;
 /* NULL + error on failure (NB_ERR_SHARDING: a pinned spec that is not a whole-axis
  * dividing layout, an infeasible memory bound; NB_ERR_ARG: NB_AUTO_SHARD_DP on
- * a graph that is not a tree). */
+ * a graph that is not a tree, f a function of trees: see nb_auto_shard_plan_trees). */
 nb_shard_plan *nb_auto_shard_plan(nb_fn *f, nb_mesh *m, nb_tensor *const *example_in,
                                   const nb_auto_shard_opts *opts);
 void nb_shard_plan_release(nb_shard_plan *p);
