@@ -297,7 +297,7 @@ demo: deps
 	  case $$e in */digits) a=$$(sh scripts/deps.sh digits $(BUILD)/data) || exit 1;; esac; \
 	  $$e $$a || exit 1; done
 
-$(BUILD)/bench/%: bench/%.c bench/bench_common.h $(LIB_A)
+$(BUILD)/bench/%: bench/%.c bench/bench_common.h bench/autoshard_step.h $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS)
 
@@ -348,7 +348,7 @@ bench-loaded: deps
 # MPI primitives called directly, and the data-parallel MLP step at 1, 2 and 4
 # ranks (bench/mpi/bench_mpi.c; ARGS="--max-mib 256" for the largest sizes).
 MPI_BENCH := $(BUILD)/bench/bench_mpi
-$(MPI_BENCH): bench/mpi/bench_mpi.c bench/bench_common.h $(LIB_A)
+$(MPI_BENCH): bench/mpi/bench_mpi.c bench/bench_common.h bench/autoshard_step.h $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) $< -o $@ $(LIB_A) $(LDFLAGS_ALL) $(LIBS)
 

@@ -15,15 +15,26 @@
  *              of buffers in one process: these are the numbers to pass in
  *              nb_auto_shard_opts when the plan runs there; MPI and NCCL
  *              meshes want their own.
+ *   step       the step time of the solved plan against the hand-written
+ *              Megatron layout and the unsharded step (bench/autoshard_step.h:
+ *              a 2-block MLP training step, batch 32, width 256, hidden 1024,
+ *              f32) on tp=2 and dp=2,tp=2: the median of 50 steps, the
+ *              collectives of one step, the ratio solved / Megatron; the
+ *              losses must agree (1e-4 relative) or the bench fails.
+ *              bench/mpi/bench_mpi.c times the same over MPI ranks.
  *
  *   bench_autoshard           as above
- *   bench_autoshard --smoke   L = 1, 2; one repetition; two sizes */
+ *   bench_autoshard --smoke   L = 1, 2; one repetition; two sizes; step with
+ *                             batch 8, width 32, hidden 128, 3 steps
+ *   bench_autoshard step      only the step case (--smoke after it: reduced) */
+#include <math.h>
 #include <nabla/nabla.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "autoshard_step.h"
 #include "bench_common.h"
 
 enum { N = 256, D = 64, H = 256, MAXL = 32 };
@@ -240,9 +251,70 @@ static double all_reduce_s(nb_mesh *m, int64_t n, int reps) {
   return nb_last_status() == NB_OK ? median(t, reps) : -1;
 }
 
+/* ---- step: solved plan vs hand-written Megatron vs unsharded ---------------------------- */
+static int step_case(bool smoke) {
+  static const char *const meshes[] = {"tp=2", "dp=2,tp=2"};
+  int64_t n = smoke ? 8 : 32, d = smoke ? 32 : 256, h = smoke ? 128 : 1024;
+  int reps = smoke ? 3 : 50;
+  printf("step time, 2-block MLP training step (batch %lld, width %lld, hidden %lld, f32), median "
+         "of %d steps:\n",
+         (long long)n, (long long)d, (long long)h, reps);
+  printf("mesh        variant      median ms  collectives  loss\n");
+  int rc = 0;
+  for (int mi = 0; mi < 2 && !rc; mi++) {
+    nb_scope_begin();
+    nb_mesh *m = nb_mesh_cpu(meshes[mi]);
+    as_step s;
+    nb_shard_plan *plan = NULL;
+    double med[AS_N_VARIANTS], loss[AS_N_VARIANTS], t[64];
+    uint64_t coll[AS_N_VARIANTS];
+    if (!m || as_step_make(&s, n, d, h) || !(plan = as_step_solve(&s, m))) {
+      fprintf(stderr, "step: %s\n", nb_last_error());
+      rc = 1;
+    }
+    for (int v = 0; v < AS_N_VARIANTS && !rc; v++) {
+      if (as_step_time(&s, m, plan, v, reps, NULL, t, &loss[v], &coll[v])) {
+        fprintf(stderr, "step %s on %s: %s\n", AS_VARIANT[v], meshes[mi], nb_last_error());
+        rc = 1;
+      } else
+        med[v] = median(t, reps);
+    }
+    for (int v = 0; v < AS_N_VARIANTS && !rc; v++) {
+      double ratio = med[AS_SOLVED] / med[AS_MEGATRON];
+      printf("{\"case\":\"autoshard_step\",\"mesh\":\"%s\",\"variant\":\"%s\",\"impl\":\"nabla\","
+             "\"median_s\":%.6g,\"collectives\":%llu,\"loss\":%.8g,\"ratio_solved_megatron\":%.4g}"
+             "\n",
+             meshes[mi], AS_VARIANT[v], med[v], (unsigned long long)coll[v], loss[v], ratio);
+    }
+    if (!rc) {
+      for (int v = 0; v < AS_N_VARIANTS; v++)
+        printf("%-11s %-11s %10.3f %12llu  %.8f\n", meshes[mi], AS_VARIANT[v], med[v] * 1e3,
+               (unsigned long long)coll[v], loss[v]);
+      printf("%-11s solved/megatron %.3f; solved specs:", meshes[mi],
+             med[AS_SOLVED] / med[AS_MEGATRON]);
+      for (int k = 0; k < AS_NIN; k++)
+        printf(" %s", nb_shard_plan_in_spec(plan, k));
+      printf("\n");
+      for (int v = 1; v < AS_N_VARIANTS; v++)
+        if (fabs(loss[v] - loss[AS_SOLVED]) > 1e-4 * fmax(1e-30, fabs(loss[AS_UNSHARDED]))) {
+          fprintf(stderr, "step on %s: loss %s %.9g vs solved %.9g\n", meshes[mi], AS_VARIANT[v],
+                  loss[v], loss[AS_SOLVED]);
+          rc = 1;
+        }
+    }
+    nb_shard_plan_release(plan);
+    if (m) as_step_free(&s);
+    nb_mesh_release(m);
+    nb_scope_end();
+  }
+  return rc;
+}
+
 int main(int argc, char **argv) {
-  bool smoke = argc > 1 && !strcmp(argv[1], "--smoke");
+  bool only_step = argc > 1 && !strcmp(argv[1], "step");
+  bool smoke = argc > 1 + only_step && !strcmp(argv[1 + only_step], "--smoke");
   int reps = smoke ? 1 : 3;
+  if (only_step) return step_case(smoke);
   static const int Ls[] = {1, 2, 4, 8, 16, 32};
   int n_L = smoke ? 2 : 6;
   printf("solve time, MLP training step on dp=2,tp=2 (batch %d, width %d, hidden %d), with and "
@@ -320,5 +392,5 @@ int main(int argc, char **argv) {
   printf("virtual mesh constants: flops_per_s %.3g (matmul %d), alpha %.3g s, beta %.3g s/byte "
          "(%.2f GB/s); defaults 1e11, 1e-5, 1e-10\n",
          flops, n, alpha, beta, beta > 0 ? 1e-9 / beta : 0);
-  return 0;
+  return step_case(smoke);
 }

@@ -549,3 +549,101 @@ Test(auto_shard, ilp_backend_agrees_with_the_builtin_solvers) {
   nb_mesh_release(m);
   nb_fn_release(f);
 }
+
+/* ---- functions of trees: nb_auto_shard_plan_trees ---------------------------------------
+ * The MLP step as a function of two trees (the parameters, by name; the data
+ * x, y) returning two (the loss; the updated parameters): its plan is the
+ * flat step's, leaf by leaf. */
+static const char *const LEAF[NP] = {"w1_0", "b1_0", "w2_0", "b2_0",
+                                     "w1_1", "b1_1", "w2_1", "b2_1"};
+
+static nb_status tree_step(void *u, nb_tree *const *in, int n_in, nb_tree **out, int n_out) {
+  (void)n_in, (void)n_out;
+  mlp *t = u;
+  nb_tensor *x[NIN], *y[NOUT];
+  for (int i = 0; i < NP; i++)
+    x[i] = nb_tree_get(in[0], LEAF[i]);
+  x[NP] = nb_tree_get(in[1], "x");
+  x[NP + 1] = nb_tree_get(in[1], "y");
+  nb_status st = nb_call(t->step, x, y);
+  if (st) return st;
+  out[0] = nb_tree_create();
+  out[1] = nb_tree_create();
+  nb_tree_set(out[0], "loss", y[0]);
+  for (int i = 0; i < NP; i++)
+    nb_tree_set(out[1], LEAF[i], y[1 + i]);
+  return nb_last_status();
+}
+
+Test(auto_shard, tree_function_plans_like_its_flat_form) {
+  nb_mesh *m = nb_mesh_cpu("tp=2");
+  mlp t;
+  mlp_make(&t, 8, 64, 1024);
+  nb_fn *f = nb_fn_create_trees(tree_step, &t, 2, 2);
+  nb_tree *in[2] = {nb_tree_create(), nb_tree_create()};
+  for (int i = 0; i < NP; i++)
+    nb_tree_set(in[0], LEAF[i], t.in[i]);
+  nb_tree_set(in[1], "x", t.in[NP]);
+  nb_tree_set(in[1], "y", t.in[NP + 1]);
+  nb_auto_shard_opts o = {.out_like_in = t.tie}; /* leaves: the loss, then the parameters */
+  nb_shard_plan *pt = nb_auto_shard_plan_trees(f, m, in, &o);
+  nb_shard_plan *pf = nb_auto_shard_plan(t.step, m, t.in, &o);
+  cr_assert(pt && pf, "%s", nb_last_error());
+  for (int k = 0; k < NIN; k++)
+    cr_assert_str_eq(nb_shard_plan_in_spec(pt, k), nb_shard_plan_in_spec(pf, k), "input %d", k);
+  for (int j = 0; j < NOUT; j++)
+    cr_assert_str_eq(nb_shard_plan_out_spec(pt, j), nb_shard_plan_out_spec(pf, j), "output %d", j);
+  for (int i = 0; i < NP; i++) {
+    cr_assert_str_eq(nb_shard_plan_in_leaf_spec(pt, 0, LEAF[i]), nb_shard_plan_in_spec(pf, i));
+    cr_assert_str_eq(nb_shard_plan_out_leaf_spec(pt, 1, LEAF[i]),
+                     nb_shard_plan_out_spec(pf, 1 + i));
+  }
+  cr_assert_str_eq(nb_shard_plan_in_leaf_spec(pt, 0, "w1_0"), "[_, tp]"); /* Megatron */
+  cr_assert_str_eq(nb_shard_plan_in_leaf_spec(pt, 0, "w2_1"), "[tp, _]");
+  cr_assert_str_eq(nb_shard_plan_in_leaf_spec(pt, 1, "y"), nb_shard_plan_in_spec(pf, NP + 1));
+  cr_assert_str_eq(nb_shard_plan_out_leaf_spec(pt, 0, "loss"), nb_shard_plan_out_spec(pf, 0));
+  cr_assert_null(nb_shard_plan_in_leaf_spec(pt, 0, "x")); /* x is in tree 1 */
+  cr_assert_null(nb_shard_plan_in_leaf_spec(pt, 2, "x"));
+  cr_assert_null(nb_shard_plan_out_leaf_spec(pf, 0, "loss")); /* not a plan of trees */
+  /* run it: the loss and updated parameters of the unsharded step, in their specs */
+  nb_tensor *ref[NOUT];
+  cr_assert(nb_call(t.step, t.in, ref) == NB_OK, "%s", nb_last_error());
+  nb_tree *out[2];
+  cr_assert(nb_shard_plan_call_trees(pt, in, out) == NB_OK, "%s", nb_last_error());
+  cr_assert_eq(nb_tree_len(out[0]), 1);
+  cr_assert_eq(nb_tree_len(out[1]), NP);
+  double a = nb_item(ref[0]), b = nb_item(nb_tree_get(out[0], "loss"));
+  cr_assert(fabs(a - b) <= 1e-9 * fmax(1.0, fabs(a)), "loss %.17g (plan) vs %.17g", b, a);
+  for (int i = 0; i < NP; i++) {
+    nb_tensor *g = nb_tree_get(out[1], LEAF[i]);
+    cr_assert_str_eq(nb_sharding_str(g), nb_shard_plan_out_spec(pf, 1 + i));
+    double d = nb_item(nb_max(nb_abs(nb_sub(g, ref[1 + i])), NB_ALL, false));
+    cr_assert(d <= 1e-9, "%s differs by %g", LEAF[i], d);
+  }
+  nb_tree_release(out[0]);
+  nb_tree_release(out[1]);
+  /* errors */
+  cr_assert_null(nb_auto_shard_plan(f, m, t.in, &o));
+  cr_assert_eq(nb_last_status(), NB_ERR_ARG);
+  cr_assert(strstr(nb_last_error(), "nb_auto_shard_plan_trees"), "%s", nb_last_error());
+  nb_clear_error();
+  cr_assert_null(nb_auto_shard_plan_trees(t.step, m, in, &o));
+  cr_assert_eq(nb_last_status(), NB_ERR_ARG);
+  nb_clear_error();
+  cr_assert_null(nb_auto_shard_plan_trees(f, m, NULL, &o));
+  cr_assert_eq(nb_last_status(), NB_ERR_NULL);
+  nb_clear_error();
+  cr_assert_eq(nb_shard_plan_call_trees(pf, in, out), NB_ERR_ARG);
+  nb_tree *swapped[2] = {in[1], in[0]};
+  cr_assert_eq(nb_shard_plan_call_trees(pt, swapped, out), NB_ERR_ARG);
+  cr_assert(out[0] == NULL && out[1] == NULL);
+  cr_assert_eq(nb_shard_plan_call_trees(pt, NULL, out), NB_ERR_NULL);
+  nb_clear_error();
+  nb_shard_plan_release(pt);
+  nb_shard_plan_release(pf);
+  nb_tree_release(in[0]);
+  nb_tree_release(in[1]);
+  nb_fn_release(f);
+  mlp_free(&t);
+  nb_mesh_release(m);
+}

@@ -23,15 +23,26 @@
  *          all-reduces overlapping the rest of the backward pass (default)
  *          and waited at once (NABLA_MPI_OVERLAP=0). Reported: the median
  *          step time.
+ *   autoshard_step  the 2-block MLP training step of bench/autoshard_step.h
+ *          (batch 32, width 256, hidden 1024, f32) on tp=N (one device per
+ *          rank) and, with 2 or 4 ranks, dp=2,tp=2 spanning the ranks: the
+ *          plan nb_auto_shard_plan solved (nb_shard_plan_call) against the
+ *          hand-written Megatron layout and the unsharded step (every rank
+ *          computing all of it). Reported: the median step time (slowest
+ *          rank), the collectives of one step, the ratio solved / Megatron;
+ *          the losses must agree (1e-4 relative) or the bench fails.
  *
- *   bench_mpi [--smoke] [--max-mib M] [--reps R]
+ *   bench_mpi [--smoke] [--max-mib M] [--reps R] [--step-only]
+ * (--step-only: only autoshard_step)
  * Rank 0 prints one JSON line per measurement (as the other benches do). */
+#include <math.h>
 #include <mpi.h>
 #include <nabla/nabla.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../autoshard_step.h"
 #include "../bench_common.h"
 
 static int R, N;
@@ -164,70 +175,126 @@ static double mlp_step(nb_mesh *m, int64_t batch, int reps) {
   return v;
 }
 
+static void barrier(void) { MPI_Barrier(MPI_COMM_WORLD); }
+
+/* The autoshard_step case on one mesh spanning the ranks; 0 or 1 (failed). */
+static int autoshard_step(const char *axes, bool smoke, int reps) {
+  int64_t n = smoke ? 8 : 32, d = smoke ? 32 : 256, h = smoke ? 128 : 1024;
+  nb_scope_begin();
+  nb_mesh *m = nb_mesh_world(axes);
+  as_step s;
+  nb_shard_plan *plan = NULL;
+  double med[AS_N_VARIANTS], loss[AS_N_VARIANTS];
+  uint64_t coll[AS_N_VARIANTS];
+  double *t = malloc(sizeof *t * (size_t)reps);
+  int rc = 0;
+  if (!t || !m || as_step_make(&s, n, d, h) || !(plan = as_step_solve(&s, m))) rc = 1;
+  for (int v = 0; v < AS_N_VARIANTS && !rc; v++) {
+    if (as_step_time(&s, m, plan, v, reps, barrier, t, &loss[v], &coll[v]))
+      rc = 1;
+    else
+      med[v] = med_all(t, reps);
+  }
+  if (rc && R == 0) fprintf(stderr, "bench_mpi: autoshard_step on %s: %s\n", axes, nb_last_error());
+  for (int v = 0; v < AS_N_VARIANTS && !rc && R == 0; v++)
+    printf("{\"bench\": \"mpi_autoshard_step\", \"ranks\": %d, \"mesh\": \"%s\", \"variant\": "
+           "\"%s\", \"batch\": %lld, \"width\": %lld, \"hidden\": %lld, \"median_s\": %.4e, "
+           "\"collectives\": %llu, \"loss\": %.8g, \"ratio_solved_megatron\": %.4g}\n",
+           N, axes, AS_VARIANT[v], (long long)n, (long long)d, (long long)h, med[v],
+           (unsigned long long)coll[v], loss[v], med[AS_SOLVED] / med[AS_MEGATRON]);
+  for (int v = 1; v < AS_N_VARIANTS && !rc; v++)
+    if (fabs(loss[v] - loss[AS_SOLVED]) > 1e-4 * fmax(1e-30, fabs(loss[AS_UNSHARDED]))) {
+      if (R == 0)
+        fprintf(stderr, "bench_mpi: autoshard_step on %s: loss %s %.9g vs solved %.9g\n", axes,
+                AS_VARIANT[v], loss[v], loss[AS_SOLVED]);
+      rc = 1;
+    }
+  if (plan && R == 0) {
+    printf("autoshard_step on %s (%d ranks): solved specs", axes, N);
+    for (int k = 0; k < AS_NIN; k++)
+      printf(" %s", nb_shard_plan_in_spec(plan, k));
+    printf("\n");
+  }
+  nb_shard_plan_release(plan);
+  if (m) as_step_free(&s);
+  nb_mesh_release(m);
+  free(t);
+  nb_scope_end();
+  return rc;
+}
+
 int main(int argc, char **argv) {
   if (nb_init_distributed(&argc, &argv) != NB_OK) {
     fprintf(stderr, "%s\n", nb_last_error());
     return 2;
   }
   R = nb_rank(), N = nb_world_size();
-  bool smoke = false;
+  bool smoke = false, step_only = false;
   int64_t max_mib = 64;
   int reps = 10;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--smoke")) smoke = true;
+    if (!strcmp(argv[i], "--step-only")) step_only = true;
     if (!strcmp(argv[i], "--max-mib") && i + 1 < argc) max_mib = atoll(argv[++i]);
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
   }
   if (smoke) max_mib = 0, reps = 2;
   char axes[32];
-  snprintf(axes, sizeof axes, "x=%d", N);
-  nb_mesh *m = nb_mesh_world(axes);
-  for (int64_t b = 1024; b <= (max_mib > 0 ? max_mib << 20 : 4096); b *= 4) {
-    int64_t n = b / 4;
-    if (n % N) continue;
-    int k = b >= (16 << 20) ? (reps > 3 ? 3 : reps) : reps;
-    for (int kind = 0; kind < N_COLL; kind++) {
-      double tn = nabla_coll(m, n, kind, k), td = direct_coll(n, kind, false, k),
-             ti = direct_coll(n, kind, true, k);
-      if (R == 0)
-        printf("{\"bench\": \"mpi_%s\", \"ranks\": %d, \"bytes\": %lld, \"nabla_s\": %.3e, "
-               "\"mpi_s\": %.3e, \"mpi_nonblocking_s\": %.3e, \"nabla_GBps\": %.3f, "
-               "\"mpi_GBps\": %.3f}\n",
-               COLL[kind], N, (long long)b, tn, td, ti, (double)b / tn / 1e9, (double)b / td / 1e9);
+  if (!step_only) {
+    snprintf(axes, sizeof axes, "x=%d", N);
+    nb_mesh *m = nb_mesh_world(axes);
+    for (int64_t b = 1024; b <= (max_mib > 0 ? max_mib << 20 : 4096); b *= 4) {
+      int64_t n = b / 4;
+      if (n % N) continue;
+      int k = b >= (16 << 20) ? (reps > 3 ? 3 : reps) : reps;
+      for (int kind = 0; kind < N_COLL; kind++) {
+        double tn = nabla_coll(m, n, kind, k), td = direct_coll(n, kind, false, k),
+               ti = direct_coll(n, kind, true, k);
+        if (R == 0)
+          printf("{\"bench\": \"mpi_%s\", \"ranks\": %d, \"bytes\": %lld, \"nabla_s\": %.3e, "
+                 "\"mpi_s\": %.3e, \"mpi_nonblocking_s\": %.3e, \"nabla_GBps\": %.3f, "
+                 "\"mpi_GBps\": %.3f}\n",
+                 COLL[kind], N, (long long)b, tn, td, ti, (double)b / tn / 1e9,
+                 (double)b / td / 1e9);
+      }
     }
-  }
-  if (N > 1) {
-    int64_t n = smoke ? 256 : 4 << 20, k = smoke ? 64 : 1024; /* 16 MiB of f32 */
-    int kr = smoke ? 2 : reps;
-    double tc = overlap_case(m, n, k, true, false, kr), tm = overlap_case(m, n, k, false, true, kr);
-    setenv("NABLA_MPI_OVERLAP", "1", 1);
-    double on = overlap_case(m, n, k, true, true, kr);
-    setenv("NABLA_MPI_OVERLAP", "0", 1);
-    double off = overlap_case(m, n, k, true, true, kr);
+    if (N > 1) {
+      int64_t n = smoke ? 256 : 4 << 20, k = smoke ? 64 : 1024; /* 16 MiB of f32 */
+      int kr = smoke ? 2 : reps;
+      double tc = overlap_case(m, n, k, true, false, kr),
+             tm = overlap_case(m, n, k, false, true, kr);
+      setenv("NABLA_MPI_OVERLAP", "1", 1);
+      double on = overlap_case(m, n, k, true, true, kr);
+      setenv("NABLA_MPI_OVERLAP", "0", 1);
+      double off = overlap_case(m, n, k, true, true, kr);
+      unsetenv("NABLA_MPI_OVERLAP");
+      if (R == 0)
+        printf("{\"bench\": \"mpi_overlap\", \"ranks\": %d, \"bytes\": %lld, \"matmul\": %lld, "
+               "\"all_reduce_ms\": %.3f, \"matmul_ms\": %.3f, \"both_overlap_ms\": %.3f, "
+               "\"both_no_overlap_ms\": %.3f}\n",
+               N, (long long)(n * 4), (long long)k, tc * 1e3, tm * 1e3, on * 1e3, off * 1e3);
+    }
+    nb_mesh_release(m);
+    snprintf(axes, sizeof axes, "dp=%d", N);
+    m = nb_mesh_world(axes);
+    int mreps = smoke ? 2 : 20;
+    for (int overlap = 1; overlap >= 0; overlap--) {
+      setenv("NABLA_MPI_OVERLAP", overlap ? "1" : "0", 1);
+      double strong = mlp_step(m, smoke ? 16 : 256, mreps),
+             weak = mlp_step(m, (smoke ? 16 : 256) * N, mreps);
+      if (R == 0)
+        printf("{\"bench\": \"mpi_mlp_step\", \"ranks\": %d, \"overlap\": %s, \"strong_batch\": "
+               "%d, \"strong_ms\": %.3f, \"weak_batch\": %d, \"weak_ms\": %.3f}\n",
+               N, overlap ? "true" : "false", smoke ? 16 : 256, strong * 1e3,
+               (smoke ? 16 : 256) * N, weak * 1e3);
+    }
     unsetenv("NABLA_MPI_OVERLAP");
-    if (R == 0)
-      printf("{\"bench\": \"mpi_overlap\", \"ranks\": %d, \"bytes\": %lld, \"matmul\": %lld, "
-             "\"all_reduce_ms\": %.3f, \"matmul_ms\": %.3f, \"both_overlap_ms\": %.3f, "
-             "\"both_no_overlap_ms\": %.3f}\n",
-             N, (long long)(n * 4), (long long)k, tc * 1e3, tm * 1e3, on * 1e3, off * 1e3);
+    nb_mesh_release(m);
   }
-  nb_mesh_release(m);
-  snprintf(axes, sizeof axes, "dp=%d", N);
-  m = nb_mesh_world(axes);
-  int mreps = smoke ? 2 : 20;
-  for (int overlap = 1; overlap >= 0; overlap--) {
-    setenv("NABLA_MPI_OVERLAP", overlap ? "1" : "0", 1);
-    double strong = mlp_step(m, smoke ? 16 : 256, mreps),
-           weak = mlp_step(m, (smoke ? 16 : 256) * N, mreps);
-    if (R == 0)
-      printf("{\"bench\": \"mpi_mlp_step\", \"ranks\": %d, \"overlap\": %s, \"strong_batch\": "
-             "%d, \"strong_ms\": %.3f, \"weak_batch\": %d, \"weak_ms\": %.3f}\n",
-             N, overlap ? "true" : "false", smoke ? 16 : 256, strong * 1e3, (smoke ? 16 : 256) * N,
-             weak * 1e3);
-  }
-  unsetenv("NABLA_MPI_OVERLAP");
-  nb_mesh_release(m);
+  snprintf(axes, sizeof axes, "tp=%d", N);
+  int rc = autoshard_step(axes, smoke, smoke ? 3 : 50);
+  if (!rc && (N == 2 || N == 4)) rc = autoshard_step("dp=2,tp=2", smoke, smoke ? 3 : 50);
   fflush(stdout);
   nb_finalize();
-  return 0;
+  return rc;
 }

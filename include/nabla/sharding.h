@@ -32,6 +32,7 @@
 
 #include "tensor.h"
 #include "transforms.h"
+#include "tree.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -183,7 +184,7 @@ bool nb_auto_shard_ilp_available(void);
 typedef struct nb_shard_plan nb_shard_plan;
 /* NULL + error on failure (NB_ERR_SHARDING: a pinned spec that is not a whole-axis
  * dividing layout, an infeasible memory bound; NB_ERR_ARG: NB_AUTO_SHARD_DP on
- * a graph that is not a tree). */
+ * a graph that is not a tree, f a function of trees: see nb_auto_shard_plan_trees). */
 nb_shard_plan *nb_auto_shard_plan(nb_fn *f, nb_mesh *m, nb_tensor *const *example_in,
                                   const nb_auto_shard_opts *opts);
 void nb_shard_plan_release(nb_shard_plan *p);
@@ -212,6 +213,28 @@ nb_status nb_shard_plan_call(nb_shard_plan *p, nb_tensor *const *in, nb_tensor *
  * and, when measured is given (nb_get_stats around one nb_shard_plan_call),
  * the measured counts next to them. */
 nb_status nb_auto_shard_report(FILE *out, const nb_shard_plan *p, const nb_stats *measured);
+
+/* Functions of trees (nb_fn_create_trees, include/nabla/tree.h; or a
+ * transform of one): nb_auto_shard_plan_trees plans f for the arrangement
+ * (names, dtypes, shapes) of example_in[0..f->n_in) (non-NULL trees) as
+ * nb_auto_shard_plan plans its flat form, the function of the leaves: input
+ * tree k's leaves after tree k - 1's, each tree's in nb_tree_name order, and
+ * the output trees' leaves likewise. The plan's in / out spec k
+ * (nb_shard_plan_in_spec) and the options' in_specs and out_like_in count
+ * those leaves. NULL + error: NB_ERR_ARG when f takes tensors (and
+ * nb_auto_shard_plan refuses a function of trees), else as
+ * nb_auto_shard_plan. */
+nb_shard_plan *nb_auto_shard_plan_trees(nb_fn *f, nb_mesh *m, nb_tree *const *example_in,
+                                        const nb_auto_shard_opts *opts);
+/* Spec of leaf name of input tree `tree` / output tree `tree`, owned by the
+ * plan; NULL when the plan is not of a function of trees, the tree is out
+ * of range or has no such leaf. */
+const char *nb_shard_plan_in_leaf_spec(const nb_shard_plan *p, int tree, const char *name);
+const char *nb_shard_plan_out_leaf_spec(const nb_shard_plan *p, int tree, const char *name);
+/* nb_shard_plan_call on trees of the planned arrangement (NB_ERR_ARG when
+ * the names or dtypes differ, or the plan is not of trees): out gets
+ * f->n_out new trees (the caller releases them) of tensors on the mesh. */
+nb_status nb_shard_plan_call_trees(nb_shard_plan *p, nb_tree *const *in, nb_tree **out);
 
 /* Collectives, callable only inside an nb_shard_map body (NB_ERR_SHARDING
  * elsewhere). axes names the group: one mesh axis "tp", or several "dp,tp"

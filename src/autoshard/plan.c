@@ -10,6 +10,7 @@
 #include "autoshard.h"
 #include "../core/oprules.h"
 #include "../core/program.h"
+#include "../transforms/tree.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -21,7 +22,9 @@ struct nb_shard_plan {
   as_graph g;
   char **in_spec, **out_spec; /* [n_fin], [n_out] */
   nb_shard_prediction pred;
-  int mismatched; /* ops the last call realized otherwise than planned */
+  int mismatched;        /* ops the last call realized otherwise than planned */
+  nbi_tree_flatfn *tree; /* nb_auto_shard_plan_trees: f's flat form and arrangements */
+  int tree_n_out;        /* f's output trees */
 };
 
 static int vref(const as_graph *g, int32_t r) { return r >= 0 ? g->prog->n_in + r : -1 - r; }
@@ -127,6 +130,7 @@ void nb_shard_plan_release(nb_shard_plan *p) {
     free(p->out_spec[j]);
   free(p->in_spec);
   free(p->out_spec);
+  nbi_tree_flat_free(p->tree);
   as_free(&p->g);
   free(p);
 }
@@ -139,7 +143,7 @@ nb_shard_plan *nb_auto_shard_plan(nb_fn *f, nb_mesh *m, nb_tensor *const *exampl
     return NULL;
   }
   if (f->takes_trees) {
-    nbi_error(NB_ERR_ARG, "%s: f takes trees; pass its flat form (a function of tensors)", fn);
+    nbi_error(NB_ERR_ARG, "%s: f takes trees; use nb_auto_shard_plan_trees", fn);
     return NULL;
   }
   for (int k = 0; k < f->n_in; k++)
@@ -248,6 +252,66 @@ nb_status nb_auto_shard(nb_fn *f, nb_mesh *m, nb_tensor *const *example_in, char
   free(outs);
   nb_shard_plan_release(p);
   return ok ? NB_OK : nbi_error(NB_ERR_OOM, "nb_auto_shard: out of memory");
+}
+
+/* ---- functions of trees --------------------------------------------------------------- */
+nb_shard_plan *nb_auto_shard_plan_trees(nb_fn *f, nb_mesh *m, nb_tree *const *example_in,
+                                        const nb_auto_shard_opts *opts) {
+  const char *fn = "nb_auto_shard_plan_trees";
+  if (!f || !m || (f->n_in > 0 && !example_in)) {
+    nbi_error(NB_ERR_NULL, "%s: %s is NULL", fn, !f ? "f" : !m ? "the mesh" : "example_in");
+    return NULL;
+  }
+  if (!f->takes_trees) {
+    nbi_error(NB_ERR_ARG, "%s: f takes tensors; use nb_auto_shard_plan", fn);
+    return NULL;
+  }
+  nbi_tree_flatfn *t = nbi_tree_flatten_fn(fn, f, example_in);
+  if (!t) return NULL;
+  int n = 0;
+  for (int k = 0; k < f->n_in; k++)
+    n += nb_tree_len(example_in[k]);
+  nb_tensor **xs = calloc((size_t)n + 1, sizeof *xs);
+  nb_shard_plan *p = NULL;
+  if (!xs)
+    nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  else if (!nbi_tree_flat_inputs(fn, t, example_in, xs))
+    p = nb_auto_shard_plan(nbi_tree_flat_fn(t), m, xs, opts);
+  free(xs);
+  if (p)
+    p->tree = t, p->tree_n_out = f->n_out;
+  else
+    nbi_tree_flat_free(t);
+  return p;
+}
+
+static const char *leaf_spec(const nb_shard_plan *p, bool out, int tree, const char *name) {
+  int i = p && p->tree ? nbi_tree_flat_leaf(p->tree, out, tree, name) : -1;
+  return i < 0 ? NULL : out ? p->out_spec[i] : p->in_spec[i];
+}
+const char *nb_shard_plan_in_leaf_spec(const nb_shard_plan *p, int tree, const char *name) {
+  return leaf_spec(p, false, tree, name);
+}
+const char *nb_shard_plan_out_leaf_spec(const nb_shard_plan *p, int tree, const char *name) {
+  return leaf_spec(p, true, tree, name);
+}
+
+nb_status nb_shard_plan_call_trees(nb_shard_plan *p, nb_tree *const *in, nb_tree **out) {
+  const char *fn = "nb_shard_plan_call_trees";
+  if (!p || !out) return nbi_error(NB_ERR_NULL, "%s: %s is NULL", fn, !p ? "the plan" : "out");
+  if (!p->tree) return nbi_error(NB_ERR_ARG, "%s: the plan is not of a function of trees", fn);
+  nb_fn *flat = nbi_tree_flat_fn(p->tree);
+  for (int j = 0; j < p->tree_n_out; j++)
+    out[j] = NULL;
+  nb_tensor **xs = calloc((size_t)flat->n_in + 1, sizeof *xs),
+            **ys = calloc((size_t)flat->n_out + 1, sizeof *ys);
+  nb_status st = xs && ys ? NB_OK : nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  if (!st) st = nbi_tree_flat_inputs(fn, p->tree, in, xs);
+  if (!st) st = nb_shard_plan_call(p, xs, ys);
+  if (!st) st = nbi_tree_flat_outputs(fn, p->tree, ys, out);
+  free(xs);
+  free(ys);
+  return st;
 }
 
 /* ---- running a plan ------------------------------------------------------------------- */

@@ -79,5 +79,23 @@ nb_fn *nbi_tree_grad(const char *fn, nb_fn *f, const int *argnums, int n, bool w
 nb_fn *nbi_tree_jit(nb_fn *f);
 nb_fn *nbi_tree_vmap(nb_fn *f, const int *in_axes, const int *out_axes);
 nb_fn *nbi_tree_checkpoint(nb_fn *f);
+/* A function of trees seen as its flat form for one arrangement of its
+ * inputs (src/autoshard): the function of the leaves (tree k's after tree
+ * k - 1's, each tree's in nb_tree_name order), its input and output
+ * arrangements (names and dtypes). nbi_tree_flatten_fn: NULL + error
+ * (NB_ERR_ARG: f takes tensors; NB_ERR_NULL: a NULL tree). */
+typedef struct nbi_tree_flatfn nbi_tree_flatfn;
+nbi_tree_flatfn *nbi_tree_flatten_fn(const char *fn, nb_fn *f, nb_tree *const *in);
+void nbi_tree_flat_free(nbi_tree_flatfn *t);
+nb_fn *nbi_tree_flat_fn(const nbi_tree_flatfn *t); /* borrowed */
+/* The flat index of leaf name of input (out: output) tree `tree`, or -1. */
+int nbi_tree_flat_leaf(const nbi_tree_flatfn *t, bool out, int tree, const char *name);
+/* xs[i] = the leaves of in (borrowed); NB_ERR_ARG unless in has t's input
+ * arrangement. */
+nb_status nbi_tree_flat_inputs(const char *fn, const nbi_tree_flatfn *t, nb_tree *const *in,
+                               nb_tensor **xs);
+/* The output trees of t's arrangement holding ys (one per output leaf). */
+nb_status nbi_tree_flat_outputs(const char *fn, const nbi_tree_flatfn *t, nb_tensor *const *ys,
+                                nb_tree **out);
 
 #endif

@@ -609,3 +609,82 @@ oom:
   nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
   return NULL;
 }
+
+/* ---- flat forms for other layers (src/autoshard) ------------------------------------------ */
+struct nbi_tree_flatfn {
+  nb_fn *flat; /* retained */
+  treedef in, out;
+};
+
+nbi_tree_flatfn *nbi_tree_flatten_fn(const char *fn, nb_fn *f, nb_tree *const *in) {
+  if (!nbi_fn_is_tree(f)) {
+    nbi_error(NB_ERR_ARG, "%s: f takes tensors, not trees", fn);
+    return NULL;
+  }
+  for (int k = 0; k < f->n_in; k++)
+    if (!in || !in[k]) {
+      nbi_error(NB_ERR_NULL, "%s: input tree %d is NULL", fn, k);
+      return NULL;
+    }
+  nbi_tree_flatfn *r = calloc(1, sizeof *r);
+  if (!r) {
+    nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+    return NULL;
+  }
+  nb_status st = td_of(fn, in, f->n_in, &r->in);
+  int n = st ? 0 : td_leaves(&r->in);
+  nb_shape *shapes = st ? NULL : calloc((size_t)n + 1, sizeof *shapes);
+  if (!st && !shapes) st = nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  for (int k = 0, i = 0; k < f->n_in && !st; k++)
+    for (int j = 0; j < in[k]->n; j++, i++)
+      shapes[i] = in[k]->ts[j]->shape;
+  const treedef *od = NULL;
+  nb_fn *g = st ? NULL : flat_get(fn, f->user, &r->in, shapes, &od);
+  if (!st && !g) st = nb_last_status();
+  if (!st) st = td_pick(fn, od, NULL, 0, od, &r->out);
+  if (!st) r->flat = nb_fn_retain(g);
+  free(shapes);
+  if (st) {
+    nbi_tree_flat_free(r);
+    return NULL;
+  }
+  return r;
+}
+
+void nbi_tree_flat_free(nbi_tree_flatfn *t) {
+  if (!t) return;
+  nb_fn_release(t->flat);
+  td_free(&t->in);
+  td_free(&t->out);
+  free(t);
+}
+
+nb_fn *nbi_tree_flat_fn(const nbi_tree_flatfn *t) { return t->flat; }
+
+int nbi_tree_flat_leaf(const nbi_tree_flatfn *t, bool out, int tree, const char *name) {
+  const treedef *d = out ? &t->out : &t->in;
+  if (!name || tree < 0 || tree >= d->n_trees) return -1;
+  for (int i = d->start[tree]; i < d->start[tree + 1]; i++)
+    if (!strcmp(d->names[i], name)) return i;
+  return -1;
+}
+
+nb_status nbi_tree_flat_inputs(const char *fn, const nbi_tree_flatfn *t, nb_tree *const *in,
+                               nb_tensor **xs) {
+  for (int k = 0; k < t->in.n_trees; k++)
+    if (!in || !in[k]) return nbi_error(NB_ERR_NULL, "%s: input tree %d is NULL", fn, k);
+  if (!td_matches(&t->in, in, t->in.n_trees))
+    return nbi_error(NB_ERR_ARG,
+                     "%s: the input trees' names or dtypes differ from the example the plan was "
+                     "solved for",
+                     fn);
+  for (int k = 0, i = 0; k < t->in.n_trees; k++)
+    for (int j = 0; j < in[k]->n; j++, i++)
+      xs[i] = in[k]->ts[j];
+  return NB_OK;
+}
+
+nb_status nbi_tree_flat_outputs(const char *fn, const nbi_tree_flatfn *t, nb_tensor *const *ys,
+                                nb_tree **out) {
+  return td_build(fn, &t->out, ys, out);
+}
