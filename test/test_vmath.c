@@ -165,6 +165,29 @@ Test(vmath, special_values) {
   restore_csr(csr);
 }
 
+/* vm_expf_nonpos (softmax's exp) is vm_expf bit for bit over [-87.33, 0] (every
+ * 31st float, and every float within 2^16 of either end), 0 below, NaN for NaN. */
+Test(vmath, expf_nonpos_matches_expf) {
+  unsigned csr = save_csr();
+  int64_t bad = 0;
+  float at = 0;
+  uint32_t lo = 0x80000000u, hi = vm_bits(-87.33f); /* -0 down to -87.33 */
+  for (uint32_t u = lo; u <= hi; u += u - lo < 65536 || hi - u < 65536 + 31 ? 1 : 31) {
+    float x = from_bits(u);
+    if (vm_bits(vm_expf_nonpos(x)) != vm_bits(vm_expf(x)) && bad++ == 0) at = x;
+  }
+  cr_expect(bad == 0, "vm_expf_nonpos differs from vm_expf at %lld inputs, first x = %a",
+            (long long)bad, (double)at);
+  const float low[] = {-87.331f, -87.34f, -90.0f, -104.0f, -110.0f, -1e30f, -FLT_MAX, -INFINITY};
+  for (size_t i = 0; i < sizeof low / sizeof low[0]; i++)
+    cr_expect(vm_bits(vm_expf_nonpos(low[i])) == 0, "vm_expf_nonpos(%a) = %a, want +0",
+              (double)low[i], (double)vm_expf_nonpos(low[i]));
+  cr_expect(vm_expf_nonpos(0.0f) == 1 && vm_expf_nonpos(-0.0f) == 1);
+  cr_expect(isnan(vm_expf_nonpos(NAN)) && isnan(vm_expf_nonpos(-NAN)) &&
+            isnan(vm_expf_nonpos(from_bits(0x7f800001u))));
+  restore_csr(csr);
+}
+
 /* ---- the kernels on every ISA ------------------------------------------------------- */
 /* Inputs for the kernels: specials, every range above, and values on either
  * side of each function's switch points; n not a multiple of any vector width. */

@@ -347,7 +347,7 @@ static const row_sum_f64_fn row_sum_f64[NBI_ISA_COUNT] = {NBI_FOR_ISAS(ROW_SUM_F
     }                                                                                              \
   }
 
-DEF_FLOAT_FOLDS(f32, float, uint32_t, int32_t, vm_expf, SIMD_MAP)
+DEF_FLOAT_FOLDS(f32, float, uint32_t, int32_t, vm_expf_nonpos, SIMD_MAP)
 DEF_FLOAT_FOLDS(f64, double, uint64_t, int64_t, exp, NO_SIMD)
 
 /* The integer counterparts of fold_rows_T and fold_col_T, reading elements of
@@ -990,7 +990,7 @@ enum { ROW_PREFETCH = 16384 }; /* rows up to this many bytes prefetch the next *
 
 /* f32: one variant per ISA (vmath.h), picked at each call; f64 (libm's exp):
  * the load-time clones of HOT. */
-#define DEF_SOFTMAX_F32(S, ISA) DEF_SOFTMAX(f32_##S, f32, float, vm_expf, NBI_ISA_ATTR_##S)
+#define DEF_SOFTMAX_F32(S, ISA) DEF_SOFTMAX(f32_##S, f32, float, vm_expf_nonpos, NBI_ISA_ATTR_##S)
 NBI_FOR_ISAS(DEF_SOFTMAX_F32)
 DEF_SOFTMAX(f64, f64, double, exp, HOT)
 

@@ -132,6 +132,23 @@ VM_INLINE float vm_expf(float x) {
   return y * vm_pow2f(n1) * vm_pow2f(n - n1);
 }
 
+/* e^x for x <= 0 (softmax and logsumexp terms, max-shifted; x > 0 is not
+ * supported): vm_expf bit for bit wherever that is a normal float (x >= -87.33,
+ * where y 2^n is exact in one step), 0 below (vm_expf gives at most 1.2e-38
+ * there, denormals the compute threads flush anyway); NaN gives NaN. The scale
+ * adds n to the exponent field of y (one integer add instead of vm_expf's two
+ * multiplies and the clamps): about two thirds of vm_expf's instructions,
+ * which is what an 8-lane loop is bound by. */
+VM_INLINE float vm_expf_nonpos(float x) {
+  float nf;
+  int32_t n;
+  float r = vm_reduce_ln2(x, &nf, &n);
+  float y = (vm_exp_poly(r) * r * r + r) + 1.0f;
+  float s = vm_float(vm_bits(y) + ((uint32_t)n << 23));
+  s = x >= -87.33f ? s : 0.0f;
+  return x != x ? x : s;
+}
+
 /* e^x - 1: 2^n (e^r - 1) + (2^n - 1), formed at half scale and doubled (exact)
  * so that n = 128 overflows to inf; n = 0 returns e^r - 1 itself, which keeps
  * tiny and denormal x exact. */
