@@ -166,7 +166,8 @@ Test(vmath, special_values) {
 }
 
 /* vm_expf_nonpos (softmax's exp) is vm_expf bit for bit over [-87.33, 0] (every
- * 31st float, and every float within 2^16 of either end), 0 below, NaN for NaN. */
+ * 31st float, and every float within 2^16 of either end), 0 below, NaN for NaN (0 for
+ * vm_expf_nonpos_nan0). */
 Test(vmath, expf_nonpos_matches_expf) {
   unsigned csr = save_csr();
   int64_t bad = 0;
@@ -185,6 +186,7 @@ Test(vmath, expf_nonpos_matches_expf) {
   cr_expect(vm_expf_nonpos(0.0f) == 1 && vm_expf_nonpos(-0.0f) == 1);
   cr_expect(isnan(vm_expf_nonpos(NAN)) && isnan(vm_expf_nonpos(-NAN)) &&
             isnan(vm_expf_nonpos(from_bits(0x7f800001u))));
+  cr_expect(vm_expf_nonpos_nan0(NAN) == 0 && vm_expf_nonpos_nan0(-87.0f) == vm_expf(-87.0f));
   restore_csr(csr);
 }
 

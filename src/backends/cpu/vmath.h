@@ -135,17 +135,23 @@ VM_INLINE float vm_expf(float x) {
 /* e^x for x <= 0 (softmax and logsumexp terms, max-shifted; x > 0 is not
  * supported): vm_expf bit for bit wherever that is a normal float (x >= -87.33,
  * where y 2^n is exact in one step), 0 below (vm_expf gives at most 1.2e-38
- * there, denormals the compute threads flush anyway); NaN gives NaN. The scale
- * adds n to the exponent field of y (one integer add instead of vm_expf's two
- * multiplies and the clamps): about two thirds of vm_expf's instructions,
- * which is what an 8-lane loop is bound by. */
-VM_INLINE float vm_expf_nonpos(float x) {
-  float nf;
-  int32_t n;
-  float r = vm_reduce_ln2(x, &nf, &n);
+ * there, denormals the compute threads flush anyway). The scale adds n to the
+ * exponent field of y (t's low bits shifted up: one shift and one integer add
+ * instead of vm_expf's two multiplies and the clamps): about two thirds of
+ * vm_expf's instructions, which is what an 8-lane loop is bound by.
+ * vm_expf_nonpos_nan0 gives 0 for NaN (a row loop that knows its shift is
+ * finite needs no NaN select); vm_expf_nonpos gives NaN. */
+VM_INLINE float vm_expf_nonpos_nan0(float x) {
+  const float magic = 12582912.0f;
+  float t = x * 1.44269504088896341f + magic, nf = t - magic;
+  float r = (x - nf * VM_LN2_C1) - nf * VM_LN2_C2;
   float y = (vm_exp_poly(r) * r * r + r) + 1.0f;
-  float s = vm_float(vm_bits(y) + ((uint32_t)n << 23));
-  s = x >= -87.33f ? s : 0.0f;
+  /* n = bits(t) - bits(magic), and bits(magic) << 23 wraps to 0 */
+  float s = vm_float(vm_bits(y) + (vm_bits(t) << 23));
+  return x >= -87.33f ? s : 0.0f;
+}
+VM_INLINE float vm_expf_nonpos(float x) {
+  float s = vm_expf_nonpos_nan0(x);
   return x != x ? x : s;
 }
 
