@@ -263,10 +263,12 @@ static const row_sum_f64_fn row_sum_f64[NBI_ISA_COUNT] = {NBI_FOR_ISAS(ROW_SUM_F
           lane[k] += d[j + k];                                                                     \
       for (int64_t k = 0; k < w - w16; k++)                                                        \
         lane[k] += d[w16 + k];                                                                     \
-      for (int h = 8; h > 0; h >>= 1)                                                              \
-        for (int k = 0; k < h; k++)                                                                \
-          lane[k] += lane[k + h];                                                                  \
-      s += (double)lane[0];                                                                        \
+      T a8[8], a4[4]; /* lanes pairwise, written out: gcc kept the loop form in memory */          \
+      for (int k = 0; k < 8; k++)                                                                  \
+        a8[k] = lane[k] + lane[k + 8];                                                             \
+      for (int k = 0; k < 4; k++)                                                                  \
+        a4[k] = a8[k] + a8[k + 4];                                                                 \
+      s += (double)((a4[0] + a4[2]) + (a4[1] + a4[3]));                                            \
     }                                                                                              \
     return c - c == 0 ? s : (double)NAN; /* EXP_ROW may take NaN to 0 */                           \
   }                                                                                                \
