@@ -165,6 +165,32 @@ Test(vmath, special_values) {
   restore_csr(csr);
 }
 
+/* vm_expf_nonpos (softmax's exp, x <= 0 only) within 2 ulp of libm on [-87.33,
+ * 0] and +0 below, over every 31st non-positive float and every float near -0
+ * and -87.33; NaN for NaN (0 for vm_expf_nonpos_nan0). */
+Test(vmath, expf_nonpos) {
+  unsigned csr = save_csr();
+  double worst = 0;
+  float at = 0;
+  uint32_t edge = vm_bits(-87.33f);
+  for (uint64_t u = 0x80000000u; u <= 0xff800000u; u++) { /* -0 down to -inf */
+    float x = from_bits((uint32_t)u);
+    float got = vm_expf_nonpos(x);
+    double e = x < -87.33f ? (vm_bits(got) == 0 ? 0 : INFINITY) : ulp_error(got, exp((double)x));
+    if (e > worst || e != e) worst = e, at = x;
+    bool dense = u - 0x80000000u < 65536 || (u + 65536 > edge && u < edge + 65536);
+    if (!dense) u += 30;
+  }
+  cr_expect(worst <= 2, "vm_expf_nonpos: %.3g ulp at x = %a (got %a, libm %a)", worst, (double)at,
+            (double)vm_expf_nonpos(at), exp((double)at));
+  cr_expect(vm_bits(vm_expf_nonpos(-87.34f)) == 0 && vm_bits(vm_expf_nonpos(-INFINITY)) == 0);
+  cr_expect(vm_expf_nonpos(0.0f) == 1 && vm_expf_nonpos(-0.0f) == 1);
+  cr_expect(isnan(vm_expf_nonpos(NAN)) && isnan(vm_expf_nonpos(-NAN)) &&
+            isnan(vm_expf_nonpos(from_bits(0x7f800001u))));
+  cr_expect(vm_expf_nonpos_nan0(NAN) == 0 && vm_expf_nonpos_nan0(-1.0f) == vm_expf_nonpos(-1.0f));
+  restore_csr(csr);
+}
+
 /* ---- the kernels on every ISA ------------------------------------------------------- */
 /* Inputs for the kernels: specials, every range above, and values on either
  * side of each function's switch points; n not a multiple of any vector width. */

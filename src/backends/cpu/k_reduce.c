@@ -203,9 +203,10 @@ static const row_sum_f64_fn row_sum_f64[NBI_ISA_COUNT] = {NBI_FOR_ISAS(ROW_SUM_F
  * row_extreme_T: max (or min) of x[0..n), n >= 1, NaN if any element is NaN.
  *   It compares keys because compilers vectorize an integer max but not a
  *   float one, and tracks the largest |x| bits to detect NaN.
- * sum_exp_T: sum of exp(x[j] - c) over j < n, every x[j] - c <= 0 or NaN; e
- *   (if not NULL) receives the n exponentials. Each block of COL_BLOCK terms is
- *   summed in 16 lanes of T (lane k takes terms k, k + 16, ...), the lanes
+ * sum_exp_T: sum of exp(x[j] - c) over j < n, c >= every x[j] (a NaN x[j]
+ *   only with a NaN c); NaN when c is not finite. e (if not NULL) receives the
+ *   n exponentials (for f32 0 where x[j] - c is NaN: EXP_ROW, vm_expf_nonpos_nan0). Each block of
+ * COL_BLOCK terms is summed in 16 lanes of T (lane k takes terms k, k + 16, ...), the lanes
  *   pairwise, and the blocks in double: the same order on every ISA, and for
  *   f32 a relative error within 20 units of 2^-24 (terms are positive).
  * fold_row_T: folds x[0..n) (unit stride, n >= 1; x[0] has reduced index i0)
@@ -215,7 +216,7 @@ static const row_sum_f64_fn row_sum_f64[NBI_ISA_COUNT] = {NBI_FOR_ISAS(ROW_SUM_F
  * fold_col_T: folds rows x + r * stride, r < rows (reduced index q0 + r), of n
  *   elements into n states: acc[j] op= x[j], with centres c[j] (F_SQDEV /
  *   F_SUMEXP only) and arg indices ix[j] = q0 + r when taken. */
-#define DEF_FLOAT_FOLDS(SUF, T, U, I, EXP, MAP_SIMD)                                               \
+#define DEF_FLOAT_FOLDS(SUF, T, U, I, EXP, EXP_ROW, MAP_SIMD)                                      \
   static I key_##SUF(T v) {                                                                        \
     U u;                                                                                           \
     memcpy(&u, &v, sizeof u);                                                                      \
@@ -255,19 +256,21 @@ static const row_sum_f64_fn row_sum_f64[NBI_ISA_COUNT] = {NBI_FOR_ISAS(ROW_SUM_F
     for (int64_t j0 = 0; j0 < n; j0 += COL_BLOCK) {                                                \
       int64_t w = min64(COL_BLOCK, n - j0), w16 = w & ~(int64_t)15;                                \
       T *restrict d = e ? e + j0 : buf;                                                            \
-      MAP_SIMD for (int64_t j = 0; j < w; j++) d[j] = EXP(x[j0 + j] - c);                          \
+      MAP_SIMD for (int64_t j = 0; j < w; j++) d[j] = EXP_ROW(x[j0 + j] - c);                      \
       T lane[16] = {0};                                                                            \
       for (int64_t j = 0; j < w16; j += 16)                                                        \
         for (int k = 0; k < 16; k++)                                                               \
           lane[k] += d[j + k];                                                                     \
       for (int64_t k = 0; k < w - w16; k++)                                                        \
         lane[k] += d[w16 + k];                                                                     \
-      for (int h = 8; h > 0; h >>= 1)                                                              \
-        for (int k = 0; k < h; k++)                                                                \
-          lane[k] += lane[k + h];                                                                  \
-      s += (double)lane[0];                                                                        \
+      T a8[8], a4[4]; /* lanes pairwise, written out: gcc kept the loop form in memory */          \
+      for (int k = 0; k < 8; k++)                                                                  \
+        a8[k] = lane[k] + lane[k + 8];                                                             \
+      for (int k = 0; k < 4; k++)                                                                  \
+        a4[k] = a8[k] + a8[k + 4];                                                                 \
+      s += (double)((a4[0] + a4[2]) + (a4[1] + a4[3]));                                            \
     }                                                                                              \
-    return s;                                                                                      \
+    return c - c == 0 ? s : (double)NAN; /* EXP_ROW may take NaN to 0 */                           \
   }                                                                                                \
   static inline void fold_row_##SUF(fold_op op, const T *restrict x, int64_t n, double c,          \
                                     double *acc, int64_t *ix, int64_t i0) {                        \
@@ -347,8 +350,8 @@ static const row_sum_f64_fn row_sum_f64[NBI_ISA_COUNT] = {NBI_FOR_ISAS(ROW_SUM_F
     }                                                                                              \
   }
 
-DEF_FLOAT_FOLDS(f32, float, uint32_t, int32_t, vm_expf, SIMD_MAP)
-DEF_FLOAT_FOLDS(f64, double, uint64_t, int64_t, exp, NO_SIMD)
+DEF_FLOAT_FOLDS(f32, float, uint32_t, int32_t, vm_expf_nonpos, vm_expf_nonpos_nan0, SIMD_MAP)
+DEF_FLOAT_FOLDS(f64, double, uint64_t, int64_t, exp, exp, NO_SIMD)
 
 /* The integer counterparts of fold_rows_T and fold_col_T, reading elements of
  * type T (i64, i32, bool) through LOAD into int64 states. */
@@ -990,7 +993,7 @@ enum { ROW_PREFETCH = 16384 }; /* rows up to this many bytes prefetch the next *
 
 /* f32: one variant per ISA (vmath.h), picked at each call; f64 (libm's exp):
  * the load-time clones of HOT. */
-#define DEF_SOFTMAX_F32(S, ISA) DEF_SOFTMAX(f32_##S, f32, float, vm_expf, NBI_ISA_ATTR_##S)
+#define DEF_SOFTMAX_F32(S, ISA) DEF_SOFTMAX(f32_##S, f32, float, vm_expf_nonpos, NBI_ISA_ATTR_##S)
 NBI_FOR_ISAS(DEF_SOFTMAX_F32)
 DEF_SOFTMAX(f64, f64, double, exp, HOT)
 

@@ -11,10 +11,9 @@
  *
  * Accuracy, as the largest error in ulp against libm in double over every
  * 61st float of both signs (normal results; FTZ/DAZ off):
- *   vm_expf 0.96, vm_logf 0.81, vm_tanhf 1.05, vm_expm1f 1.49, vm_log1pf 1.44,
- *   vm_softplusf 1.89; vm_sigmoidf, vm_siluf, vm_erff, vm_geluf 0.501
- *   (computed in double, rounded once).
- * test/test_vmath.c bounds them by 2 ulp (1 for the double-evaluated ones)
+ *   vm_expf 0.96 (vm_expf_nonpos 1.05), vm_logf 0.81, vm_tanhf 1.05, vm_expm1f 1.49,
+ * vm_log1pf 1.44, vm_softplusf 1.89; vm_sigmoidf, vm_siluf, vm_erff, vm_geluf 0.501 (computed in
+ * double, rounded once). test/test_vmath.c bounds them by 2 ulp (1 for the double-evaluated ones)
  * over every 4099th float, dense samples of 13 ranges and special values;
  * results in the denormal range are checked to within FLT_MIN.
  * Polynomials are least-squares Chebyshev fits (mpmath chebyfit) made for this
@@ -130,6 +129,41 @@ VM_INLINE float vm_expf(float x) {
   float y = (vm_exp_poly(r) * r * r + r) + 1.0f;
   int32_t n1 = n >> 1;
   return y * vm_pow2f(n1) * vm_pow2f(n - n1);
+}
+
+/* (e^r - 1 - r) / r^2 on |r| <= ln2 / 2, one degree lower than vm_exp_poly
+ * (least-squares Chebyshev fit, numpy; e^r to 1.05 ulp instead of 0.96). */
+VM_INLINE float vm_exp_poly4(float r) {
+  float p = 0.001393545419f;
+  p = p * r + 0.008364383131f;
+  p = p * r + 0.04166644812f;
+  p = p * r + 0.1666657031f;
+  p = p * r + 0.5f;
+  return p;
+}
+
+/* e^x for x <= 0 (softmax and logsumexp terms, max-shifted; x > 0 is not
+ * supported), 1.05 ulp: vm_expf's reduction with vm_exp_poly4, and the scale
+ * added to the exponent field of y (t's low bits shifted up: one shift and one
+ * integer add instead of vm_expf's two multiplies and clamps), exact where
+ * the result is a normal float (x >= -87.33); 0 below (e^x < 1.2e-38 there:
+ * denormals, which the compute threads flush anyway, and a sliver just above
+ * FLT_MIN). In softmax's AVX2 loop: 26 vector
+ * instructions per 8 lanes against vm_expf's 42, which is what that loop is bound by.
+ * vm_expf_nonpos_nan0 gives 0 for NaN (a row loop that knows its shift is
+ * finite needs no NaN select); vm_expf_nonpos gives NaN. */
+VM_INLINE float vm_expf_nonpos_nan0(float x) {
+  const float magic = 12582912.0f;
+  float t = x * 1.44269504088896341f + magic, nf = t - magic;
+  float r = (x - nf * VM_LN2_C1) - nf * VM_LN2_C2;
+  float y = (vm_exp_poly4(r) * r * r + r) + 1.0f;
+  /* n = bits(t) - bits(magic), and bits(magic) << 23 wraps to 0 */
+  float s = vm_float(vm_bits(y) + (vm_bits(t) << 23));
+  return x >= -87.33f ? s : 0.0f;
+}
+VM_INLINE float vm_expf_nonpos(float x) {
+  float s = vm_expf_nonpos_nan0(x);
+  return x != x ? x : s;
 }
 
 /* e^x - 1: 2^n (e^r - 1) + (2^n - 1), formed at half scale and doubled (exact)
