@@ -55,8 +55,14 @@ typedef struct nbi_dist_call {
   int64_t sig;                    /* equal on every member (e.g. the group's total) */
 } nbi_dist_call;
 typedef struct nbi_dist_req nbi_dist_req;
-/* Starts c with send (malloc'ed; taken over, freed with the request, also on
- * failure). NB_OK and *req, or an error (the job's failure path). */
+/* Staging memory for collectives: bytes (+1) that nbi_dist_buffer_free gives
+ * back to a small cache the next call of a similar size reuses (fresh pages
+ * cost a fault and a zeroing each). NULL when out of memory. */
+void *nbi_dist_buffer(size_t bytes);
+void nbi_dist_buffer_free(void *p);
+/* Starts c with send (from nbi_dist_buffer; taken over, freed with the
+ * request, also on failure). NB_OK and *req, or an error (the job's failure
+ * path). */
 nb_status nbi_dist_start(const nbi_dist_call *c, void *send, nbi_dist_req **req);
 /* Waits for r until done or the deadline; the same status on every call. */
 nb_status nbi_dist_wait(nbi_dist_req *r);

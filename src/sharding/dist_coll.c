@@ -146,7 +146,7 @@ static nb_status pack(const char *fn, const nb_mesh *m, nb_tensor *const *ts, in
                        fn, m->text, m->n_ranks);
     total += (size_t)nbi_numel(&ts[i]->shape) * nb_dtype_size(ts[i]->dtype);
   }
-  if (!(*buf = malloc(total + 1))) return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
+  if (!(*buf = nbi_dist_buffer(total))) return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
   for (int i = 0; i < k; i++) {
     size_t b = (size_t)nbi_numel(&ts[i]->shape) * nb_dtype_size(ts[i]->dtype);
     nb_status st = b ? nb_to_host(ts[i], (char *)*buf + off, b) : NB_OK;
@@ -268,7 +268,7 @@ static nb_status ar_member(dctx *c, int gi, int me, nb_tensor **out) {
   void *send = NULL;
   nb_status st = pack(c->fn, c->g->m, &c->phys[d], 1, &send);
   if (st) {
-    free(send);
+    nbi_dist_buffer_free(send);
     return st;
   }
   int64_t n = nbi_numel(&c->sh[me]);
@@ -307,7 +307,7 @@ static nb_status ag_member(dctx *c, int gi, int me, nb_tensor **out) {
   void *send = NULL;
   nb_status st = pack(c->fn, c->g->m, &c->phys[d], 1, &send);
   if (st) {
-    free(send);
+    nbi_dist_buffer_free(send);
     return st;
   }
   int64_t *rc = c->cnt + n;
@@ -360,7 +360,7 @@ static nb_status rs_member(dctx *c, int gi, int me, nb_tensor **out) {
   void *send = NULL;
   nb_status st = pack_chunks(c, d, cur->a, &send);
   if (st) {
-    free(send);
+    nbi_dist_buffer_free(send);
     return st;
   }
   nbi_dist_req *q;
@@ -401,7 +401,7 @@ static nb_status a2a_member(dctx *c, int gi, int me, nb_tensor **out) {
   nb_shape *from = st ? NULL : malloc(sizeof *from * (size_t)n);
   if (!st && !from) st = nbi_error(NB_ERR_OOM, "%s: out of memory", c->fn);
   if (st) {
-    free(send);
+    nbi_dist_buffer_free(send);
     return st;
   }
   int64_t *rc = c->cnt + n, total = 0;
@@ -444,7 +444,7 @@ static nb_status pp_member(dctx *c, int gi, int me, nb_tensor **out) {
   void *send = NULL;
   nb_status st = dest >= 0 ? pack(c->fn, c->g->m, &c->phys[d], 1, &send) : NB_OK;
   if (st) {
-    free(send);
+    nbi_dist_buffer_free(send);
     return st;
   }
   int64_t rc = src >= 0 ? nbi_numel(&c->sh[src]) : 0;

@@ -152,12 +152,12 @@ Test(mpi, group_calls) {
                      .dtype = NB_I64,
                      .count = 2,
                      .sig = R == 0 ? 2 : 3};
-  cr_assert_eq(nbi_dist_start(&c, malloc(16), &q), NB_ERR_DISTRIBUTED);
+  cr_assert_eq(nbi_dist_start(&c, nbi_dist_buffer(16), &q), NB_ERR_DISTRIBUTED);
   cr_assert(strstr(handled_msg, "all_reduce") && strstr(handled_msg, "differ"), "%s", handled_msg);
   nb_clear_error();
   nb_on_distributed_error(NULL, NULL);
   /* all-reduce (max) */
-  int64_t *v = malloc(16);
+  int64_t *v = nbi_dist_buffer(16);
   v[0] = R, v[1] = -R;
   c.sig = 2, c.op = NBI_DIST_MAX;
   cr_assert_eq(nbi_dist_start(&c, v, &q), NB_OK, "%s", nb_last_error());
@@ -169,7 +169,7 @@ Test(mpi, group_calls) {
   int64_t total = 0;
   for (int i = 0; i < N; i++)
     total += rc[i] = i + 1;
-  v = malloc(sizeof *v * (size_t)(me + 1));
+  v = nbi_dist_buffer(sizeof *v * (size_t)(me + 1));
   for (int i = 0; i <= me; i++)
     v[i] = me;
   c = (nbi_dist_call){.kind = NBI_DIST_ALL_GATHER,
@@ -189,7 +189,7 @@ Test(mpi, group_calls) {
   int64_t ns = 0;
   for (int j = 0; j < N; j++)
     ns += sc[j] = j + 1, rc[j] = me + 1;
-  v = malloc(sizeof *v * (size_t)ns);
+  v = nbi_dist_buffer(sizeof *v * (size_t)ns);
   for (int j = 0, k = 0; j < N; j++)
     for (int e = 0; e <= j; e++)
       v[k++] = 10 * me + j;
@@ -208,7 +208,7 @@ Test(mpi, group_calls) {
       cr_assert_eq(got[k], 10 * i + me, "all_to_all [%d]", k);
   nbi_dist_free(q);
   /* a ring: member i sends to i + 1 */
-  v = malloc(sizeof *v);
+  v = nbi_dist_buffer(sizeof *v);
   v[0] = 100 + me;
   rc[0] = 1;
   c = (nbi_dist_call){.kind = NBI_DIST_PERMUTE,
@@ -224,7 +224,8 @@ Test(mpi, group_calls) {
   cr_assert_eq(nbi_dist_wait(q), NB_OK, "%s", nb_last_error());
   cr_assert_eq(*(int64_t *)nbi_dist_recv(q), 100 + (me + N - 1) % N);
   nbi_dist_free(q);
-  cr_assert_eq(nbi_dist_start(&c, calloc(1, 8), &q), NB_OK, "%s", nb_last_error());
+  cr_assert_eq(nbi_dist_start(&c, memset(nbi_dist_buffer(8), 0, 8), &q), NB_OK, "%s",
+               nb_last_error());
   nbi_dist_free(q); /* freed unwaited: waits first */
   free(ranks), free(sc), free(rc);
 }
@@ -245,4 +246,26 @@ int main(int argc, char **argv) {
   nb_finalize();
   if (R == 0) fprintf(stderr, "test_mpi: %d ranks: %s\n", N, rc ? "FAILED" : "ok");
   return rc;
+}
+
+/* Staging buffers (dist.h): a freed buffer comes back for the next request of
+ * a similar size (at most twice as large as asked), never for a larger one,
+ * and its memory is whole. */
+Test(mpi, staging_buffers_are_reused) {
+  char *a = nbi_dist_buffer(1 << 20);
+  cr_assert(a != NULL);
+  memset(a, 7, 1 << 20);
+  nbi_dist_buffer_free(a);
+  char *b = nbi_dist_buffer((1 << 20) - 100);
+  cr_assert_eq(b, a, "a freed 1 MiB buffer serves a request of 1 MiB - 100");
+  cr_assert_eq(b[(1 << 20) - 101], 7);
+  char *c = nbi_dist_buffer(3 << 20);
+  cr_assert(c != NULL && c != a);
+  memset(c, 1, 3 << 20);
+  nbi_dist_buffer_free(b);
+  char *d = nbi_dist_buffer(1000); /* far smaller: a fresh buffer, not the 1 MiB one */
+  cr_assert(d != NULL && d != a);
+  nbi_dist_buffer_free(c);
+  nbi_dist_buffer_free(d);
+  nbi_dist_buffer_free(NULL);
 }

@@ -13,6 +13,7 @@
 #include "../../core/dist.h"
 
 #include <nabla/distributed.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,67 @@ void nb_on_distributed_error(nb_distributed_error_fn fn, void *user) {
 
 static int rank_, world_ = 1, local_rank_;
 static char prefix[48];
+
+/* ---- staging buffers (dist.h: nbi_dist_buffer) ---------------------------------------------
+ * A collective's send and receive copies are fresh memory each call; at 256 KiB
+ * and more malloc maps new pages, so every call paid a page fault and a
+ * zeroing per 4 KiB, and an all-reduce took 9-10x MPI's own time (bench-mpi).
+ * Freed buffers wait here for the next call of a similar size: STAGE_SLOTS of
+ * them, at most STAGE_CAP bytes in all. */
+enum { STAGE_SLOTS = 8 };
+#define STAGE_CAP ((size_t)256 << 20)
+typedef struct stage_hdr {
+  size_t cap;    /* bytes after the header */
+  size_t pad[7]; /* keeps the data 64-byte aligned after malloc's 16 */
+} stage_hdr;
+static pthread_mutex_t stage_lock = PTHREAD_MUTEX_INITIALIZER;
+static stage_hdr *stage_free[STAGE_SLOTS];
+static size_t stage_bytes;
+
+void *nbi_dist_buffer(size_t bytes) {
+  size_t want = bytes + 1;
+  stage_hdr *h = NULL;
+  pthread_mutex_lock(&stage_lock);
+  int best = -1;
+  for (int i = 0; i < STAGE_SLOTS; i++) {
+    stage_hdr *f = stage_free[i];
+    if (f && f->cap >= want && f->cap / 2 <= want && (best < 0 || f->cap < stage_free[best]->cap))
+      best = i;
+  }
+  if (best >= 0) {
+    h = stage_free[best];
+    stage_free[best] = NULL;
+    stage_bytes -= h->cap;
+  }
+  pthread_mutex_unlock(&stage_lock);
+  if (!h && (h = malloc(sizeof *h + want))) h->cap = want;
+  return h ? h + 1 : NULL;
+}
+
+void nbi_dist_buffer_free(void *p) {
+  if (!p) return;
+  stage_hdr *h = (stage_hdr *)p - 1, *drop = h;
+  pthread_mutex_lock(&stage_lock);
+  if (h->cap <= STAGE_CAP) {
+    int slot = -1; /* an empty slot, else the smallest buffer if h is larger */
+    for (int i = 0; i < STAGE_SLOTS && slot < 0; i++)
+      if (!stage_free[i]) slot = i;
+    for (int i = 0; i < STAGE_SLOTS && slot < 0; i++)
+      if (stage_free[i]->cap < h->cap && (slot < 0 || stage_free[i]->cap < stage_free[slot]->cap))
+        slot = i;
+    if (slot >= 0) {
+      stage_hdr *old = stage_free[slot];
+      size_t after = stage_bytes - (old ? old->cap : 0) + h->cap;
+      if (after <= STAGE_CAP) {
+        drop = old;
+        stage_free[slot] = h;
+        stage_bytes = after;
+      }
+    }
+  }
+  pthread_mutex_unlock(&stage_lock);
+  free(drop);
+}
 
 int nb_rank(void) { return rank_; }
 int nb_world_size(void) { return world_; }
@@ -96,7 +158,7 @@ nb_status nbi_dist_exchange(const void *send, const int64_t *scount, void *recv,
 
 nb_status nbi_dist_start(const nbi_dist_call *c, void *send, nbi_dist_req **req) {
   (void)c;
-  free(send);
+  nbi_dist_buffer_free(send);
   *req = NULL;
   return nbi_error(NB_ERR_DISTRIBUTED, "nabla: a collective between processes in a nabla built "
                                        "without MPI (rebuild with `make MPI=1`)");
@@ -114,6 +176,7 @@ void nbi_dist_free(nbi_dist_req *r) { (void)r; }
 #else /* NABLA_MPI */
 #include <mpi.h>
 #include <stdarg.h>
+#include <sched.h>
 #include <time.h>
 
 static MPI_Comm sig_comm = MPI_COMM_NULL, data_comm = MPI_COMM_NULL;
@@ -201,9 +264,13 @@ static void nap(void) { nanosleep(&(struct timespec){0, 20000}, NULL); }
 /* Polls reqs[0..n) until all are done or the deadline; on the deadline,
  * missing (if given) gets which are not done. */
 static bool wait_all(MPI_Request *reqs, int n, double deadline, bool *missing, int *rc) {
-  /* polls without sleeping for the first 200 us (a short collective is done
-   * by then: napping from the start cost ~0.3 ms per call), then naps */
-  double spin_until = MPI_Wtime() + 200e-6;
+  /* Open MPI moves a non-blocking collective's rounds only inside MPI calls,
+   * so the wait keeps calling: without pause for the first 200 us (a short
+   * collective is done by then), then yielding the core between polls (other
+   * ranks or threads sharing it run) up to 0.1 s, and only then napping. A nap
+   * is at least the timer slack (~60 us): napping after 200 us made every
+   * all-reduce of 256 KiB or more 9-10x slower than MPI's own (bench-mpi). */
+  double t0 = MPI_Wtime(), spin_until = t0 + 200e-6, yield_until = t0 + 0.1;
   for (;;) {
     int all = 1;
     *rc = MPI_Testall(n, reqs, &all, MPI_STATUSES_IGNORE);
@@ -216,7 +283,11 @@ static bool wait_all(MPI_Request *reqs, int n, double deadline, bool *missing, i
       }
       return false;
     }
-    if (MPI_Wtime() > spin_until) nap();
+    double now = MPI_Wtime();
+    if (now > yield_until)
+      nap();
+    else if (now > spin_until)
+      sched_yield();
   }
 }
 
@@ -616,8 +687,8 @@ void nbi_dist_free(nbi_dist_req *q) {
     nbi_dist_wait(q); /* MPI still writes into recv until done */
     if (keep) nbi_error(keep, "%s", msg);
   }
-  free(q->send);
-  free(q->recv);
+  nbi_dist_buffer_free(q->send);
+  nbi_dist_buffer_free(q->recv);
   free(q->cnt);
   free(q);
 }
@@ -647,7 +718,7 @@ nb_status nbi_dist_start(const nbi_dist_call *c, void *send, nbi_dist_req **req)
   nbi_dist_req *q = calloc(1, sizeof *q);
   const char *fn = c && c->kind >= 0 && c->kind < 5 ? kinds[c->kind] : "collective";
   if (!q) {
-    free(send);
+    nbi_dist_buffer_free(send);
     return nbi_error(NB_ERR_OOM, "nabla: %s: out of memory", fn);
   }
   q->send = send, q->kind = c ? c->kind : 0;
@@ -681,7 +752,7 @@ nb_status nbi_dist_start(const nbi_dist_call *c, void *send, nbi_dist_req **req)
     if (recv_n < 0 || (double)recv_n * (double)es > (double)INT32_MAX)
       st = nbi_error(NB_ERR_OVERFLOW, "nabla: %s: more than 2 GiB to one process", fn);
   }
-  if (!st && !(q->recv = malloc((size_t)recv_n * es + 1)))
+  if (!st && !(q->recv = nbi_dist_buffer((size_t)recv_n * es)))
     st = nbi_error(NB_ERR_OOM, "nabla: %s: out of memory", fn);
   if (!st) st = check_signature_on(&g->seq, c->kind, c->sig, c->dtype, c->op, peers);
   q->seq = g ? g->seq : 0;
