@@ -243,6 +243,8 @@ int main(int argc, char **argv) {
   if (!step_only) {
     snprintf(axes, sizeof axes, "x=%d", N);
     nb_mesh *m = nb_mesh_world(axes);
+    double fx[16], fy[16]; /* all-reduce: bytes per rank 2 (N-1)/N B, nabla's seconds */
+    int nf = 0;
     for (int64_t b = 1024; b <= (max_mib > 0 ? max_mib << 20 : 4096); b *= 4) {
       int64_t n = b / 4;
       if (n % N) continue;
@@ -250,6 +252,8 @@ int main(int argc, char **argv) {
       for (int kind = 0; kind < N_COLL; kind++) {
         double tn = nabla_coll(m, n, kind, k), td = direct_coll(n, kind, false, k),
                ti = direct_coll(n, kind, true, k);
+        if (kind == 0 && b >= 4096 && b <= (4 << 20) && nf < 16 && tn > 0)
+          fx[nf] = 2.0 * (N - 1) / N * (double)b, fy[nf++] = tn;
         if (R == 0)
           printf("{\"bench\": \"mpi_%s\", \"ranks\": %d, \"bytes\": %lld, \"nabla_s\": %.3e, "
                  "\"mpi_s\": %.3e, \"mpi_nonblocking_s\": %.3e, \"nabla_GBps\": %.3f, "
@@ -257,6 +261,25 @@ int main(int argc, char **argv) {
                  COLL[kind], N, (long long)b, tn, td, ti, (double)b / tn / 1e9,
                  (double)b / td / 1e9);
       }
+    }
+    if (N > 1 && nf >= 2 && R == 0) {
+      /* the cost model's constants for this transport (nb_auto_shard_opts
+       * alpha_s / beta_s_per_byte) over 4 KiB .. 4 MiB: least squares of the
+       * relative error (weights 1 / t^2), so the small sizes fix alpha (plain
+       * least squares let the large ones drive it below zero) */
+      double w = 0, mx = 0, my = 0, sxx = 0, sxy = 0;
+      for (int i = 0; i < nf; i++)
+        w += 1 / (fy[i] * fy[i]);
+      for (int i = 0; i < nf; i++)
+        mx += fx[i] / (fy[i] * fy[i]) / w, my += 1 / fy[i] / w;
+      for (int i = 0; i < nf; i++) {
+        double wi = 1 / (fy[i] * fy[i]);
+        sxx += wi * (fx[i] - mx) * (fx[i] - mx), sxy += wi * (fx[i] - mx) * (fy[i] - my);
+      }
+      double beta = sxx > 0 ? sxy / sxx : 0, alpha = my - beta * mx;
+      printf("{\"bench\": \"autoshard_constants\", \"transport\": \"mpi\", \"ranks\": %d, "
+             "\"alpha_s\": %.4g, \"beta_s_per_byte\": %.4g}\n",
+             N, alpha, beta);
     }
     if (N > 1) {
       int64_t n = smoke ? 256 : 4 << 20, k = smoke ? 64 : 1024; /* 16 MiB of f32 */
