@@ -3,14 +3,17 @@
  * a virtual CPU mesh, for a small batch with a large hidden size on tp=4
  * (it finds Megatron: W1 column-parallel, W2 row-parallel) and a large batch
  * with small weights on dp=4 (data parallel), then a two-block transformer
- * (nb_block_apply of src/nn, f64) on tp=2, where it splits the attention heads
- * over tp (w_q, w_k, w_v column-parallel, w_o row-parallel) and the two
- * blocks share one set of choices. Each plan trains a few steps
- * with nb_shard_plan_call; the losses are those of the unsharded step, and
+ * (nb_block_apply of src/nn, f64) on tp=2 written as a function of trees
+ * (nb_auto_shard_plan_trees), where it splits the attention heads over tp
+ * (w_q, w_k, w_v column-parallel, w_o row-parallel) and the two blocks share
+ * one set of choices. Each plan trains a few steps with nb_shard_plan_call
+ * (nb_shard_plan_call_trees); the losses are those of the unsharded step, and
  * the report shows the predicted collectives next to the measured ones. */
 #include <math.h>
 #include <nabla/nabla.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 enum { BLOCKS = 2, NP = 4 * BLOCKS, NIN = NP + 2, NOUT = 1 + NP, STEPS = 5 };
 
@@ -98,106 +101,119 @@ static int run(const char *axes, int64_t n, int64_t d, int64_t h, nb_fn *step) {
   return worst < 1e-4 ? 0 : 1;
 }
 
-/* ---- a two-block transformer: its parameters are an nb_tree (src/nn); the
- * step is written over the leaves, the trees rebuilt inside ---------------------------- */
-enum { TL = 2, TMAXP = 16 };
+/* ---- a two-block transformer: a function of trees ----------------------------------------
+ * The parameters are one nb_tree ("h.0.attn.w_q", ...: nb_block_init's trees
+ * under "h.0" and "h.1"), the batch another ({"x", "y"}); the step is a
+ * function of trees, planned by nb_auto_shard_plan_trees and run by
+ * nb_shard_plan_call_trees, and specs are looked up by leaf name. */
+enum { TL = 2 };
 typedef struct tfm {
   nb_block_config c;
-  int np;
-  const char *names[TMAXP];
-  nb_fn *vg;
+  nb_fn *vg; /* value and gradient of tf_loss with respect to the parameters */
 } tfm;
 
-static nb_status tf_loss(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+/* in: params, batch -> {"loss"} */
+static nb_status tf_loss(void *u, nb_tree *const *in, int n_in, nb_tree **out, int n_out) {
   (void)n_in, (void)n_out;
   const tfm *t = u;
-  nb_tensor *h = in[TL * t->np];
+  nb_tensor *h = nb_tree_get(in[1], "x");
   for (int l = 0; l < TL; l++) {
-    nb_tree *p = nb_tree_create();
-    for (int i = 0; i < t->np; i++)
-      nb_tree_set(p, t->names[i], in[l * t->np + i]);
+    char prefix[16];
+    snprintf(prefix, sizeof prefix, "h.%d", l);
+    nb_tree *p = nb_tree_subtree(in[0], prefix);
     h = nb_block_apply(p, &t->c, h, NULL);
     nb_tree_release(p);
   }
-  out[0] = nb_mse(h, in[TL * t->np + 1]);
-  return out[0] ? NB_OK : nb_last_status();
+  out[0] = nb_tree_create();
+  return nb_tree_set(out[0], "loss", nb_mse(h, nb_tree_get(in[1], "y")));
 }
 
-static nb_status tf_step(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
+/* in: params, batch -> {"loss"}, params after one SGD step (lr 0.05) */
+static nb_status tf_step(void *u, nb_tree *const *in, int n_in, nb_tree **out, int n_out) {
   (void)n_in, (void)n_out;
   const tfm *t = u;
-  nb_tensor *o[1 + TL * TMAXP];
-  nb_status st = nb_call(t->vg, in, o);
+  nb_tree *o[2];
+  nb_status st = nb_call_trees(t->vg, in, o);
   if (st) return st;
   out[0] = o[0];
-  for (int i = 0; i < TL * t->np; i++)
-    if (!(out[1 + i] = nb_sub(in[i], nb_mul_scalar(o[1 + i], 0.05)))) return nb_last_status();
-  return NB_OK;
+  out[1] = nb_tree_axpy(-0.05, o[1], in[0]);
+  nb_tree_release(o[1]);
+  return out[1] ? NB_OK : nb_last_status();
 }
 
 static int run_transformer(void) {
   tfm t = {.c = {.dim = 256, .n_heads = 4, .hidden = 1024, .bias = true}};
   nb_tensor *keys[TL];
   nb_key_split(nb_key(11), TL, keys);
-  nb_tree *params[TL];
-  for (int l = 0; l < TL; l++)
-    if (!(params[l] = nb_block_init(keys[l], &t.c, NB_F64))) return 1;
-  t.np = nb_tree_len(params[0]);
-  int n = TL * t.np, nin = n + 2, nout = n + 1;
-  nb_tensor *in[TL * TMAXP + 2], *plain[TL * TMAXP + 2];
-  int argnums[TL * TMAXP], tie[TL * TMAXP + 1];
-  tie[0] = -1;
-  for (int l = 0; l < TL; l++)
-    for (int i = 0; i < t.np; i++) {
-      t.names[i] = nb_tree_name(params[l], i);
-      in[l * t.np + i] = nb_tree_at(params[l], i);
-      argnums[l * t.np + i] = tie[1 + l * t.np + i] = l * t.np + i;
-    }
+  nb_tree *params = nb_tree_create(), *batch = nb_tree_create();
+  for (int l = 0; l < TL; l++) {
+    char prefix[16];
+    snprintf(prefix, sizeof prefix, "h.%d", l);
+    nb_tree *b = nb_block_init(keys[l], &t.c, NB_F64);
+    if (!b || nb_tree_set_tree(params, prefix, b)) return 1;
+    nb_tree_release(b);
+  }
   nb_seed(3);
-  in[n] = nb_randn(NB_SHAPE(1, 16, 256), NB_F64);
-  in[n + 1] = nb_tanh(in[n]);
-  for (int k = 0; k < nin; k++)
-    plain[k] = in[k];
-  nb_fn *loss = nb_fn_create(tf_loss, &t, nin, 1);
-  t.vg = nb_value_and_grad_argnums(loss, argnums, n);
-  nb_fn *step = nb_fn_create(tf_step, &t, nin, nout);
+  nb_tensor *x = nb_randn(NB_SHAPE(1, 16, 256), NB_F64);
+  nb_tree_set(batch, "x", x);
+  nb_tree_set(batch, "y", nb_tanh(x));
+  int n = nb_tree_len(params);
+  /* out_like_in counts leaves: output leaf 0 is the loss, 1 + i the updated
+   * parameter i, which keeps input leaf i's layout */
+  int *tie = malloc(sizeof *tie * (size_t)(n + 1));
+  tie[0] = -1;
+  for (int i = 0; i < n; i++)
+    tie[1 + i] = i;
+  nb_fn *loss = nb_fn_create_trees(tf_loss, &t, 2, 1);
+  t.vg = nb_value_and_grad(loss, NB_AXES(0));
+  nb_fn *step = nb_fn_create_trees(tf_step, &t, 2, 2);
   nb_mesh *m = nb_mesh_cpu("tp=2");
-  nb_shard_plan *plan = nb_auto_shard_plan(step, m, in, &(nb_auto_shard_opts){.out_like_in = tie});
+  nb_shard_plan *plan = nb_auto_shard_plan_trees(step, m, (nb_tree *[]){params, batch},
+                                                 &(nb_auto_shard_opts){.out_like_in = tie});
+  free(tie);
   if (!plan) {
-    fprintf(stderr, "nb_auto_shard_plan: %s\n", nb_last_error());
+    fprintf(stderr, "nb_auto_shard_plan_trees: %s\n", nb_last_error());
     return 1;
   }
   printf("== two transformer blocks (width 256, 4 heads, MLP 1024, sequence 16) on tp=2\n");
   printf("block 0's parameters:");
-  for (int i = 0; i < t.np; i++)
-    printf(" %s %s%s", t.names[i], nb_shard_plan_in_spec(plan, i), i + 1 < t.np ? "," : "\n");
-  nb_tensor *o[1 + TL * TMAXP];
+  for (int i = 0, first = 1; i < n; i++) {
+    const char *name = nb_tree_name(params, i);
+    if (!strncmp(name, "h.0.", 4))
+      printf("%s %s %s", first ? "" : ",", name + 4, nb_shard_plan_in_leaf_spec(plan, 0, name));
+    first &= strncmp(name, "h.0.", 4) != 0;
+  }
+  printf("\n");
+  nb_tree *o[2];
   nb_reset_stats();
-  if (nb_shard_plan_call(plan, in, o) != NB_OK) return 1;
+  if (nb_shard_plan_call_trees(plan, (nb_tree *[]){params, batch}, o) != NB_OK) return 1;
   nb_stats st = nb_get_stats();
   nb_auto_shard_report(stdout, plan, &st);
+  nb_tree_release(o[0]), nb_tree_release(o[1]);
   double worst = 0;
+  nb_tree *pa = nb_tree_retain(params), *pb = nb_tree_retain(params);
   printf("step   unsharded   auto-sharded\n");
   for (int s = 0; s < STEPS; s++) {
-    nb_tensor *a[1 + TL * TMAXP], *b[1 + TL * TMAXP];
-    if (nb_shard_plan_call(plan, in, a) != NB_OK || nb_call(step, plain, b) != NB_OK) {
+    nb_tree *a[2], *b[2];
+    if (nb_shard_plan_call_trees(plan, (nb_tree *[]){pa, batch}, a) != NB_OK ||
+        nb_call_trees(step, (nb_tree *[]){pb, batch}, b) != NB_OK) {
       fprintf(stderr, "training: %s\n", nb_last_error());
       return 1;
     }
-    double la = nb_item(a[0]), lb = nb_item(b[0]);
+    double la = nb_item(nb_tree_get(a[0], "loss")), lb = nb_item(nb_tree_get(b[0], "loss"));
     printf("%4d  %10.6f  %13.6f\n", s, lb, la);
     worst = fmax(worst, fabs(la - lb) / fmax(1e-30, fabs(lb)));
-    for (int i = 0; i < n; i++)
-      in[i] = a[1 + i], plain[i] = b[1 + i];
+    nb_tree_release(pa), nb_tree_release(pb), nb_tree_release(a[0]), nb_tree_release(b[0]);
+    pa = a[1], pb = b[1];
   }
   printf("largest relative loss difference: %.2g\n\n", worst);
+  nb_tree_release(pa), nb_tree_release(pb);
   nb_shard_plan_release(plan);
   nb_mesh_release(m);
   nb_fn_release(step);
   nb_fn_release(t.vg);
   nb_fn_release(loss);
-  for (int l = 0; l < TL; l++)
-    nb_tree_release(params[l]);
+  nb_tree_release(params), nb_tree_release(batch);
   return worst < 1e-4 ? 0 : 1;
 }
 
