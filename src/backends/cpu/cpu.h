@@ -39,7 +39,9 @@ typedef struct nbi_thread_guard {
 bool nbi_thread_guard_reduced(nbi_thread_guard *g, uint64_t now);
 void nbi_thread_guard_feed(nbi_thread_guard *g, uint64_t now, uint64_t wall, uint64_t cpu);
 /* Whether f32 GEMMs go to OpenBLAS rather than oneDNN now (gemm.c: where
- * oneDNN runs AVX2 code; env NABLA_SGEMM=onednn|openblas). */
+ * oneDNN runs AVX2 code and OpenBLAS is still single-threaded as nabla set
+ * it; env NABLA_SGEMM=onednn|openblas). Every caller (GEMM, epilogues,
+ * matmul's primitive choice) asks this one predicate. */
 bool nbi_cpu_sgemm_blas(void);
 /* C = alpha op(A) @ op(B) + beta C (f32 or f64, row-major, 32-bit sizes) as
  * single-threaded OpenBLAS calls on column (or row) blocks over this thread's

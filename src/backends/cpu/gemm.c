@@ -51,7 +51,7 @@ bool nbi_cpu_sgemm_blas(void) {
     if (p) openblas_set_num_threads(1); /* nbi_cpu_blas_split threads it */
     pick = p;
   }
-  return p;
+  return p && openblas_get_num_threads() == 1; /* else the application set it again */
 }
 
 /* One OpenBLAS call on the calling thread (OpenBLAS is single-threaded in this
@@ -104,8 +104,8 @@ nb_status nbi_cpu_gemm(nb_dtype dt, bool trans_a, bool trans_b, int64_t m, int64
                        double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
                        double beta, void *c, int64_t ldc) {
   if (m == 0 || n == 0) return NB_OK;
-  if (dt == NB_F32 && nbi_cpu_sgemm_blas() && openblas_get_num_threads() == 1 && m <= INT_MAX &&
-      n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
+  if (dt == NB_F32 && nbi_cpu_sgemm_blas() && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX &&
+      lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX) {
     nbi_cpu_blas_split(dt, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return NB_OK;
   }
@@ -127,7 +127,7 @@ nb_status nbi_cpu_gemm(nb_dtype dt, bool trans_a, bool trans_b, int64_t m, int64
       return nbi_error(NB_ERR_OVERFLOW,
                        "nabla: f64 GEMM %lldx%lldx%lld exceeds OpenBLAS's 32-bit sizes",
                        (long long)m, (long long)n, (long long)k);
-    if (nbi_cpu_sgemm_blas() && openblas_get_num_threads() == 1) /* split it ourselves */
+    if (nbi_cpu_sgemm_blas()) /* OpenBLAS is single-threaded then: split it ourselves */
       nbi_cpu_blas_split(dt, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     else
       blas_call(dt, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
