@@ -372,6 +372,43 @@ Test(fusion, row_compositions_are_one_kernel) {
   }
 }
 
+/* Sums of products: the CPU folds a product row that only the sum reads into
+ * the sum (nbi_cpu_reduce_row_dot); the bits must stay the unfused ones at
+ * every row length (the float pre-sums of 256 terms, 32-term blocks, the
+ * zero-padded tail, under 8 terms the plain fold), with factors that are
+ * operands, members, broadcast rows, or the same row (a square). */
+static nb_tensor *dot_rows(nb_tensor *const *in) {
+  return nb_sum(nb_mul(in[0], in[1]), NB_AXES(-1), false);
+}
+
+static nb_tensor *dot_member_bcast(nb_tensor *const *in) {
+  return nb_mean(nb_mul(nb_tanh(in[0]), in[2]), NB_AXES(-1), true);
+}
+
+static nb_tensor *centered_sumsq(nb_tensor *const *in) {
+  nb_tensor *c = nb_sub(in[0], nb_mean(in[0], NB_AXES(-1), true));
+  return nb_mul(c, nb_sum(nb_square(c), NB_AXES(-1), true));
+}
+
+static nb_tensor *product_read_twice(nb_tensor *const *in) { /* not folded: the add reads it */
+  nb_tensor *p = nb_mul(in[0], in[1]);
+  return nb_add(nb_sum(p, NB_AXES(-1), true), p);
+}
+
+Test(fusion, product_sums_equal_unfused_at_every_row_length) {
+  int64_t lens[] = {3, 8, 9, 31, 32, 255, 256, 257, 300, 1029};
+  for (int k = 0; k < 2; k++)
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+      nb_dtype dt = k ? NB_F64 : NB_F32;
+      nb_shape x = {2, {40, lens[i]}}, w = {1, {lens[i]}};
+      nb_shape sh[3] = {x, x, w};
+      one_kernel(dot_rows, sh, 3, dt, "sum(a * b)");
+      one_kernel(dot_member_bcast, sh, 3, dt, "mean(tanh(a) * w)");
+      one_kernel(centered_sumsq, sh, 1, dt, "c * sum(square(c))");
+      one_kernel(product_read_twice, sh, 2, dt, "sum(p) + p");
+    }
+}
+
 /* Backward passes of layer_norm and cross-entropy: gradients fused equal the
  * unfused ones bit for bit, in far fewer kernels (reductions over the feature
  * axis join the elementwise ops around them). */

@@ -264,6 +264,10 @@ typedef struct row_plan {
   int slot[NBI_FUSE_MAX];    /* scratch row of an unstored full member, or -1 */
   char *out[NBI_FUSE_MAX];   /* buffer of a stored member, or NULL */
   row_ext ext[NBI_FUSE_MAX];
+  /* a sum (mean) of a product row that nothing else reads: the product member
+   * is folded (never computed) and the reduction reads its factors' rows
+   * (nbi_cpu_reduce_row_dot) */
+  bool folded[NBI_FUSE_MAX], dot[NBI_FUSE_MAX];
   bool stream;                /* stored full members go out by stream_out */
   int n_pf, pf[NBI_FUSE_MAX]; /* ext rows prefetched a row ahead */
 } row_plan;
@@ -283,14 +287,16 @@ static row_ext row_ext_of(const nbi_view *v, int ra) {
   return e;
 }
 
-/* Element offset of row r's first element. */
+/* Element offset of row r's first element (r < the product of the row dims:
+ * the outermost takes the quotient without a division: 2-D views divide
+ * nothing). */
 static int64_t row_ext_offset(const row_ext *e, int64_t r) {
   int64_t off = 0;
-  for (int d = e->ra - 1; d >= 0; d--) {
+  for (int d = e->ra - 1; d > 0; d--) {
     off += r % e->dims[d] * e->st[d];
     r /= e->dims[d];
   }
-  return off;
+  return e->ra > 0 ? off + r * e->st[0] : off;
 }
 
 /* Rows up to this many bytes, read whole in place, are prefetched a row ahead
@@ -359,6 +365,26 @@ static int64_t row_ext_row(const row_plan *rp, const row_ext *e, int64_t r, int6
   return operand(&pl, base, e->dt, s, n, buf, p);
 }
 
+/* Points *p at row r of input q of member k (n: the member's elements per row)
+ * and returns its stride; row[] and val[] hold the earlier members' rows and
+ * per-row values, scr the thread's scratch (operand rows after the slots). */
+static inline __attribute__((always_inline)) int64_t
+member_input(const row_plan *rp, int64_t r, int k, int q, int64_t n, const void *const *row,
+             char (*val)[8], char *scr, const void **p) {
+  const nbi_group_member *t = &rp->g->m[k];
+  int src = t->src[q];
+  if (src >= 0) {
+    *p = rp->full[src] ? row[src] : (const void *)val[src];
+    return rp->full[src] ? 1 : 0;
+  }
+  /* a row op (and a folded product's factors) reads its input's row as n contiguous values */
+  member_kind kind = rp->kind[k];
+  bool row_op = kind == M_REDUCE || kind == M_AXIS || rp->folded[k];
+  char *buf = scr + (size_t)(rp->n_slots + q) * rp->pitch;
+  return row_ext_row(rp, &rp->ext[-1 - src], r, row_op ? rp->n : n, buf, kind == M_WHERE && q == 0,
+                     row_op, p);
+}
+
 /* Evaluates row r of every member; scr: the thread's scratch rows, then three
  * operand rows. */
 static void fused_row(const row_plan *rp, int64_t r, char *scr) {
@@ -378,20 +404,25 @@ static void fused_row(const row_plan *rp, int64_t r, char *scr) {
     int64_t n = rp->full[k] ? rp->n : 1;
     const void *p[3];
     int64_t ps[3];
-    if (rp->global[k]) continue;
-    for (int q = 0; q < t->n_in; q++) {
-      int src = t->src[q];
-      char *buf = scr + (size_t)(rp->n_slots + q) * rp->pitch;
-      bool cond = kind == M_WHERE && q == 0;
-      if (src >= 0) {
-        p[q] = rp->full[src] ? row[src] : (const void *)val[src];
-        ps[q] = rp->full[src] ? 1 : 0;
-      } else { /* a row op reads its input's row as n contiguous values */
-        bool row_op = kind == M_REDUCE || kind == M_AXIS;
-        ps[q] =
-            row_ext_row(rp, &rp->ext[-1 - src], r, row_op ? rp->n : n, buf, cond, row_op, &p[q]);
-      }
+    if (rp->global[k] || rp->folded[k]) continue;
+    if (rp->dot[k]) { /* the factors of the folded product, read as its inputs */
+      int f = t->src[0];
+      const void *a, *b;
+      member_input(rp, r, f, 0, rp->n, row, val, scr, &a);
+      if (rp->g->m[f].n_in == 2)
+        member_input(rp, r, f, 1, rp->n, row, val, scr, &b);
+      else
+        b = a;
+      double v = nbi_cpu_reduce_row_dot(t, a, b, rp->n);
+      if (rp->dom == DOM_F32)
+        *(float *)val[k] = (float)v;
+      else
+        *(double *)val[k] = v;
+      if (rp->out[k]) memcpy(rp->out[k] + (size_t)r * rp->es, val[k], rp->es);
+      continue;
     }
+    for (int q = 0; q < t->n_in; q++)
+      ps[q] = member_input(rp, r, k, q, n, row, val, scr, &p[q]);
     void *o = rp->full[k] ? (rp->slot[k] < 0 ? rp->out[k] + (size_t)r * rowbytes
                                              : scr + (size_t)rp->slot[k] * rp->pitch)
                           : (void *)val[k];
@@ -485,6 +516,27 @@ static nb_status rows_run(const nbi_group *g, nbi_view *out, const nbi_view *in)
     for (int q = 0; q < e->n_in; q++)
       if (e->src[q] >= 0) last[e->src[q]] = k;
   }
+  /* products folded into their sums: a MUL or SQUARE member of full rows that
+   * nothing but one sum (mean) reads and nothing stores; its factors then live
+   * until the sum */
+  int uses[NBI_FUSE_MAX] = {0};
+  for (int k = 0; k < m; k++)
+    for (int q = 0; q < g->m[k].n_in; q++)
+      if (g->m[k].src[q] >= 0) uses[g->m[k].src[q]]++;
+  for (int k = 0; k < m; k++) {
+    int f = g->m[k].src[0];
+    if (rp.kind[k] != M_REDUCE || rp.global[k] || f < 0 || !rp.full[f] || rp.out[f] ||
+        uses[f] != 1 || !nbi_cpu_reduce_row_dot_ok(&g->m[k], rp.n, rp.rows))
+      continue;
+    const nbi_group_member *e = &g->m[f];
+    bool ok = (e->op == NBI_OP_MUL && e->n_in == 2) || (e->op == NBI_OP_SQUARE && e->n_in == 1);
+    for (int q = 0; ok && q < e->n_in; q++)
+      ok = e->src[q] < 0 || rp.full[e->src[q]];
+    if (!ok) continue;
+    rp.folded[f] = rp.dot[k] = true;
+    for (int q = 0; q < e->n_in; q++)
+      if (e->src[q] >= 0 && last[e->src[q]] < k) last[e->src[q]] = k;
+  }
   /* streamed: a stored full member computes into a scratch row too */
   int64_t out_bytes = 0;
   for (int k = 0; k < m; k++)
@@ -492,7 +544,7 @@ static nb_status rows_run(const nbi_group *g, nbi_view *out, const nbi_view *in)
   rp.stream = out_bytes >= STREAM_MIN;
   for (int k = 0; k < m; k++) {
     rp.slot[k] = -1;
-    if (!rp.full[k] || (rp.out[k] && !rp.stream)) continue;
+    if (!rp.full[k] || rp.folded[k] || (rp.out[k] && !rp.stream)) continue;
     int s = 0;
     while (s < rp.n_slots && last[owner[s]] >= k)
       s++;

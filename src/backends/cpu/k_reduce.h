@@ -20,6 +20,14 @@ bool nbi_cpu_reduce_row_ok(int op, nb_dtype dt, nb_dtype in_dt);
  * in the same order, so fused and unfused results agree bit for bit. e: the
  * member (op, dtype, ai[1] = ddof of var, af[0] = mean's count or 1). */
 double nbi_cpu_reduce_row(const nbi_group_member *e, const void *x, int64_t len, int64_t n_out);
+/* A sum (mean) member e whose input is the product x[j] * y[j] (y == x: a
+ * square) of two contiguous rows of e's dtype, without the product row:
+ * nbi_cpu_reduce_row of that row, bit for bit (the products are rounded to
+ * e's dtype as the MUL / SQUARE kernels round them, then folded alike). Only
+ * where _ok: sum of f32 or f64, len >= 8, and no split of the row (as
+ * nbi_cpu_reduce_row would for n_out such outputs). */
+bool nbi_cpu_reduce_row_dot_ok(const nbi_group_member *e, int64_t len, int64_t n_out);
+double nbi_cpu_reduce_row_dot(const nbi_group_member *e, const void *x, const void *y, int64_t len);
 /* The same for an axis op over its last axis: softmax, log_softmax, cumsum of
  * f32 or f64, input of the same dtype; y[0..len) from x[0..len), both
  * contiguous of e's dtype, as nbi_cpu_softmax / nbi_cpu_cumsum compute each
