@@ -248,6 +248,46 @@ Test(threads, concurrent_realizations_of_different_graphs) {
   }
 }
 
+/* Realizes `rounds` single-kernel graphs (arg: the count). */
+static void *realize_rounds(void *arg) {
+  int rounds = *(const int *)arg;
+  for (int i = 0; i < rounds; i++) {
+    nb_scope_begin();
+    nb_tensor *y = nb_exp(nb_full(NB_SHAPE(8), 0.5, NB_F32));
+    nb_eval(&y, 1);
+    nb_scope_end();
+  }
+  return NULL;
+}
+
+/* nb_stats counts per thread (stats.c): the sum covers every thread, those
+ * that exited too, and a reset zeroes it for all. */
+Test(threads, stats_count_every_thread_and_survive_its_exit) {
+  int rounds = 50;
+  realize_rounds(&rounds); /* warm: plans cached on this thread */
+  nb_reset_stats();
+  nb_stats zero = nb_get_stats();
+  cr_assert_eq(zero.kernels_run, 0);
+  cr_assert_eq(zero.realizations, 0);
+  pthread_t th[MAX_THREADS];
+  for (int i = 0; i < MAX_THREADS; i++)
+    cr_assert_eq(pthread_create(&th[i], NULL, realize_rounds, &rounds), 0);
+  for (int i = 0; i < MAX_THREADS; i++)
+    pthread_join(th[i], NULL); /* their blocks are retired now */
+  realize_rounds(&rounds);
+  nb_stats s = nb_get_stats();
+  uint64_t want = (uint64_t)rounds * (MAX_THREADS + 1);
+  cr_assert_eq(s.realizations, want, "%llu realizations, want %llu",
+               (unsigned long long)s.realizations, (unsigned long long)want);
+  cr_assert_eq(s.kernels_run, want, "%llu kernels, want %llu", (unsigned long long)s.kernels_run,
+               (unsigned long long)want);
+  cr_assert_eq(s.plan_cache_hits + s.plan_cache_misses, want);
+  nb_reset_stats();
+  s = nb_get_stats();
+  cr_assert_eq(s.realizations, 0);
+  cr_assert_eq(s.kernels_run, 0);
+}
+
 /* nb_set_num_threads: one process-wide count, applied at each thread's next
  * realization; results agree with the default count. */
 Test(threads, set_num_threads) {

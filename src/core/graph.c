@@ -1,5 +1,5 @@
-/* src/core/graph.c — realization of the pending graph: running plans, and the
- * realization stats.
+/* src/core/graph.c — realization of the pending graph: running plans (the
+ * stats they count are stats.c's).
  *
  * nbi_realize(ts):
  *  1. collect the pending nodes reachable from ts, in topological order
@@ -31,52 +31,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-
-/* ---- stats ------------------------------------------------------------------------- */
-static nb_stats stats;
-
-nb_stats nb_get_stats(void) {
-  nb_stats s = stats;
-  s.live_tensors = nbi_live_tensors();
-  nbi_buffer_cache_stats(&s);
-  return s;
-}
-void nb_reset_stats(void) {
-  uint64_t live = stats.live_bytes;
-  stats = (nb_stats){0};
-  stats.live_bytes = stats.peak_bytes = live;
-  nbi_buffer_cache_reset_stats();
-}
-void nbi_stats_alloc(size_t nbytes) {
-  stats.live_bytes += nbytes;
-  if (stats.live_bytes > stats.peak_bytes) stats.peak_bytes = stats.live_bytes;
-}
-void nbi_stats_free(size_t nbytes) { stats.live_bytes -= nbytes; }
-/* Counters are bumped from every thread: relaxed atomic adds. */
-#define STAT_ADD(field, v) __atomic_fetch_add(&stats.field, (v), __ATOMIC_RELAXED)
-void nbi_stats_kernel(void) { STAT_ADD(kernels_run, 1); }
-void nbi_stats_contended(void) { STAT_ADD(thread_reductions, 1); }
-void nbi_stats_collective(int kind, uint64_t bytes) {
-  uint64_t *count[] = {&stats.n_all_reduce, &stats.n_all_gather, &stats.n_reduce_scatter,
-                       &stats.n_all_to_all, &stats.n_permute};
-  if (kind < 0 || kind > NBI_COLL_PERMUTE) return;
-  __atomic_fetch_add(count[kind], 1, __ATOMIC_RELAXED);
-  STAT_ADD(collective_bytes, bytes);
-}
-void nbi_stats_jit(bool hit) {
-  if (hit)
-    STAT_ADD(jit_cache_hits, 1);
-  else
-    STAT_ADD(jit_cache_misses, 1);
-}
-
-void nbi_stats_plan(bool cache_hit) {
-  if (cache_hit)
-    STAT_ADD(plan_cache_hits, 1);
-  else
-    STAT_ADD(plan_cache_misses, 1);
-}
-void nbi_stats_exec_ns(uint64_t ns) { STAT_ADD(exec_ns, ns); }
 
 /* ---- execution ---------------------------------------------------------------------------- */
 /* The buffer run position c's output takes in place (retained), or NULL: the
@@ -216,7 +170,7 @@ int nbi_realize_depth(void) { return depth; }
 
 nb_status nbi_plan_run(const nbi_plan *p, nbi_graph *g, nb_tensor **cn) {
   depth++;
-  STAT_ADD(realizations, 1);
+  nbi_stats_realization();
   nb_status st = plan_exec(p, g, cn);
   if (!st) st = plan_check(p);
   depth--;
@@ -275,7 +229,7 @@ static nb_status realize(nb_tensor *const *ts, int n, nb_tensor *const *dying_t,
   }
   p->pinned++;
   t1 = nbi_now_ns();
-  if (!depth) STAT_ADD(plan_ns, t1 - t0);
+  if (!depth) nbi_stats_plan_ns(t1 - t0);
   st = nbi_plan_run(p, &g, NULL);
   /* room in the lazy set for this realization's lazy nodes, reserved after
    * the steps ran: nested realizations (control flow) may have added theirs */
@@ -322,7 +276,7 @@ done:
   free(uses);
   free(flags);
   nbi_graph_free(&g);
-  if (t1 && !depth) STAT_ADD(exec_ns, nbi_now_ns() - t1);
+  if (t1 && !depth) nbi_stats_exec_ns(nbi_now_ns() - t1);
   return st;
 }
 

@@ -132,5 +132,7 @@ nb_status nbi_realize_dying(nb_tensor *const *ts, int n, nb_tensor *const *dying
 /* nb_stats counters of the planner and the executables. */
 void nbi_stats_plan(bool cache_hit);
 void nbi_stats_exec_ns(uint64_t ns);
+void nbi_stats_plan_ns(uint64_t ns);
+void nbi_stats_realization(void);
 
 #endif
