@@ -43,11 +43,12 @@
 #pragma clang diagnostic ignored "-Wpass-failed"
 #endif
 
-/* Hot row and column loops are compiled twice, for AVX2 and for the baseline
- * ISA, and picked at load time (ifunc): the build targets plain x86-64. */
+/* Hot row and column loops are compiled twice, for x86-64-v3 (AVX2 and FMA:
+ * VM_FMA is one instruction there) and for the baseline ISA, and picked at
+ * load time (ifunc): the build targets plain x86-64. */
 #if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__)) &&        \
     !defined(NBI_NO_CLONES) /* a ThreadSanitizer build: the default clone */
-#define HOT __attribute__((target_clones("avx2", "default")))
+#define HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
 #define HOT
 #endif
@@ -328,18 +329,25 @@ static const row_sum_f64_fn row_sum_f64[NBI_ISA_COUNT] = {NBI_FOR_ISAS(ROW_SUM_F
   }                                                                                                \
   static inline __attribute__((always_inline)) double sum_exp_##SUF(const T *restrict x, T c,      \
                                                                     int64_t n, T *restrict e) {    \
-    T buf[COL_BLOCK];                                                                              \
     double s = 0;                                                                                  \
     for (int64_t j0 = 0; j0 < n; j0 += COL_BLOCK) {                                                \
       int64_t w = min64(COL_BLOCK, n - j0), w16 = w & ~(int64_t)15;                                \
-      T *restrict d = e ? e + j0 : buf;                                                            \
-      MAP_SIMD for (int64_t j = 0; j < w; j++) d[j] = EXP_ROW(x[j0 + j] - c);                      \
       T lane[16] = {0};                                                                            \
-      for (int64_t j = 0; j < w16; j += 16)                                                        \
-        for (int k = 0; k < 16; k++)                                                               \
-          lane[k] += d[j + k];                                                                     \
-      for (int64_t k = 0; k < w - w16; k++)                                                        \
-        lane[k] += d[w16 + k];                                                                     \
+      if (e) { /* the terms stored, then summed */                                                 \
+        T *restrict d = e + j0;                                                                    \
+        MAP_SIMD for (int64_t j = 0; j < w; j++) d[j] = EXP_ROW(x[j0 + j] - c);                    \
+        for (int64_t j = 0; j < w16; j += 16)                                                      \
+          for (int k = 0; k < 16; k++)                                                             \
+            lane[k] += d[j + k];                                                                   \
+        for (int64_t k = 0; k < w - w16; k++)                                                      \
+          lane[k] += d[w16 + k];                                                                   \
+      } else { /* summed as computed (the same lanes): no store and reload */                      \
+        for (int64_t j = 0; j < w16; j += 16)                                                      \
+          for (int k = 0; k < 16; k++)                                                             \
+            lane[k] += EXP_ROW(x[j0 + j + k] - c);                                                 \
+        for (int64_t k = 0; k < w - w16; k++)                                                      \
+          lane[k] += EXP_ROW(x[j0 + w16 + k] - c);                                                 \
+      }                                                                                            \
       T a8[8], a4[4]; /* lanes pairwise, written out: gcc kept the loop form in memory */          \
       for (int k = 0; k < 8; k++)                                                                  \
         a8[k] = lane[k] + lane[k + 8];                                                             \

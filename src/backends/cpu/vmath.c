@@ -3,6 +3,7 @@
 #include "vmath.h"
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,10 +16,12 @@ const char *nbi_isa_name(nbi_isa isa) {
 nbi_isa nbi_isa_best(void) {
 #if NBI_HAVE_ISA_VARIANTS
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+  /* the variants use FMA too (every AVX2 CPU of Intel and AMD has it) */
+  bool fma = __builtin_cpu_supports("fma");
+  if (fma && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
     return NBI_ISA_AVX512;
-  if (__builtin_cpu_supports("avx2")) return NBI_ISA_AVX2;
+  if (fma && __builtin_cpu_supports("avx2")) return NBI_ISA_AVX2;
 #endif
   return NBI_ISA_PORTABLE;
 }

@@ -11,7 +11,7 @@
  *
  * Accuracy, as the largest error in ulp against libm in double over every
  * 61st float of both signs (normal results; FTZ/DAZ off):
- *   vm_expf 0.96 (vm_expf_nonpos 1.05), vm_logf 0.81, vm_tanhf 1.05, vm_expm1f 1.49,
+ *   vm_expf 0.96 (vm_expf_nonpos 1.07), vm_logf 0.81, vm_tanhf 1.05, vm_expm1f 1.49,
  * vm_log1pf 1.44, vm_softplusf 1.89; vm_sigmoidf, vm_siluf, vm_erff, vm_geluf 0.501 (computed in
  * double, rounded once). test/test_vmath.c bounds them by 2 ulp (1 for the double-evaluated ones)
  * over every 4099th float, dense samples of 13 ranges and special values;
@@ -49,8 +49,8 @@ const char *nbi_isa_name(nbi_isa isa);
  * build. Only x86-64 gcc/clang builds have more than the portable one. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define NBI_HAVE_ISA_VARIANTS 1
-#define NBI_ISA_ATTR_avx512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
-#define NBI_ISA_ATTR_avx2 __attribute__((target("avx2")))
+#define NBI_ISA_ATTR_avx512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,fma")))
+#define NBI_ISA_ATTR_avx2 __attribute__((target("avx2,fma")))
 #define NBI_ISA_ATTR_portable
 #define NBI_FOR_ISAS(M)                                                                            \
   M(portable, NBI_ISA_PORTABLE) M(avx2, NBI_ISA_AVX2) M(avx512, NBI_ISA_AVX512)
@@ -90,11 +90,22 @@ VM_INLINE float vm_copysignf(float m, float s) {
   return vm_float((vm_bits(m) & 0x7fffffffu) | (vm_bits(s) & 0x80000000u));
 }
 
+/* a * b + c rounded once, on every ISA: an instruction where the variant is
+ * compiled for FMA (AVX2 and AVX-512 variants, and the x86-64-v3 clones of
+ * HOT loops), libm's fmaf elsewhere (the portable variant on x86-64: slow,
+ * but the same bits). The build never contracts a * b + c by itself
+ * (-ffp-contract=off): only what is written VM_FMA is fused. */
+#define VM_FMA(a, b, c) __builtin_fmaf(a, b, c)
+
 /* ---- exp family ------------------------------------------------------------------ */
 /* Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2: n rounds through the
  * magic 1.5 * 2^23; ln2 = C1 + C2 with C1 short enough that n * C1 is exact. */
 #define VM_LN2_C1 0.693359375f
 #define VM_LN2_C2 -2.12194440e-4f
+/* ln2 = VM_LN2_F + VM_LN2_F_LO: the float nearest ln2 and the rest, for a
+ * reduction by two FMAs (x - n ln2 to within a few ulp of r for |n| <= 128). */
+#define VM_LN2_F 0.693147182f
+#define VM_LN2_F_LO -1.90465421e-09f
 
 /* (e^r - 1 - r) / r^2 on |r| <= ln2 / 2 (relative error 3e-9). */
 VM_INLINE float vm_exp_poly(float r) {
@@ -143,20 +154,28 @@ VM_INLINE float vm_exp_poly4(float r) {
 }
 
 /* e^x for x <= 0 (softmax and logsumexp terms, max-shifted; x > 0 is not
- * supported), 1.05 ulp: vm_expf's reduction with vm_exp_poly4, and the scale
- * added to the exponent field of y (t's low bits shifted up: one shift and one
- * integer add instead of vm_expf's two multiplies and clamps), exact where
- * the result is a normal float (x >= -87.33); 0 below (e^x < 1.2e-38 there:
- * denormals, which the compute threads flush anyway, and a sliver just above
- * FLT_MIN). In softmax's AVX2 loop: 26 vector
- * instructions per 8 lanes against vm_expf's 42, which is what that loop is bound by.
+ * supported), 1.07 ulp: a Cody-Waite reduction and vm_exp_poly4's polynomial,
+ * both by FMAs (VM_FMA: the same bits on every ISA), and the scale added to
+ * the exponent field of y (t's low bits shifted up: one shift and one integer
+ * add instead of vm_expf's two multiplies and clamps), exact where the result
+ * is a normal float (x >= -87.33); 0 below (e^x < 1.2e-38 there: denormals,
+ * which the compute threads flush anyway, and a sliver just above FLT_MIN).
+ * In softmax's AVX2 loop: 16 vector instructions per 8 lanes (26 without
+ * FMA, vm_expf's 42), which is what that loop is bound by; softmax rows
+ * 4096 x 1024 went from 0.73 to 0.84 of a STREAM triad on AVX2 (issue 14).
  * vm_expf_nonpos_nan0 gives 0 for NaN (a row loop that knows its shift is
  * finite needs no NaN select); vm_expf_nonpos gives NaN. */
 VM_INLINE float vm_expf_nonpos_nan0(float x) {
   const float magic = 12582912.0f;
-  float t = x * 1.44269504088896341f + magic, nf = t - magic;
-  float r = (x - nf * VM_LN2_C1) - nf * VM_LN2_C2;
-  float y = (vm_exp_poly4(r) * r * r + r) + 1.0f;
+  float t = VM_FMA(x, 1.44269504088896341f, magic), nf = t - magic;
+  float r = VM_FMA(nf, -VM_LN2_F, x);
+  r = VM_FMA(nf, -VM_LN2_F_LO, r);
+  float p = 0.001393545419f;
+  p = VM_FMA(p, r, 0.008364383131f);
+  p = VM_FMA(p, r, 0.04166644812f);
+  p = VM_FMA(p, r, 0.1666657031f);
+  p = VM_FMA(p, r, 0.5f);
+  float y = VM_FMA(p, r * r, r) + 1.0f;
   /* n = bits(t) - bits(magic), and bits(magic) << 23 wraps to 0 */
   float s = vm_float(vm_bits(y) + (vm_bits(t) << 23));
   return x >= -87.33f ? s : 0.0f;
