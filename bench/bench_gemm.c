@@ -84,7 +84,11 @@ int main(int argc, char **argv) {
   }
   for (int s = 0; s < n_sizes; s++) {
     int n = smoke ? 64 : sizes[s];
-    int per_pass = smoke ? 1 : n >= 2048 ? 4 : n >= 1024 ? 8 : 10;
+    /* at least ~40 ms of calls per block below 1024: a block's first calls
+     * after the settle (threads waking, sometimes placed on one core until
+     * the scheduler spreads them: 5-7 ms calls where 1.1 ms is usual) must
+     * not decide the median of so few calls */
+    int per_pass = smoke ? 1 : n >= 2048 ? 4 : n >= 1024 ? 8 : n >= 512 ? 40 : 120;
     int passes = smoke ? 1 : PASSES, rounds = per_pass * passes;
     size_t bytes = (size_t)n * (size_t)n * sizeof(float);
     gemm_case c = {.n = n};
