@@ -3,6 +3,8 @@
  * float64 reference loop, on random shapes, axes, dtypes and memory layouts. */
 #include "common.h"
 
+#include "../src/backends/cpu/vmath.h" /* nbi_isa_select */
+
 TestSuite(reduce, .init = tc_setup, .fini = tc_teardown);
 
 static const nb_dtype all_dtypes[] = {NB_F32, NB_F64, NB_F16, NB_BF16, NB_I32, NB_I64, NB_BOOL};
@@ -672,6 +674,48 @@ Test(reduce, softmax_gives_zero_to_minus_inf_and_nan_to_rows_with_nan) {
   for (int i = 3; i < 6; i++)
     cr_assert(isnan(got[i]));
   free(got);
+}
+
+/* Long f32 rows take the vector max (k_reduce.c softmax_max_f32_S): a NaN in
+ * the vector part or the tail makes its row NaN, and a row whose max is a zero
+ * of either sign gives the same bits on every ISA (log_softmax of [-0, -1, ...]
+ * keeps the sign rules of the portable path). */
+Test(reduce, softmax_rows_with_nan_or_zero_max_agree_on_every_isa) {
+  int64_t rows = 6, n = 1029;
+  float *x = malloc(sizeof(float) * (size_t)(rows * n));
+  for (int64_t i = 0; i < rows * n; i++)
+    x[i] = -(float)(i % 97) * 0.25f - 0.5f;
+  int64_t nan_at[4] = {0, 17, 1000, 1028}; /* rows 0-3: vector part, 16-block, tail */
+  for (int r = 0; r < 4; r++)
+    x[r * n + nan_at[r]] = NAN;
+  x[4 * n + 500] = -0.0f; /* row 4: max -0 */
+  x[5 * n + 3] = -0.0f;   /* row 5: max +0 beside a -0 */
+  x[5 * n + 900] = 0.0f;
+  float *want = malloc(sizeof(float) * (size_t)(2 * rows * n));
+  for (int isa = 0; isa < NBI_ISA_COUNT; isa++) { /* the portable path first */
+    if (nbi_isa_select((nbi_isa)isa) != (nbi_isa)isa) continue;
+    for (int lg = 0; lg < 2; lg++) {
+      nb_scope_begin();
+      nb_tensor *t = nb_from_data(x, NB_SHAPE(rows, n), NB_F32);
+      nb_tensor *y = lg ? nb_log_softmax(t, -1) : nb_softmax(t, -1);
+      float *got = malloc(sizeof(float) * (size_t)(rows * n)), *w = want + lg * rows * n;
+      cr_assert_eq(nb_to_host(y, got, sizeof(float) * (size_t)(rows * n)), NB_OK);
+      for (int r = 0; r < 4; r++)
+        for (int64_t j = 0; j < n; j++)
+          cr_assert(isnan(got[r * n + j]), "isa %d lg %d: row %d not NaN at %lld", isa, lg, r,
+                    (long long)j);
+      if (isa == NBI_ISA_PORTABLE)
+        memcpy(w, got, sizeof(float) * (size_t)(rows * n));
+      else
+        cr_assert(memcmp(w + 4 * n, got + 4 * n, sizeof(float) * 2 * (size_t)n) == 0,
+                  "isa %d lg %d: zero-max rows differ from the portable path", isa, lg);
+      free(got);
+      nb_scope_end();
+    }
+  }
+  nbi_isa_select(NBI_ISA_COUNT);
+  free(want);
+  free(x);
 }
 
 /* ---- cumsum --------------------------------------------------------------------------------- */

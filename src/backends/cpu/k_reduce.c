@@ -33,6 +33,10 @@
 
 #include "vmath.h"
 
+#if NBI_HAVE_ISA_VARIANTS
+#include <immintrin.h>
+#endif
+
 #if defined(__GNUC__) && !defined(__clang__)
 /* Under -ftrapping-math (its default) gcc will not vectorize loops holding
  * float selects, such as exp's range clamp; nothing here reads FP flags. */
@@ -940,9 +944,9 @@ enum { ROW_PREFETCH = 16384 }; /* rows up to this many bytes prefetch the next *
 /* softmax_row_T: y[0..n) = softmax (lg: log_softmax) of x[0..n), max-shifted; a
  *   NaN anywhere (or a row of -inf) makes the row NaN, as JAX.
  * softmax_cols_T: the same down each of the w columns of (n, B) slabs x, y. */
-#define DEF_SOFTMAX(SUF, FS, T, EXP, ATTR)                                                         \
+#define DEF_SOFTMAX(SUF, FS, T, EXP, MAXF, ATTR)                                                   \
   ATTR static void softmax_row_##SUF(const T *restrict x, T *restrict y, int64_t n, bool lg) {     \
-    T mx = row_extreme_##FS(x, n, true);                                                           \
+    T mx = MAXF(x, n);                                                                             \
     /* the next row (if any, and short) streams in while this one computes */                      \
     if (n * (int64_t)sizeof(T) <= ROW_PREFETCH)                                                    \
       for (int64_t j = 0; j < n; j += 64 / (int64_t)sizeof(T))                                     \
@@ -983,9 +987,67 @@ enum { ROW_PREFETCH = 16384 }; /* rows up to this many bytes prefetch the next *
 
 /* f32: one variant per ISA (vmath.h), picked at each call; f64 (libm's exp):
  * the load-time clones of HOT. */
-#define DEF_SOFTMAX_F32(S, ISA) DEF_SOFTMAX(f32_##S, f32, float, vm_expf_nonpos, NBI_ISA_ATTR_##S)
+/* softmax_max_T_S: a row's shift, the max of x[0..n) (n >= 1) as
+ * row_extreme_T gives it (NaN if any element is NaN). The vector variants
+ * take max instructions and an unordered-compare mask for NaN (4 vector
+ * instructions per 8 or 16 lanes against the keys' 7: a sixth of a
+ * log_softmax row on AVX2), and row_extreme's keys again when the max is a
+ * zero, the one value whose sign a max instruction leaves to the order: the
+ * same bits on every ISA. */
+static inline float softmax_max_f32_portable(const float *restrict x, int64_t n) {
+  return row_extreme_f32(x, n, true);
+}
+static inline double softmax_max_f64(const double *restrict x, int64_t n) {
+  return row_extreme_f64(x, n, true);
+}
+#if NBI_HAVE_ISA_VARIANTS
+NBI_ISA_ATTR_avx2 static inline float softmax_max_f32_avx2(const float *restrict x, int64_t n) {
+  __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, bad = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + 8);
+    m0 = _mm256_max_ps(a, m0); /* a NaN in a leaves m0: the mask records it */
+    m1 = _mm256_max_ps(b, m1);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, b, _CMP_UNORD_Q));
+  }
+  float lane[8], m = -INFINITY;
+  _mm256_storeu_ps(lane, _mm256_max_ps(m0, m1));
+  bool nan = _mm256_movemask_ps(bad) != 0;
+  for (int k = 0; k < 8; k++)
+    m = lane[k] > m ? lane[k] : m;
+  for (; j < n; j++) {
+    nan = nan || x[j] != x[j];
+    m = x[j] > m ? x[j] : m;
+  }
+  return nan ? NAN : m == 0 ? row_extreme_f32(x, n, true) : m;
+}
+NBI_ISA_ATTR_avx512 static inline float softmax_max_f32_avx512(const float *restrict x, int64_t n) {
+  __m512 m0 = _mm512_set1_ps(-INFINITY), m1 = m0;
+  __mmask16 bad = 0;
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    __m512 a = _mm512_loadu_ps(x + j), b = _mm512_loadu_ps(x + j + 16);
+    m0 = _mm512_max_ps(a, m0);
+    m1 = _mm512_max_ps(b, m1);
+    bad |= _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q);
+  }
+  float lane[16], m = -INFINITY;
+  _mm512_storeu_ps(lane, _mm512_max_ps(m0, m1));
+  bool nan = bad != 0;
+  for (int k = 0; k < 16; k++)
+    m = lane[k] > m ? lane[k] : m;
+  for (; j < n; j++) {
+    nan = nan || x[j] != x[j];
+    m = x[j] > m ? x[j] : m;
+  }
+  return nan ? NAN : m == 0 ? row_extreme_f32(x, n, true) : m;
+}
+#endif
+
+#define DEF_SOFTMAX_F32(S, ISA)                                                                    \
+  DEF_SOFTMAX(f32_##S, f32, float, vm_expf_nonpos, softmax_max_f32_##S, NBI_ISA_ATTR_##S)
 NBI_FOR_ISAS(DEF_SOFTMAX_F32)
-DEF_SOFTMAX(f64, f64, double, exp, HOT)
+DEF_SOFTMAX(f64, f64, double, exp, softmax_max_f64, HOT)
 
 typedef struct softmax_f32_fns {
   void (*row)(const float *restrict x, float *restrict y, int64_t n, bool lg);
