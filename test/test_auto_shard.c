@@ -483,11 +483,12 @@ Test(auto_shard, transformer_block_gets_megatron_attention_on_tp2) {
   cr_assert(s.n_all_reduce == pr.n_all_reduce && s.n_all_gather == pr.n_all_gather &&
                 s.collective_bytes == pr.collective_bytes && s.n_all_to_all == 0,
             "%s", rep);
-  /* forward: the attention output and the MLP output, one [1, 16, 256] f64
-   * all-reduce each (2 (tp - 1) = 2 times 32 KiB sent); backward: the
-   * input gradients of the MLP and of q, k, v (their sum is not kept partial:
-   * adds of partial sums are all-reduced, see src/autoshard/README.md) */
-  cr_assert(pr.n_all_reduce >= 4 && pr.n_all_reduce <= 6, "%s", rep);
+  /* Megatron's four [1, 16, 256] f64 all-reduces (2 (tp - 1) = 2 times 32 KiB
+   * sent each): forward after attention and after the MLP; backward the
+   * input gradient of the MLP and that of attention, the sum of q's, k's and
+   * v's partial gradients kept partial through the adds and reduced once */
+  cr_assert_eq(pr.n_all_reduce, 4, "%s", rep);
+  cr_assert_eq(pr.collective_bytes, 4 * 2 * 16 * 256 * 8, "%s", rep);
   cr_assert(strstr(rep, "note:") == NULL, "%s", rep);
   /* the loss and the updated parameters are the unsharded step's */
   for (int j = 0; j < t.np + 1; j++) {

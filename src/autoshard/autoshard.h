@@ -18,6 +18,10 @@
 
 enum { AS_MAXA = NBI_MESH_MAX_AXES, AS_MAX_STRATS = 512 };
 enum { AS_REPL = -1, AS_PARTIAL = -2 };
+/* The cost of a reshard that cannot be done (a complete value to a partial
+ * target): far above any plan's (seconds), finite and small enough for CBC's
+ * objective (below 1e25) and for sums and differences in the solvers. */
+#define AS_INVALID 1e9
 
 /* A layout in whole mesh axes: per axis a, d[a] is the dimension it shards
  * (axes of one dimension are major first in mesh order), AS_REPL or
@@ -57,6 +61,8 @@ typedef struct as_var {
   int *edges;    /* incident edges */
   int n_edges, cap_edges;
   int last_use; /* liveness: the last node (index) reading it; n_nodes for outputs */
+  bool shared;  /* read more than once (operands, outputs): its pending sums are reduced
+                   once, before it moves for any reader (as_from) */
 } as_var;
 
 /* A pairwise cost between u and v (u < v), c[su * v.n_s + sv]; parallel
@@ -106,6 +112,11 @@ void as_reshard(const as_graph *g, const nb_shape *shape, size_t elt, as_layout 
 double as_reshard_time(const as_graph *g, const nb_shape *shape, size_t elt, as_layout cur,
                        as_layout to);
 as_layout as_unpartial(as_layout l);
+/* Where x's moves to its readers start from when it has layout l: l, or for a
+ * shared value l without its partial sums (reduced once, then moved: the run
+ * and the prediction do the same, so the edge costs charge that reduction
+ * once, as a unary, and not once per reader). */
+as_layout as_from(const as_var *x, as_layout l);
 bool as_layout_eq(as_layout a, as_layout b);
 /* Local bytes of a value under l on one device. */
 double as_local_bytes(const as_graph *g, const as_var *x, as_layout l);

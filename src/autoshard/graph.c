@@ -27,6 +27,8 @@ as_layout as_unpartial(as_layout l) {
   return l;
 }
 
+as_layout as_from(const as_var *x, as_layout l) { return x->shared ? as_unpartial(l) : l; }
+
 static int64_t dim_shards(const nb_mesh *m, as_layout l, int d) {
   int64_t s = 1;
   for (int a = 0; a < m->n_axes; a++)
@@ -96,6 +98,11 @@ void as_reshard(const as_graph *g, const nb_shape *shape, size_t elt, as_layout 
   int na = m->n_axes, nd = shape->ndim;
   double n_dev = m->n_dev;
   double local = (double)nbi_numel(shape) * (double)elt / (double)all_shards(m, cur);
+  for (int a = 0; a < na; a++) /* a pending sum cannot be made from a complete value */
+    if (to.d[a] == AS_PARTIAL && cur.d[a] != AS_PARTIAL) {
+      acc->time += AS_INVALID;
+      return;
+    }
   /* 1 */
   uint32_t red = 0;
   int64_t n_red = 1;
@@ -243,10 +250,51 @@ static double node_flops(const nbi_prog_node *pn, const nb_shape *in_shapes) {
   return f;
 }
 
+/* The strategies of a linear node that keep partial sums (SHARDING.md
+ * "Partial sums are lazy"): base (its factors' assignment fac, its layout
+ * and targets) with each nonempty set P of the axes no factor uses pending
+ * in the result, and in the operands the op's linearity lets stay partial:
+ * every operand of an add-like op, one operand (each in turn) of a mul-like
+ * one, operand 0 of a div-like or unary one. An operand that arrives without
+ * that partial sum cannot meet such a target (as_reshard: AS_INVALID), so
+ * these are chosen only where partial values meet, e.g. the transformer's
+ * backward adds the q, k and v input gradients as partial sums and reduces
+ * once, as Megatron does. Only where each such operand has no other reader:
+ * a shared value is reduced before any reader gets it (as_from). */
+static nb_status partial_strats(as_graph *g, as_var *x, const nbi_shard_rule *r, const int *fac,
+                                const as_strat *base, const as_layout *tgt, const int *uses) {
+  int na = g->m->n_axes, free_ax[AS_MAXA], nf = 0;
+  if (r->linear == NBI_LINEAR_NONE || r->n_in < 1) return NB_OK;
+  for (int a = 0; a < na; a++)
+    if (fac[a] < 0 && base->out.d[a] == AS_REPL) free_ax[nf++] = a;
+  int n_ops = r->linear == NBI_LINEAR_MULTI ? r->n_in : 1; /* which operand stays partial */
+  for (uint32_t set = 1; set < 1u << nf; set++)
+    for (int which = 0; which < n_ops; which++) {
+      bool single = true; /* every operand kept partial is read by this node only */
+      for (int k = 0; k < r->n_in; k++)
+        if (r->linear == NBI_LINEAR_SUM || k == which) single = single && uses[x->in_var[k]] == 1;
+      if (!single) continue;
+      as_strat s = *base;
+      as_layout t[NBI_RULE_MAX_TENSORS];
+      memcpy(t, tgt, sizeof *t * (size_t)r->n_in);
+      for (int q = 0; q < nf; q++) {
+        if (!(set >> q & 1)) continue;
+        int a = free_ax[q];
+        s.out.d[a] = AS_PARTIAL;
+        for (int k = 0; k < r->n_in; k++)
+          if (r->linear == NBI_LINEAR_SUM || k == which) t[k].d[a] = AS_PARTIAL;
+      }
+      nb_status st = push_strat(g, x, &s, t);
+      if (st) return st;
+    }
+  return NB_OK;
+}
+
 /* The strategies of a node from its factor rule: each mesh axis is given to
  * one eligible factor (pass or reduction, first in every dimension holding
  * it) or to none; a factor's axes (mesh order) must divide its size. */
-static nb_status node_strats(as_graph *g, as_var *x, const nbi_shard_rule *r, double flops) {
+static nb_status node_strats(as_graph *g, as_var *x, const nbi_shard_rule *r, double flops,
+                             const int *uses) {
   const nb_mesh *m = g->m;
   int na = m->n_axes;
   int elig[NBI_RULE_MAX_FACTORS], ne = 0;
@@ -298,6 +346,7 @@ static nb_status node_strats(as_graph *g, as_var *x, const nbi_shard_rule *r, do
     s.flops_local = flops / (double)shards;
     s.compute = s.flops_local / g->flops_per_s;
     nb_status st = push_strat(g, x, &s, tgt);
+    if (!st) st = partial_strats(g, x, r, fac, &s, tgt, uses);
     if (st) return st;
   }
   return NB_OK;
@@ -352,7 +401,7 @@ static nb_status use_edge(as_graph *g, int p, int c, int k) {
   if (st) return st;
   for (int a = 0; a < P->n_s; a++)
     for (int b = 0; b < C->n_s; b++)
-      e->c[a * C->n_s + b] += as_reshard_time(g, &P->shape, P->elt, P->s[a].out,
+      e->c[a * C->n_s + b] += as_reshard_time(g, &P->shape, P->elt, as_from(P, P->s[a].out),
                                               C->tgt[(size_t)b * (size_t)C->n_in + (size_t)k]);
   return NB_OK;
 }
@@ -367,11 +416,14 @@ static nb_status tie_edge(as_graph *g, int p, int w) {
   as_var *P = &g->v[p], *W = &g->v[w];
   for (int a = 0; a < P->n_s; a++)
     for (int b = 0; b < W->n_s; b++) {
-      double t = as_reshard_time(g, &P->shape, P->elt, P->s[a].out, as_unpartial(W->s[b].out));
+      double t =
+          as_reshard_time(g, &P->shape, P->elt, as_from(P, P->s[a].out), as_unpartial(W->s[b].out));
       e->c[p < w ? a * W->n_s + b : b * P->n_s + a] += t;
     }
   return NB_OK;
 }
+
+static int vref(const as_graph *g, int32_t r);
 
 void as_unaries(as_graph *g, double lambda) {
   g->lambda = lambda;
@@ -384,13 +436,16 @@ void as_unaries(as_graph *g, double lambda) {
   const nbi_program *p = g->prog;
   for (int i = 0; i < g->n_v; i++) {
     as_var *x = &g->v[i];
-    for (int s = 0; s < x->n_s; s++)
+    for (int s = 0; s < x->n_s; s++) {
       x->unary[s] = x->s[s].compute + lambda * as_local_bytes(g, x, x->s[s].out);
+      if (x->shared) /* its pending sums, reduced once for every reader */
+        x->unary[s] +=
+            as_reshard_time(g, &x->shape, x->elt, x->s[s].out, as_unpartial(x->s[s].out));
+    }
   }
   for (int j = 0; j < p->n_out; j++) { /* an output not tied to an input: summed */
-    if (g->tie && g->tie[j] >= 0) continue;
-    int32_t r = p->out[j];
-    as_var *x = &g->v[r >= 0 ? p->n_in + r : -1 - r];
+    if ((g->tie && g->tie[j] >= 0) || g->v[vref(g, p->out[j])].shared) continue;
+    as_var *x = &g->v[vref(g, p->out[j])];
     for (int s = 0; s < x->n_s; s++)
       x->unary[s] += as_reshard_time(g, &x->shape, x->elt, x->s[s].out, as_unpartial(x->s[s].out));
   }
@@ -477,6 +532,14 @@ nb_status as_build(as_graph *g, nb_fn *f, nb_mesh *m, nb_tensor *const *example_
       st = input_strats(g, x);
     }
   }
+  /* readers of each variable (nodes, and outputs) */
+  int *uses = st ? NULL : calloc((size_t)g->n_v + 1, sizeof *uses);
+  if (!st && !uses) st = nbi_error(NB_ERR_OOM, "%s: out of memory", g->fn);
+  for (int i = 0; i < p->n_nodes && !st; i++)
+    for (int k = 0; k < p->nodes[i].n_in; k++)
+      uses[vref(g, p->nodes[i].in[k])]++;
+  for (int j = 0; j < p->n_out && !st; j++)
+    uses[vref(g, p->out[j])]++;
   for (int i = 0; i < p->n_nodes && !st; i++) {
     const nbi_prog_node *pn = &p->nodes[i];
     as_var *x = &g->v[p->n_in + i];
@@ -506,7 +569,7 @@ nb_status as_build(as_graph *g, nb_fn *f, nb_mesh *m, nb_tensor *const *example_
       if (!rule && !before) nb_clear_error();
     }
     if (rule) {
-      st = node_strats(g, x, &r, node_flops(pn, sh));
+      st = node_strats(g, x, &r, node_flops(pn, sh), uses);
     } else {
       as_layout t[64];
       for (int k = 0; k < 64; k++)
@@ -525,6 +588,9 @@ nb_status as_build(as_graph *g, nb_fn *f, nb_mesh *m, nb_tensor *const *example_
     if (!st && x->n_s == 0)
       st = nbi_error(NB_ERR_INTERNAL, "%s: node %d (%s) has no strategy", g->fn, i, def->name);
   }
+  for (int i = 0; i < g->n_v && uses; i++)
+    g->v[i].shared = uses[i] >= 2;
+  free(uses);
   for (int j = 0; j < p->n_out; j++)
     g->v[vref(g, p->out[j])].last_use = p->n_nodes;
   for (int i = 0; i < g->n_v && !st; i++)

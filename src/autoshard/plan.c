@@ -75,8 +75,13 @@ static void predict_move(const as_graph *g, movelist *ml, int x, as_layout l, as
                          as_coll *per_op) {
   const as_var *v = &g->v[x];
   if (v->plain || as_layout_eq(lay(g, x), l) || ml_find(ml, x, l) >= 0) return;
+  as_layout cur = lay(g, x), from = as_from(v, cur);
+  if (!as_layout_eq(from, cur) && !as_layout_eq(from, l)) { /* reduced once first (move) */
+    predict_move(g, ml, x, from, acc, per_op);
+    cur = from;
+  }
   as_coll one = {0};
-  as_reshard(g, &v->shape, v->elt, lay(g, x), l, &one);
+  as_reshard(g, &v->shape, v->elt, cur, l, &one);
   for (int k = 0; k < 5; k++)
     acc->n[k] += one.n[k], per_op->n[k] += one.n[k];
   acc->bytes += one.bytes, per_op->bytes += one.bytes;
@@ -328,6 +333,9 @@ static nb_tensor *move(runner *r, int x, nb_tensor *t, as_layout l) {
   if (t->mesh == g->m && nbi_sharding_eq(nbi_sharding_of(t), &s)) return t;
   int i = ml_find(&r->ml, x, l);
   if (i >= 0) return r->ml.m[i].t;
+  /* a shared value's pending sums are reduced once, then it moves from there */
+  as_layout cur = lay(g, x), from = as_from(&g->v[x], cur);
+  if (!as_layout_eq(from, cur) && !as_layout_eq(from, l) && !(t = move(r, x, t, from))) return NULL;
   nb_tensor *u = nbi_shard_to(g->fn, t, g->m, &s);
   if (u && !ml_add(&r->ml, x, l, u)) {
     nbi_error(NB_ERR_OOM, "%s: out of memory", g->fn);
@@ -451,6 +459,7 @@ static void print_counts(FILE *f, const char *what, const uint64_t *n, uint64_t 
 }
 
 nb_status nb_auto_shard_report(FILE *f, const nb_shard_plan *p, const nb_stats *measured) {
+
   if (!f || !p)
     return nbi_error(NB_ERR_NULL, "nb_auto_shard_report: %s is NULL", !f ? "out" : "the plan");
   const as_graph *g = &p->g;
