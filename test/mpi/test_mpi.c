@@ -171,8 +171,10 @@ Test(mpi, group_calls) {
   int64_t *got = nbi_dist_recv(q);
   cr_assert(got[0] == N - 1 && got[1] == 0, "%lld %lld", (long long)got[0], (long long)got[1]);
   nbi_dist_free(q);
-  /* all-reduce (sum) past the one-message size (MPI_Iallreduce), and under it */
-  for (int64_t cnt = 4096; cnt >= 3; cnt = cnt == 4096 ? 3 : 0) {
+  /* all-reduce (sum) past the one-message size (two rounds of messages), and under it */
+  int64_t cnts[] = {4096, 4099, 3}; /* two rounds (chunks of any size), one message */
+  for (int t = 0; t < 3; t++) {
+    int64_t cnt = cnts[t];
     v = nbi_dist_buffer(sizeof *v * (size_t)cnt);
     for (int64_t i = 0; i < cnt; i++)
       v[i] = R * 1000 + i;
