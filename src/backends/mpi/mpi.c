@@ -8,7 +8,10 @@
  * theirs (point to point, so a rank that never arrives is named when the
  * deadline passes), compares them, then moves the data with the non-blocking
  * MPI call, polled until done or the deadline. O(ranks) signature messages per
- * call: meant for the few ranks of a CPU mesh. */
+ * call: meant for the few ranks of a CPU mesh. A group's all-reduce (groups of
+ * up to 8) is point to point instead: up to 16 KiB its data rides in the
+ * signature's message (fast_start), past that two rounds of chunks follow the
+ * signature (split_start); both fold in group order, the virtual mesh's. */
 #include "mpi_be.h"
 #include "../../core/dist.h"
 
