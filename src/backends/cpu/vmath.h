@@ -142,20 +142,10 @@ VM_INLINE float vm_expf(float x) {
   return y * vm_pow2f(n1) * vm_pow2f(n - n1);
 }
 
-/* (e^r - 1 - r) / r^2 on |r| <= ln2 / 2, one degree lower than vm_exp_poly
- * (least-squares Chebyshev fit, numpy; e^r to 1.05 ulp instead of 0.96). */
-VM_INLINE float vm_exp_poly4(float r) {
-  float p = 0.001393545419f;
-  p = p * r + 0.008364383131f;
-  p = p * r + 0.04166644812f;
-  p = p * r + 0.1666657031f;
-  p = p * r + 0.5f;
-  return p;
-}
-
 /* e^x for x <= 0 (softmax and logsumexp terms, max-shifted; x > 0 is not
- * supported), 1.07 ulp: a Cody-Waite reduction and vm_exp_poly4's polynomial,
- * both by FMAs (VM_FMA: the same bits on every ISA), and the scale added to
+ * supported), 1.07 ulp: a Cody-Waite reduction and a degree-4 polynomial for
+ * (e^r - 1 - r) / r^2 (one lower than vm_exp_poly: a least-squares Chebyshev
+ * fit, numpy), both by FMAs (VM_FMA: the same bits on every ISA), and the scale added to
  * the exponent field of y (t's low bits shifted up: one shift and one integer
  * add instead of vm_expf's two multiplies and clamps), exact where the result
  * is a normal float (x >= -87.33); 0 below (e^x < 1.2e-38 there: denormals,

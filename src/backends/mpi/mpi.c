@@ -759,31 +759,39 @@ static void fast_fold(void *acc, const void *x, int64_t n, nb_dtype dt, int op) 
   }
 }
 
-/* The wait of a small all-reduce: every message in by the deadline, every
- * signature ours, then the members' data folded in group order into recv. */
-static nb_status fast_finish(nbi_dist_req *q) {
+/* Waits for q's point-to-point messages (q->rv; the first n - 1 are the
+ * receives, from members q->peer[]) until the deadline; on the deadline the
+ * members not heard from are named. */
+static nb_status p2p_wait(nbi_dist_req *q, double deadline) {
   int rc = MPI_SUCCESS;
-  double t = timeout_s();
   bool *missing = calloc((size_t)q->nrv + 1, sizeof *missing);
   if (!missing) return nbi_error(NB_ERR_OOM, "nabla: all_reduce: out of memory");
   nb_status st = NB_OK;
-  if (!wait_all(q->rv, q->nrv, MPI_Wtime() + t, missing, &rc)) {
+  if (!wait_all(q->rv, q->nrv, deadline, missing, &rc)) {
     if (rc != MPI_SUCCESS) {
       st = mpi_fail("all_reduce", rc);
     } else {
-      char list[256] = "";
+      char list[256] = "", round[16] = "";
       size_t len = 0;
       for (int k = 0; k < q->n - 1; k++)
         if (missing[k] && len + 12 < sizeof list)
           len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", len ? ", " : "",
                                   q->ranks[q->peer[k]]);
+      if (q->split) snprintf(round, sizeof round, ", round %d", q->phase);
       st = fail(NB_ERR_DISTRIBUTED,
-                "all_reduce (call %llu of its group): no word from rank(s) %s within %.0f s "
+                "all_reduce (call %llu of its group%s): no word from rank(s) %s within %.0f s "
                 "(NABLA_COLLECTIVE_TIMEOUT_S)",
-                (unsigned long long)q->seq, len ? list : "?", t);
+                (unsigned long long)q->seq, round, len ? list : "?", timeout_s());
     }
   }
   free(missing);
+  return st;
+}
+
+/* The wait of a small all-reduce: every message in by the deadline, every
+ * signature ours, then the members' data folded in group order into recv. */
+static nb_status fast_finish(nbi_dist_req *q) {
+  nb_status st = p2p_wait(q, MPI_Wtime() + timeout_s());
   const int64_t *mine = (const int64_t *)(const void *)(q->stage + RECV_MAX * (size_t)q->me);
   for (int i = 0; i < q->n && !st; i++) {
     int64_t o[SIG_WORDS];
@@ -842,37 +850,11 @@ static nb_status split_start(nbi_dist_req *q, const nbi_dist_call *c, gcomm *g, 
   return rc == MPI_SUCCESS ? NB_OK : mpi_fail("all_reduce", rc);
 }
 
-/* Waits for a round of a split all-reduce until the deadline. */
-static nb_status split_round(nbi_dist_req *q, double deadline) {
-  int rc = MPI_SUCCESS;
-  bool *missing = calloc((size_t)q->nrv + 1, sizeof *missing);
-  if (!missing) return nbi_error(NB_ERR_OOM, "nabla: all_reduce: out of memory");
-  nb_status st = NB_OK;
-  if (!wait_all(q->rv, q->nrv, deadline, missing, &rc)) {
-    if (rc != MPI_SUCCESS) {
-      st = mpi_fail("all_reduce", rc);
-    } else {
-      char list[256] = "";
-      size_t len = 0;
-      for (int k = 0; k < q->n - 1; k++)
-        if (missing[k] && len + 12 < sizeof list)
-          len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", len ? ", " : "",
-                                  q->ranks[q->peer[k]]);
-      st = fail(NB_ERR_DISTRIBUTED,
-                "all_reduce (call %llu of its group, round %d): no data from rank(s) %s within "
-                "%.0f s (NABLA_COLLECTIVE_TIMEOUT_S)",
-                (unsigned long long)q->seq, q->phase, len ? list : "?", timeout_s());
-    }
-  }
-  free(missing);
-  return st;
-}
-
 /* The wait of a split all-reduce: round 1 in, my chunk folded in group order
  * into recv, round 2 out and in. */
 static nb_status split_finish(nbi_dist_req *q) {
   double deadline = MPI_Wtime() + timeout_s();
-  nb_status st = split_round(q, deadline);
+  nb_status st = p2p_wait(q, deadline);
   if (st) return st;
   size_t es = nb_dtype_size(q->dt);
   int n = q->n, me = q->me;
@@ -900,7 +882,7 @@ static nb_status split_finish(nbi_dist_req *q) {
       rc = MPI_Isend(out, (int)((size_t)len * es), MPI_BYTE, i, 22, q->comm_, &q->rv[k++]);
   q->nrv = k;
   if (rc != MPI_SUCCESS) return mpi_fail("all_reduce", rc);
-  return split_round(q, deadline);
+  return p2p_wait(q, deadline);
 }
 
 nb_status nbi_dist_wait(nbi_dist_req *q) {
