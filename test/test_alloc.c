@@ -4,6 +4,8 @@
  * reaches zero system allocations per step with the same values as uncached. */
 #include "common.h"
 
+#include <pthread.h>
+
 #include "../bench/bench_common.h" /* the README MLP */
 
 TestSuite(alloc, .init = tc_setup, .fini = tc_teardown);
@@ -166,6 +168,68 @@ Test(alloc, trim_empties_the_cache) {
   cr_assert_not_null(x);
   cr_expect_eq(nb_get_stats().buffer_cache_hits, 0);
   nbi_buffer_release(x);
+}
+
+static void *front_thread(void *arg) {
+  (void)arg;
+  nbi_buffer *b = nbi_buffer_alloc(0, 2000);
+  if (b) nbi_buffer_release(b); /* into this thread's front */
+  return b;
+}
+
+/* Each thread keeps its last few small released blocks (up to 64 KiB each) in
+ * a front the shared lists do not count; its next requests of their class
+ * take them back, and its exit hands them to the shared lists. */
+Test(alloc, thread_front_serves_small_blocks_and_flushes_at_exit) {
+  nbi_buffer_cache_set_cap((size_t)1 << 30);
+  nbi_buffer_cache_trim();
+  nb_reset_stats();
+  nbi_buffer *a = nbi_buffer_alloc(0, 1000);
+  cr_assert_not_null(a);
+  void *data = a->data;
+  nbi_buffer_release(a);
+  nb_stats s = nb_get_stats();
+  cr_expect_eq(s.cached_bytes, 0, "in the front, not the shared lists");
+  nbi_buffer *b = nbi_buffer_alloc(0, 900); /* same class */
+  cr_assert_not_null(b);
+  cr_expect_eq(b->data, data);
+  cr_expect_eq(b->nbytes, 900);
+  s = nb_get_stats();
+  cr_expect_eq(s.buffer_allocs, 2);
+  cr_expect_eq(s.buffer_cache_hits, 1);
+  nbi_buffer_release(b);
+
+  /* a block over 64 KiB goes to the shared lists */
+  nbi_buffer *big = nbi_buffer_alloc(0, 100000);
+  cr_assert_not_null(big);
+  nbi_buffer_release(big);
+  cr_expect_eq(nb_get_stats().cached_bytes, nbi_buffer_class_bytes(100000));
+
+  /* another thread's front reaches the shared lists when it exits */
+  pthread_t t;
+  void *r = NULL;
+  cr_assert_eq(pthread_create(&t, NULL, front_thread, NULL), 0);
+  cr_assert_eq(pthread_join(t, &r), 0);
+  cr_assert_not_null(r);
+  cr_expect_eq(nb_get_stats().cached_bytes,
+               nbi_buffer_class_bytes(100000) + nbi_buffer_class_bytes(2000));
+  nbi_buffer *c = nbi_buffer_alloc(0, 2000); /* from the shared list */
+  cr_assert_not_null(c);
+  cr_expect_eq(nb_get_stats().cached_bytes, nbi_buffer_class_bytes(100000));
+  nbi_buffer_release(c);
+
+  /* trim empties this thread's front too; a cap under 64 MiB turns it off */
+  nbi_buffer_cache_trim();
+  cr_expect_eq(nb_get_stats().cached_bytes, 0);
+  nb_reset_stats();
+  nbi_buffer *d = nbi_buffer_alloc(0, 1000);
+  cr_assert_not_null(d);
+  cr_expect_eq(nb_get_stats().buffer_cache_hits, 0, "trimmed");
+  nbi_buffer_cache_set_cap((size_t)1 << 20);
+  nbi_buffer_release(d);
+  cr_expect_eq(nb_get_stats().cached_bytes, nbi_buffer_class_bytes(1000), "shared list");
+  nbi_buffer_cache_set_cap(0);
+  cr_expect_eq(nb_get_stats().cached_bytes, 0);
 }
 
 /* NABLA_CACHE_BYTES is read at the first request of the process (each test runs

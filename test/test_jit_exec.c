@@ -6,6 +6,8 @@
  * take the replay path and agree too. */
 #include "common.h"
 
+#include <time.h>
+
 TestSuite(jit_exec, .init = tc_setup, .fini = tc_teardown);
 
 /* in: x [B, 3], w [3, 4], b [4] -> relu(x @ w + b) (fused epilogue), its row
@@ -81,6 +83,45 @@ Test(jit_exec, repeated_calls_match_reference_without_graph_work) {
   nb_fn_release(j);
   nb_fn_release(f);
   free(w), free(b);
+}
+
+/* nb_stats.exec_ns and plan_ns are summed in cheap ticks (the TSC where it is
+ * invariant) and converted when read: over many calls they must agree with a
+ * wall clock read around them. */
+Test(jit_exec, exec_and_plan_time_agree_with_the_wall_clock) {
+  nb_tensor *x = nb_rand(NB_SHAPE(512, 256), NB_F32);
+  nb_fn *f = nb_fn_create(mlp_body, NULL, 3, 4), *j = nb_jit(f);
+  nb_tensor *in[3] = {nb_rand(NB_SHAPE(512, 3), NB_F32), nb_rand(NB_SHAPE(3, 4), NB_F32),
+                      nb_rand(NB_SHAPE(4), NB_F32)};
+  nb_tensor *out[4];
+  cr_assert_eq(nb_call(j, in, out), NB_OK); /* warm: traced and planned */
+  nb_reset_stats();
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int i = 0; i < 2000; i++) {
+    nb_scope_begin();
+    cr_assert_eq(nb_call(j, in, out), NB_OK);
+    nb_scope_end();
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double wall = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
+  nb_stats s = nb_get_stats();
+  cr_expect_gt(s.exec_ns, 0);
+  cr_expect_leq((double)s.exec_ns, wall * 1.02, "exec %llu ns in %.0f ns of wall time",
+                (unsigned long long)s.exec_ns, wall);
+  cr_expect_geq((double)s.exec_ns, wall * 0.2, "the calls are mostly execution");
+  /* a planned realization: plan time counted, within the wall time too */
+  nb_reset_stats();
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  nb_tensor *y = nb_tanh(nb_add_scalar(nb_mul_scalar(x, 3.0), 0.5));
+  cr_assert_eq(nb_eval(&y, 1), NB_OK);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  wall = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
+  s = nb_get_stats();
+  cr_expect_gt(s.plan_ns + s.exec_ns, 0);
+  cr_expect_leq((double)(s.plan_ns + s.exec_ns), wall * 1.02 + 1000);
+  nb_fn_release(j);
+  nb_fn_release(f);
 }
 
 Test(jit_exec, other_layout_and_planner_settings_replay) {

@@ -89,7 +89,7 @@ bool nbi_exec_fits(const nbi_exec *x, nb_tensor *const *in) {
 }
 
 nb_status nbi_exec_run(nbi_exec *x, nb_tensor *const *in, nb_tensor **out) {
-  uint64_t t0 = nbi_realize_depth() ? 0 : nbi_now_ns();
+  uint64_t t0 = nbi_realize_depth() ? 0 : nbi_ticks();
   nbi_cpu_init(); /* this thread's FP mode and kernel threads, as realize does */
   for (int r = 0; r < x->n_roots; r++)
     out[r] = NULL;
@@ -118,6 +118,6 @@ nb_status nbi_exec_run(nbi_exec *x, nb_tensor *const *in, nb_tensor **out) {
   for (int k = 0; k < x->n_slots; k++)
     x->slots[k]->shard0.buf = NULL;
   nbi_cpu_done();
-  if (t0) nbi_stats_exec_ns(nbi_now_ns() - t0);
+  if (t0) nbi_stats_exec_ticks(t0, nbi_ticks());
   return st;
 }

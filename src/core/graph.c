@@ -188,7 +188,7 @@ static nb_status realize(nb_tensor *const *ts, int n, nb_tensor *const *dying_t,
   while (r < n && (ts[r]->flags & NBI_T_REALIZED))
     r++;
   if (r == n) return NB_OK; /* nothing pending (reading a value back, say) */
-  uint64_t t0 = nbi_now_ns(), t1 = 0;
+  uint64_t t0 = nbi_ticks(), t1 = 0;
   nbi_plan *p = NULL;
   nbi_graph g = {0};
   nb_status st = nbi_graph_collect(&g, ts, n);
@@ -228,8 +228,8 @@ static nb_status realize(nb_tensor *const *ts, int n, nb_tensor *const *dying_t,
     goto done;
   }
   p->pinned++;
-  t1 = nbi_now_ns();
-  if (!depth) nbi_stats_plan_ns(t1 - t0);
+  t1 = nbi_ticks();
+  if (!depth) nbi_stats_plan_ticks(t0, t1);
   st = nbi_plan_run(p, &g, NULL);
   /* room in the lazy set for this realization's lazy nodes, reserved after
    * the steps ran: nested realizations (control flow) may have added theirs */
@@ -276,7 +276,7 @@ done:
   free(uses);
   free(flags);
   nbi_graph_free(&g);
-  if (t1 && !depth) nbi_stats_exec_ns(nbi_now_ns() - t1);
+  if (t1 && !depth) nbi_stats_exec_ticks(t1, nbi_ticks());
   return st;
 }
 

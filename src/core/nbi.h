@@ -123,8 +123,7 @@ void nbi_buffer_release(nbi_buffer *b);       /* at refcount 0: back to the cach
 size_t nbi_buffer_class_bytes(size_t nbytes); /* block size serving a request; 0: too big */
 void nbi_buffer_cache_trim(void);             /* frees every cached block */
 size_t nbi_buffer_cache_set_cap(size_t cap);  /* returns the old cap; evicts down to cap */
-void nbi_buffer_cache_stats(nb_stats *s);     /* fills buffer_allocs, _cache_hits, cached_bytes */
-void nbi_buffer_cache_reset_stats(void);      /* zeroes buffer_allocs and buffer_cache_hits */
+void nbi_buffer_cache_stats(nb_stats *s);     /* fills cached_bytes */
 
 bool nbi_view_is_contiguous(const nbi_view *v);
 /* Copies src into dst elementwise (same dims), converting dtype; either may be
@@ -326,6 +325,9 @@ uint32_t nbi_thread_id(void);
  * returns it; when the scope cannot grow, releases that reference and returns
  * NULL with NB_ERR_OOM. */
 nb_tensor *nbi_scope_register(nb_tensor *t);
+/* nb_keep for a tensor the current scope registered among its last few: its
+ * entry moves to the enclosing scope (no refcount change); else nb_keep. */
+nb_tensor *nbi_keep_moved(nb_tensor *t);
 /* Releases a tensor's graph inputs (after realization, when nothing needs them). */
 void nbi_tensor_drop_graph(nb_tensor *t);
 /* A realized leaf that shares t's shard-0 storage (buffer retained, same
@@ -488,7 +490,7 @@ enum {
   NBI_COLL_PERMUTE
 };
 void nbi_stats_collective(int kind, uint64_t bytes);
-void nbi_stats_alloc(size_t nbytes);
+void nbi_stats_alloc(size_t nbytes, bool cache_hit); /* a buffer request served */
 void nbi_stats_free(size_t nbytes);
 void nbi_stats_kernel(void);
 void nbi_stats_contended(void); /* the contention guard reduced a thread to one */

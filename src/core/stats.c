@@ -10,25 +10,35 @@
  * nb_get_stats sums the blocks under the registry lock, plus the counts of
  * threads that have exited (folded in by the thread-exit destructor), minus the
  * baseline nb_reset_stats took: a reset writes no other thread's block.
- * live_bytes and peak_bytes are the buffer allocator's (bumped under its lock);
- * the buffer cache's counters are its own (alloc.c). */
+ * live_bytes and peak_bytes are process-wide (atomic adds: the allocator
+ * bumps them, from any thread, outside its lock); cached_bytes is the buffer
+ * cache's own (alloc.c). */
 #include "nbi.h"
 #include "plan.h"
 
 #include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <time.h>
+#if defined(__x86_64__) || defined(__i386__)
+#define NBI_X86 1
+#include <cpuid.h>
+#include <x86intrin.h>
+#else
+#define NBI_X86 0
+#endif
 
 /* The counters of nb_stats this file keeps per thread. */
 static const size_t counter_at[] = {
-    offsetof(nb_stats, plan_cache_hits),  offsetof(nb_stats, plan_cache_misses),
-    offsetof(nb_stats, kernels_run),      offsetof(nb_stats, n_all_reduce),
-    offsetof(nb_stats, n_all_gather),     offsetof(nb_stats, n_reduce_scatter),
-    offsetof(nb_stats, n_all_to_all),     offsetof(nb_stats, n_permute),
-    offsetof(nb_stats, collective_bytes), offsetof(nb_stats, realizations),
-    offsetof(nb_stats, plan_ns),          offsetof(nb_stats, exec_ns),
-    offsetof(nb_stats, jit_cache_hits),   offsetof(nb_stats, jit_cache_misses),
-    offsetof(nb_stats, thread_reductions)};
+    offsetof(nb_stats, plan_cache_hits),   offsetof(nb_stats, plan_cache_misses),
+    offsetof(nb_stats, kernels_run),       offsetof(nb_stats, n_all_reduce),
+    offsetof(nb_stats, n_all_gather),      offsetof(nb_stats, n_reduce_scatter),
+    offsetof(nb_stats, n_all_to_all),      offsetof(nb_stats, n_permute),
+    offsetof(nb_stats, collective_bytes),  offsetof(nb_stats, realizations),
+    offsetof(nb_stats, plan_ns),           offsetof(nb_stats, exec_ns),
+    offsetof(nb_stats, jit_cache_hits),    offsetof(nb_stats, jit_cache_misses),
+    offsetof(nb_stats, thread_reductions), offsetof(nb_stats, buffer_allocs),
+    offsetof(nb_stats, buffer_cache_hits)};
 enum { N_COUNTERS = sizeof counter_at / sizeof counter_at[0] };
 
 typedef struct stat_block {
@@ -39,7 +49,7 @@ typedef struct stat_block {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static stat_block *blocks;              /* live threads' blocks */
 static nb_stats retired, baseline;      /* exited threads' sums; the last reset's */
-static uint64_t live_bytes, peak_bytes; /* under the allocator's lock */
+static uint64_t live_bytes, peak_bytes; /* atomic */
 static _Thread_local stat_block *mine;
 static pthread_key_t exit_key;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
@@ -88,6 +98,39 @@ static stat_block *block_mine(void) {
                        __ATOMIC_RELAXED);                                                          \
   } while (0)
 
+/* ---- durations ---------------------------------------------------------------
+ * plan_ns and exec_ns are summed in ticks (nbi_ticks) and converted when read,
+ * at the rate the counter ran since the library was loaded (both clocks read
+ * then and at each nb_get_stats). A duration whose end reads before its start
+ * (a thread moved between cores) counts 0. */
+static bool use_tsc;
+static uint64_t tsc0, ns0;
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+#if NBI_X86
+__attribute__((constructor)) static void ticks_init(void) {
+  unsigned a, b, c, d;
+  /* invariant TSC: CPUID 0x80000007 EDX bit 8 (constant rate, runs in sleep states) */
+  use_tsc = __get_cpuid(0x80000007, &a, &b, &c, &d) && (d >> 8 & 1);
+  ns0 = mono_ns();
+  tsc0 = __rdtsc();
+}
+uint64_t nbi_ticks(void) { return use_tsc ? __rdtsc() : mono_ns(); }
+#else
+uint64_t nbi_ticks(void) { return mono_ns(); }
+#endif
+
+static uint64_t ticks_to_ns(uint64_t t) {
+  if (!use_tsc) return t;
+  uint64_t dns = mono_ns() - ns0, dt = nbi_ticks() - tsc0;
+  return dt ? (uint64_t)((double)t * ((double)dns / (double)dt)) : 0;
+}
+
 /* The counters summed over every thread since the process started. Called
  * with lock held. */
 static nb_stats sum_locked(void) {
@@ -104,6 +147,8 @@ nb_stats nb_get_stats(void) {
   for (int k = 0; k < N_COUNTERS; k++)
     *counter(&s, k) = *counter(&t, k) - *counter(&baseline, k);
   pthread_mutex_unlock(&lock);
+  s.plan_ns = ticks_to_ns(s.plan_ns);
+  s.exec_ns = ticks_to_ns(s.exec_ns);
   s.live_bytes = __atomic_load_n(&live_bytes, __ATOMIC_RELAXED);
   s.peak_bytes = __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED);
   s.live_tensors = nbi_live_tensors();
@@ -116,20 +161,20 @@ void nb_reset_stats(void) {
   baseline = sum_locked();
   pthread_mutex_unlock(&lock);
   __atomic_store_n(&peak_bytes, __atomic_load_n(&live_bytes, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
-  nbi_buffer_cache_reset_stats();
 }
 
-/* Called under the allocator's lock (alloc.c); read without it. */
-void nbi_stats_alloc(size_t nbytes) {
-  uint64_t live = __atomic_load_n(&live_bytes, __ATOMIC_RELAXED) + nbytes;
-  __atomic_store_n(&live_bytes, live, __ATOMIC_RELAXED);
-  if (live > __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED))
-    __atomic_store_n(&peak_bytes, live, __ATOMIC_RELAXED);
+/* From any thread (alloc.c): live_bytes is one atomic add; peak_bytes moves
+ * up only (a compare-and-swap when a new peak is reached). */
+void nbi_stats_alloc(size_t nbytes, bool cache_hit) {
+  STAT_BUMP(buffer_allocs, 1);
+  if (cache_hit) STAT_BUMP(buffer_cache_hits, 1);
+  uint64_t live = __atomic_add_fetch(&live_bytes, nbytes, __ATOMIC_RELAXED);
+  uint64_t peak = __atomic_load_n(&peak_bytes, __ATOMIC_RELAXED);
+  while (live > peak && !__atomic_compare_exchange_n(&peak_bytes, &peak, live, true,
+                                                     __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
 }
-void nbi_stats_free(size_t nbytes) {
-  __atomic_store_n(&live_bytes, __atomic_load_n(&live_bytes, __ATOMIC_RELAXED) - nbytes,
-                   __ATOMIC_RELAXED);
-}
+void nbi_stats_free(size_t nbytes) { __atomic_sub_fetch(&live_bytes, nbytes, __ATOMIC_RELAXED); }
 
 void nbi_stats_kernel(void) { STAT_BUMP(kernels_run, 1); }
 void nbi_stats_contended(void) { STAT_BUMP(thread_reductions, 1); }
@@ -156,6 +201,6 @@ void nbi_stats_plan(bool cache_hit) {
   else
     STAT_BUMP(plan_cache_misses, 1);
 }
-void nbi_stats_exec_ns(uint64_t ns) { STAT_BUMP(exec_ns, ns); }
-void nbi_stats_plan_ns(uint64_t ns) { STAT_BUMP(plan_ns, ns); }
+void nbi_stats_exec_ticks(uint64_t t0, uint64_t t1) { STAT_BUMP(exec_ns, t1 > t0 ? t1 - t0 : 0); }
+void nbi_stats_plan_ticks(uint64_t t0, uint64_t t1) { STAT_BUMP(plan_ns, t1 > t0 ? t1 - t0 : 0); }
 void nbi_stats_realization(void) { STAT_BUMP(realizations, 1); }

@@ -250,6 +250,21 @@ nb_tensor *nb_keep(nb_tensor *t) {
   return t;
 }
 
+nb_tensor *nbi_keep_moved(nb_tensor *t) {
+  if (!t || nbi_dead("nb_keep", t, -1)) return NULL;
+  if (n_frames <= 1 || frames[n_frames - 1].unopened > 0) return t;
+  scope_frame *f = &frames[n_frames - 1];
+  /* a function's outputs are mostly the last tensors its scope registered */
+  for (size_t i = f->n, seen = 0; i-- > 0 && seen < 8; seen++) {
+    if (f->items[i] != t) continue;
+    if (!frame_push(&frames[n_frames - 2], t)) break; /* nb_keep reports it */
+    memmove(&f->items[i], &f->items[i + 1], (f->n - i - 1) * sizeof *f->items);
+    f->n--;
+    return t; /* its scope's reference moved up: no count changed */
+  }
+  return nb_keep(t);
+}
+
 /* The lazy set is the thread's: its nodes belong to the thread that realized
  * them (tensors belong to the thread that made them). */
 static _Thread_local nb_tensor **lazy_slot;

@@ -125,7 +125,7 @@ nb_status nb_call(nb_fn *f, nb_tensor *const *in, nb_tensor **out) {
         if (!st) st = nbi_error(NB_ERR_ARG, "nb_call: the function left output %d NULL", k);
       }
   for (int k = 0; k < f->n_out && !st; k++)
-    if (!(out[k] = nb_keep(tmp[k]))) st = NB_ERR_OOM;
+    if (!(out[k] = nbi_keep_moved(tmp[k]))) st = NB_ERR_OOM;
   if (st) /* those kept already are released with the caller's scope */
     for (int k = 0; k < f->n_out; k++)
       out[k] = NULL;

@@ -66,9 +66,11 @@ typedef struct jit_entry {
   nb_mesh *mesh;  /* retained: the trace mesh it was traced under (NULL: none) */
   nb_mesh *body;  /* retained: the shard_map body's mesh it was traced in (NULL: none) */
   nbi_exec *exec; /* the program planned once for top-level calls (NULL: not yet) */
-  int running;    /* calls of this entry in progress (a nested call may not evict it) */
+  int running;    /* calls of this entry in progress (a nested call may not evict it);
+                     atomic: raised under the lock, lowered without it */
   bool no_exec;   /* planning it failed: replay instead */
-  bool exec_busy; /* a call runs exec (one at a time; others replay) */
+  bool exec_busy; /* a call runs exec (one at a time; others replay); atomic, set
+                     under the lock, cleared without it */
   uint64_t last_used;
 } jit_entry;
 
@@ -80,6 +82,15 @@ typedef struct jit_fn {
 } jit_fn;
 
 static const char *FN = "nb_jit";
+
+/* running and exec_busy: raised under j->lock (where lookups and evictions
+ * read them), lowered without it, so a fast call takes the lock once. An
+ * entry whose count drops to 0 outside the lock is left for victim(). */
+#define RUNNING(e) __atomic_load_n(&(e)->running, __ATOMIC_ACQUIRE)
+#define PIN(e) ((void)__atomic_fetch_add(&(e)->running, 1, __ATOMIC_RELAXED))
+#define UNPIN(e) __atomic_sub_fetch(&(e)->running, 1, __ATOMIC_RELEASE) /* the new count */
+#define BUSY(e) __atomic_load_n(&(e)->exec_busy, __ATOMIC_ACQUIRE)
+#define SET_BUSY(e, v) __atomic_store_n(&(e)->exec_busy, (v), __ATOMIC_RELEASE)
 
 static void entry_clear(jit_entry *e) {
   nbi_exec_free(e->exec);
@@ -122,7 +133,7 @@ static jit_entry *victim(jit_fn *j) {
   jit_entry *v = NULL;
   for (int i = 0; i < JIT_CACHE; i++) {
     if (!j->cache[i].prog) return &j->cache[i];
-    if (!j->cache[i].running && (!v || j->cache[i].last_used < v->last_used)) v = &j->cache[i];
+    if (!RUNNING(&j->cache[i]) && (!v || j->cache[i].last_used < v->last_used)) v = &j->cache[i];
   }
   if (v) entry_clear(v);
   return v;
@@ -302,13 +313,6 @@ static nb_status trace(jit_fn *j, nb_tensor *const *in, const jit_entry *check, 
   return st;
 }
 
-/* Unpins e (a cached entry; fresh ones are the caller's). */
-static void entry_unpin(jit_fn *j, jit_entry *e) {
-  pthread_mutex_lock(&j->lock);
-  e->running--;
-  pthread_mutex_unlock(&j->lock);
-}
-
 /* Caches fresh (traced by this thread) unless its captures are traced or
  * another thread cached the same signature meanwhile; returns the entry to
  * use, pinned when cached. Called with j->lock held. */
@@ -329,22 +333,22 @@ static jit_entry *entry_insert(jit_fn *j, nb_tensor *const *in, jit_entry *fresh
   } else {
     return fresh;
   }
-  e->running++;
+  PIN(e);
   return e;
 }
 
 static nb_status jit_body(void *user, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
   jit_fn *j = user;
   jit_entry fresh = {0};
-  /* the fast path takes the lock twice: here (find, pin, claim the
-   * executable) and once after running it (release both) */
+  /* the fast path takes the lock once: here (find, pin, claim the
+   * executable); after running it releases both with atomic stores */
   bool claimed = false; /* e's executable claimed for this call (exec_busy) */
   pthread_mutex_lock(&j->lock);
   jit_entry *e = lookup(j, in);
-  if (e) e->running++; /* pinned: no thread (nor a nested call) evicts it */
+  if (e) PIN(e); /* pinned: no thread (nor a nested call) evicts it */
   if (e && !e->n_ext) {
     e->last_used = ++j->clock;
-    if (!e->no_exec && !e->exec_busy) claimed = e->exec_busy = true;
+    if (!e->no_exec && !BUSY(e)) claimed = true, SET_BUSY(e, true);
   }
   pthread_mutex_unlock(&j->lock);
   nb_status st = NB_OK;
@@ -352,13 +356,13 @@ static nb_status jit_body(void *user, nb_tensor *const *in, int n_in, nb_tensor 
     bool same;
     st = trace(j, in, e, &fresh, &same);
     if (st) {
-      entry_unpin(j, e);
+      (void)UNPIN(e);
       entry_clear(&fresh);
       return st;
     }
     if (!same) { /* its captures are stale: fresh (already traced) replaces it */
       pthread_mutex_lock(&j->lock);
-      if (--e->running == 0) entry_clear(e);
+      if (UNPIN(e) == 0) entry_clear(e);
       pthread_mutex_unlock(&j->lock);
       e = NULL;
     }
@@ -389,29 +393,25 @@ static nb_status jit_body(void *user, nb_tensor *const *in, int n_in, nb_tensor 
   nb_tensor *local[LOCAL_ARGS], **args = gather_args(e, in, n_in, local);
   bool run_exec = claimed && args && plain(args, e->prog->n_in);
   if (claimed && !run_exec) { /* claimed for nothing: give it back */
-    pthread_mutex_lock(&j->lock);
-    e->exec_busy = false;
-    pthread_mutex_unlock(&j->lock);
+    SET_BUSY(e, false);
   }
   if (!args) {
-    if (cached) entry_unpin(j, e);
+    if (cached) (void)UNPIN(e);
     entry_clear(&fresh);
     return nbi_error(NB_ERR_OOM, "%s: out of memory", FN);
   }
   if (!claimed && cached && plain(args, e->prog->n_in)) {
     pthread_mutex_lock(&j->lock);
     e->last_used = ++j->clock;
-    if (!e->no_exec && !e->exec_busy) run_exec = e->exec_busy = true;
+    if (!e->no_exec && !BUSY(e)) run_exec = true, SET_BUSY(e, true);
     pthread_mutex_unlock(&j->lock);
   }
   if (run_exec) {
     if (!e->exec) build_exec(e, args);
     bool fits = e->exec && nbi_exec_fits(e->exec, args);
     if (fits) st = nbi_exec_run(e->exec, args, out);
-    pthread_mutex_lock(&j->lock);
-    e->exec_busy = false;
-    if (fits) e->running--; /* unpinned with the same lock */
-    pthread_mutex_unlock(&j->lock);
+    SET_BUSY(e, false); /* before the unpin: an evicted entry is idle */
+    if (fits) UNPIN(e);
     if (fits) {
       if (args != local) free(args);
       return st;
@@ -419,7 +419,7 @@ static nb_status jit_body(void *user, nb_tensor *const *in, int n_in, nb_tensor 
   }
   st = nbi_program_apply(FN, e->prog, args, out);
   if (args != local) free(args);
-  if (cached) entry_unpin(j, e);
+  if (cached) (void)UNPIN(e);
   entry_clear(&fresh);
   if (st) return st;
   for (int k = 0; k < n_out; k++)

@@ -146,10 +146,14 @@ static _Thread_local int guard_depth;                  /* nesting of nbi_cpu_ini
 static _Thread_local uint64_t guard_wall0, guard_cpu0; /* at the outermost init; 0: unwatched */
 /* Reading this thread's CPU clock is a system call (~0.4 us): realizations
  * shorter than GUARD_SHORT_NS (a small eager op, a tiny jitted step) are
- * watched one in GUARD_SAMPLE, so the guard costs them ~10 ns each. */
-enum { GUARD_SHORT_NS = 200000, GUARD_SAMPLE = 64 };
-static _Thread_local bool guard_short;    /* the last watched realization was short */
-static _Thread_local unsigned guard_skip; /* realizations since the last watched one */
+ * watched one in GUARD_SAMPLE, so the guard costs them ~3 ns each. While
+ * reduced, the end of the back-off is looked for one realization in
+ * GUARD_RESUME_CHECK (a monotonic clock read is ~20 ns in a VM; the back-off
+ * is 0.25 s or more). */
+enum { GUARD_SHORT_NS = 200000, GUARD_SAMPLE = 256, GUARD_RESUME_CHECK = 16 };
+static _Thread_local bool guard_short;           /* the last watched realization was short */
+static _Thread_local unsigned guard_skip;        /* realizations since the last watched one */
+static _Thread_local unsigned guard_since_check; /* reduced: realizations since a clock read */
 
 int nbi_cpu_team(void) {
   int want = nb_get_num_threads();
@@ -162,7 +166,9 @@ void nbi_cpu_init(void) {
     guard_wall0 = 0;
     if (nb_get_num_threads() > 1 && guard_enabled()) {
       bool watch = !guard_short || ++guard_skip >= GUARD_SAMPLE;
-      if (watch || guard.reduced) { /* the clock only when it is needed */
+      bool check = guard.reduced && ++guard_since_check >= GUARD_RESUME_CHECK;
+      if (watch || check) { /* the clock only when it is needed */
+        guard_since_check = 0;
         uint64_t now = clock_ns(CLOCK_MONOTONIC);
         (void)nbi_thread_guard_reduced(&guard, now);
         if (watch) {
