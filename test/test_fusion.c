@@ -6,6 +6,8 @@
  * log_softmax and cross-entropy written as compositions. */
 #include "common.h"
 
+#include "../src/backends/cpu/vmath.h" /* nbi_isa_select */
+
 typedef struct rng {
   uint64_t s;
 } rng;
@@ -407,6 +409,61 @@ Test(fusion, product_sums_equal_unfused_at_every_row_length) {
       one_kernel(centered_sumsq, sh, 1, dt, "c * sum(square(c))");
       one_kernel(product_read_twice, sh, 2, dt, "sum(p) + p");
     }
+}
+
+/* Cross-entropy rows: an f32 log_softmax row that only the label product
+ * reads is formed in registers inside the product sum
+ * (nbi_cpu_reduce_row_dot_lsm, never stored); the bits must stay the unfused
+ * ones on every ISA, at every row length, with the labels on either side of
+ * the product, a member as the logits, and rows holding NaN or infinities. */
+static nb_tensor *ce_logp_first(nb_tensor *const *in) {
+  return nb_mean(nb_mul(nb_log_softmax(in[0], -1), in[1]), NB_AXES(-1), false);
+}
+
+static nb_tensor *ce_member_logits(nb_tensor *const *in) {
+  return nb_sum(nb_mul(in[1], nb_log_softmax(nb_tanh(in[0]), -1)), NB_AXES(-1), false);
+}
+
+/* rows of x (n wide) as cross_entropy_op_rows, fused and not; NaN where NaN */
+static void ce_special_rows(int64_t n) {
+  float *x = malloc(sizeof(float) * 4 * (size_t)n);
+  rng r = {.s = 7};
+  for (int64_t j = 0; j < 4 * n; j++)
+    x[j] = (float)(4 * tc_uniform(&r.s, -1, 1));
+  x[1 * n + n / 2] = NAN;
+  for (int64_t j = 0; j < n; j++)
+    x[2 * n + j] = -INFINITY;
+  x[3 * n + n - 1] = INFINITY;
+  nb_tensor *in[2] = {nb_from_data(x, NB_SHAPE(4, n), NB_F32),
+                      nb_softmax(input(&r, (nb_shape){2, {4, n}}, NB_F32, false), -1)};
+  double *res[2];
+  for (int fused = 0; fused < 2; fused++) {
+    nbi_set_fusion(fused);
+    nb_scope_begin();
+    res[fused] = tc_read(cross_entropy_op_rows(in));
+    nb_scope_end();
+  }
+  nbi_set_fusion(true);
+  for (int i = 0; i < 4; i++)
+    cr_assert(isnan(res[0][i]) ? isnan(res[1][i]) : res[0][i] == res[1][i],
+              "n=%lld row %d: %g unfused, %g fused", (long long)n, i, res[0][i], res[1][i]);
+  cr_assert(isnan(res[1][1]) && isnan(res[1][2]), "NaN and -inf rows give NaN");
+  free(res[0]), free(res[1]), free(x);
+}
+
+Test(fusion, cross_entropy_rows_equal_unfused_on_every_isa) {
+  int64_t lens[] = {8, 9, 31, 32, 255, 256, 257, 300, 1029};
+  for (int isa = 0; isa < NBI_ISA_COUNT; isa++) {
+    if (nbi_isa_select((nbi_isa)isa) != (nbi_isa)isa) continue;
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+      nb_shape x = {2, {40, lens[i]}};
+      one_kernel(cross_entropy_op_rows, (nb_shape[]){x, x}, 2, NB_F32, "labels * log_softmax");
+      one_kernel(ce_logp_first, (nb_shape[]){x, x}, 2, NB_F32, "mean(log_softmax * labels)");
+      one_kernel(ce_member_logits, (nb_shape[]){x, x}, 2, NB_F32, "log_softmax(tanh(x))");
+      ce_special_rows(lens[i]);
+    }
+  }
+  nbi_isa_select(NBI_ISA_COUNT);
 }
 
 /* Backward passes of layer_norm and cross-entropy: gradients fused equal the

@@ -158,8 +158,8 @@ static nb_status plan_exec(const nbi_plan *p, nbi_graph *g, nb_tensor **cn_buf) 
  * (NBI_OPF_CHECKED). */
 static nb_status plan_check(const nbi_plan *p) {
   nb_status st = NB_OK;
-  for (int d = 1; d < NBI_MAX_DEVICES && !st; d++)
-    if (p->check_devices >> d & 1u) st = nbi_dev_sync(d);
+  for (uint32_t m = p->check_devices & ~1u; m && !st; m &= m - 1) /* the set bits, cpu:0 aside */
+    st = nbi_dev_sync(__builtin_ctz(m));
   return st;
 }
 

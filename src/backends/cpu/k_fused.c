@@ -268,6 +268,11 @@ typedef struct row_plan {
    * is folded (never computed) and the reduction reads its factors' rows
    * (nbi_cpu_reduce_row_dot) */
   bool folded[NBI_FUSE_MAX], dot[NBI_FUSE_MAX];
+  /* a dot whose product reads an f32 log_softmax row that nothing else reads:
+   * that member is folded too, the dot forms its row in registers
+   * (nbi_cpu_reduce_row_dot_lsm: cross-entropy with probability labels); the
+   * log_softmax member, or -1 */
+  int lsm[NBI_FUSE_MAX];
   bool stream;                /* stored full members go out by stream_out */
   int n_pf, pf[NBI_FUSE_MAX]; /* ext rows prefetched a row ahead */
 } row_plan;
@@ -369,8 +374,8 @@ static int64_t row_ext_row(const row_plan *rp, const row_ext *e, int64_t r, int6
  * and returns its stride; row[] and val[] hold the earlier members' rows and
  * per-row values, scr the thread's scratch (operand rows after the slots). */
 static inline __attribute__((always_inline)) int64_t
-member_input(const row_plan *rp, int64_t r, int k, int q, int64_t n, const void *const *row,
-             char (*val)[8], char *scr, const void **p) {
+member_input_at(const row_plan *rp, int64_t r, int k, int q, int64_t n, const void *const *row,
+                char (*val)[8], char *scr, int bq, const void **p) {
   const nbi_group_member *t = &rp->g->m[k];
   int src = t->src[q];
   if (src >= 0) {
@@ -380,9 +385,16 @@ member_input(const row_plan *rp, int64_t r, int k, int q, int64_t n, const void 
   /* a row op (and a folded product's factors) reads its input's row as n contiguous values */
   member_kind kind = rp->kind[k];
   bool row_op = kind == M_REDUCE || kind == M_AXIS || rp->folded[k];
-  char *buf = scr + (size_t)(rp->n_slots + q) * rp->pitch;
+  char *buf = scr + (size_t)(rp->n_slots + bq) * rp->pitch; /* operand row bq */
   return row_ext_row(rp, &rp->ext[-1 - src], r, row_op ? rp->n : n, buf, kind == M_WHERE && q == 0,
                      row_op, p);
+}
+
+/* member_input_at reading into operand row q */
+static inline __attribute__((always_inline)) int64_t
+member_input(const row_plan *rp, int64_t r, int k, int q, int64_t n, const void *const *row,
+             char (*val)[8], char *scr, const void **p) {
+  return member_input_at(rp, r, k, q, n, row, val, scr, q, p);
 }
 
 /* Evaluates row r of every member; scr: the thread's scratch rows, then three
@@ -406,14 +418,21 @@ static void fused_row(const row_plan *rp, int64_t r, char *scr) {
     int64_t ps[3];
     if (rp->global[k] || rp->folded[k]) continue;
     if (rp->dot[k]) { /* the factors of the folded product, read as its inputs */
-      int f = t->src[0];
+      int f = t->src[0], l = rp->lsm[k];
       const void *a, *b;
-      member_input(rp, r, f, 0, rp->n, row, val, scr, &a);
-      if (rp->g->m[f].n_in == 2)
-        member_input(rp, r, f, 1, rp->n, row, val, scr, &b);
-      else
-        b = a;
-      double v = nbi_cpu_reduce_row_dot(t, a, b, rp->n);
+      double v;
+      if (l >= 0) { /* the other factor and the log_softmax's input (operand row 2) */
+        member_input(rp, r, f, rp->g->m[f].src[0] == l, rp->n, row, val, scr, &a);
+        member_input_at(rp, r, l, 0, rp->n, row, val, scr, 2, &b);
+        v = nbi_cpu_reduce_row_dot_lsm(t, a, b, rp->n);
+      } else {
+        member_input(rp, r, f, 0, rp->n, row, val, scr, &a);
+        if (rp->g->m[f].n_in == 2)
+          member_input(rp, r, f, 1, rp->n, row, val, scr, &b);
+        else
+          b = a;
+        v = nbi_cpu_reduce_row_dot(t, a, b, rp->n);
+      }
       if (rp->dom == DOM_F32)
         *(float *)val[k] = (float)v;
       else
@@ -509,6 +528,7 @@ static nb_status rows_run(const nbi_group *g, nbi_view *out, const nbi_view *in)
   for (int k = 0; k < m; k++) {
     const nbi_group_member *e = &g->m[k];
     last[k] = k;
+    rp.lsm[k] = -1;
     rp.kind[k] = kind_of(e);
     rp.full[k] = e->role == NBI_ROLE_FULL || e->role == NBI_ROLE_AXIS;
     rp.global[k] = e->role == NBI_ROLE_GLOBAL || e->role == NBI_ROLE_GLOBAL_REDUCE;
@@ -536,6 +556,18 @@ static nb_status rows_run(const nbi_group *g, nbi_view *out, const nbi_view *in)
     rp.folded[f] = rp.dot[k] = true;
     for (int q = 0; q < e->n_in; q++)
       if (e->src[q] >= 0 && last[e->src[q]] < k) last[e->src[q]] = k;
+    /* a factor that is a log_softmax row only this product reads */
+    for (int q = 0; q < 2 && e->op == NBI_OP_MUL; q++) {
+      int l = e->src[q], o = e->src[1 - q];
+      if (l < 0 || l == o || rp.out[l] || uses[l] != 1 || rp.kind[l] != M_AXIS ||
+          !nbi_cpu_reduce_row_dot_lsm_ok(&g->m[k], &g->m[l], rp.n, rp.rows))
+        continue;
+      rp.lsm[k] = l;
+      rp.folded[l] = true;
+      int z = g->m[l].src[0]; /* its input, read at the dot now */
+      if (z >= 0 && last[z] < k) last[z] = k;
+      break;
+    }
   }
   /* streamed: a stored full member computes into a scratch row too */
   int64_t out_bytes = 0;

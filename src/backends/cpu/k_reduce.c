@@ -944,19 +944,26 @@ enum { ROW_PREFETCH = 16384 }; /* rows up to this many bytes prefetch the next *
 /* softmax_row_T: y[0..n) = softmax (lg: log_softmax) of x[0..n), max-shifted; a
  *   NaN anywhere (or a row of -inf) makes the row NaN, as JAX.
  * softmax_cols_T: the same down each of the w columns of (n, B) slabs x, y. */
-#define DEF_SOFTMAX(SUF, FS, T, EXP, MAXF, ATTR)                                                   \
+#define DEF_SOFTMAX(SUF, FS, T, EXP, MAXF, ATTR, IATTR)                                            \
+  /* log_softmax_shift_T: log_softmax's row is y[j] = (x[j] - *mx) - *ls */                        \
+  IATTR static inline __attribute__((always_inline)) void log_softmax_shift_##SUF(                 \
+      const T *restrict x, int64_t n, T *mx, T *ls) {                                              \
+    *mx = MAXF(x, n);                                                                              \
+    *ls = (T)log(sum_exp_##FS(x, *mx, n, NULL));                                                   \
+  }                                                                                                \
   ATTR static void softmax_row_##SUF(const T *restrict x, T *restrict y, int64_t n, bool lg) {     \
-    T mx = MAXF(x, n);                                                                             \
     /* the next row (if any, and short) streams in while this one computes */                      \
     if (n * (int64_t)sizeof(T) <= ROW_PREFETCH)                                                    \
       for (int64_t j = 0; j < n; j += 64 / (int64_t)sizeof(T))                                     \
         __builtin_prefetch(x + n + j);                                                             \
     if (lg) {                                                                                      \
-      T ls = (T)log(sum_exp_##FS(x, mx, n, NULL));                                                 \
+      T mx, ls;                                                                                    \
+      log_softmax_shift_##SUF(x, n, &mx, &ls);                                                     \
       for (int64_t j = 0; j < n; j++)                                                              \
         y[j] = (x[j] - mx) - ls;                                                                   \
       return;                                                                                      \
     }                                                                                              \
+    T mx = MAXF(x, n);                                                                             \
     T inv = (T)(1.0 / sum_exp_##FS(x, mx, n, y));                                                  \
     for (int64_t j = 0; j < n; j++)                                                                \
       y[j] *= inv;                                                                                 \
@@ -1045,15 +1052,42 @@ NBI_ISA_ATTR_avx512 static inline float softmax_max_f32_avx512(const float *rest
 #endif
 
 #define DEF_SOFTMAX_F32(S, ISA)                                                                    \
-  DEF_SOFTMAX(f32_##S, f32, float, vm_expf_nonpos, softmax_max_f32_##S, NBI_ISA_ATTR_##S)
+  DEF_SOFTMAX(f32_##S, f32, float, vm_expf_nonpos, softmax_max_f32_##S, NBI_ISA_ATTR_##S,          \
+              NBI_ISA_ATTR_##S)
 NBI_FOR_ISAS(DEF_SOFTMAX_F32)
-DEF_SOFTMAX(f64, f64, double, exp, softmax_max_f64, HOT)
+DEF_SOFTMAX(f64, f64, double, exp, softmax_max_f64, HOT, )
 
 typedef struct softmax_f32_fns {
   void (*row)(const float *restrict x, float *restrict y, int64_t n, bool lg);
   void (*cols)(const float *restrict x, float *restrict y, int64_t n, int64_t B, int64_t w,
                bool lg);
 } softmax_f32_fns;
+/* cross-entropy's row: the sum of p[j] times log_softmax(z)[j] */
+#define DEF_ROW_DOT_LSM(S, ISA)                                                                    \
+  NBI_ISA_ATTR_##S static double row_dot_lsm_f32_##S(const float *restrict p,                      \
+                                                     const float *restrict z, int64_t n) {         \
+    float mx, ls;                                                                                  \
+    log_softmax_shift_f32_##S(z, n, &mx, &ls);                                                     \
+    return nbi_cpu_row_sum_lsm_f32[ISA](p, z, n, mx, ls);                                          \
+  }
+NBI_FOR_ISAS(DEF_ROW_DOT_LSM)
+#define ROW_DOT_LSM_ENTRY(S, ISA) [ISA] = row_dot_lsm_f32_##S,
+static double (*const row_dot_lsm_f32[NBI_ISA_COUNT])(const float *restrict, const float *restrict,
+                                                      int64_t) = {NBI_FOR_ISAS(ROW_DOT_LSM_ENTRY)};
+
+bool nbi_cpu_reduce_row_dot_lsm_ok(const nbi_group_member *sum, const nbi_group_member *lsm,
+                                   int64_t len, int64_t n_out) {
+  return nbi_cpu_reduce_row_dot_ok(sum, len, n_out) && sum->dtype == NB_F32 &&
+         lsm->op == NBI_OP_LOG_SOFTMAX && lsm->dtype == NB_F32;
+}
+
+double nbi_cpu_reduce_row_dot_lsm(const nbi_group_member *e, const void *p, const void *z,
+                                  int64_t len) {
+  double acc = 0; /* as nbi_cpu_reduce_row_dot */
+  acc += row_dot_lsm_f32[nbi_isa_active()](p, z, len);
+  return e->af[0] == 1 ? acc : mean_of(acc, e->af[0]);
+}
+
 #define SOFTMAX_F32_ENTRY(S, ISA) [ISA] = {softmax_row_f32_##S, softmax_cols_f32_##S},
 static const softmax_f32_fns softmax_f32[NBI_ISA_COUNT] = {NBI_FOR_ISAS(SOFTMAX_F32_ENTRY)};
 

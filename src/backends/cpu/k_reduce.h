@@ -28,6 +28,13 @@ double nbi_cpu_reduce_row(const nbi_group_member *e, const void *x, int64_t len,
  * nbi_cpu_reduce_row would for n_out such outputs). */
 bool nbi_cpu_reduce_row_dot_ok(const nbi_group_member *e, int64_t len, int64_t n_out);
 double nbi_cpu_reduce_row_dot(const nbi_group_member *e, const void *x, const void *y, int64_t len);
+/* The same for a product of p and lsm's row, lsm a log_softmax of the row z
+ * (f32): the row formed in registers, never stored; the bits of the stored
+ * form. */
+bool nbi_cpu_reduce_row_dot_lsm_ok(const nbi_group_member *sum, const nbi_group_member *lsm,
+                                   int64_t len, int64_t n_out);
+double nbi_cpu_reduce_row_dot_lsm(const nbi_group_member *e, const void *p, const void *z,
+                                  int64_t len);
 /* The same for an axis op over its last axis: softmax, log_softmax, cumsum of
  * f32 or f64, input of the same dtype; y[0..len) from x[0..len), both
  * contiguous of e's dtype, as nbi_cpu_softmax / nbi_cpu_cumsum compute each

@@ -60,24 +60,30 @@ typedef double sum_v4d __attribute__((vector_size(32)));
     acc[2 * (g)] += (sum_v4d){(v)[0], (v)[1], (v)[2], (v)[3]};                                     \
     acc[2 * (g) + 1] += (sum_v4d){(v)[4], (v)[5], (v)[6], (v)[7]};                                 \
   } while (0)
-/* The 8 terms at p + 32 * o: x's, or x's times y's (py: the same place in y). */
-#define SUM_LD(p, py, o)                                                                           \
+/* The 8 terms at p + 32 * o: x's, or x's times y's (py: the same place in y;
+ * sh: y's values shifted, (y - mx) - ls, as a log_softmax row forms them). */
+#define SUM_LD(p, py, o, sh)                                                                       \
   (memcpy(&ld[o], (p) + 32 * (o), sizeof ld[o]),                                                   \
-   (py) ? (memcpy(&ly[o], (py) + 32 * (o), sizeof ly[o]), ld[o] * ly[o]) : ld[o])
+   (py) ? (memcpy(&ly[o], (py) + 32 * (o), sizeof ly[o]),                                          \
+           ld[o] * ((sh) ? (ly[o] - vmx) - vls : ly[o]))                                           \
+        : ld[o])
+/* row_sum_f32_S's body; sh (a constant in each caller): y's values are
+ * shifted by mx and ls (row_sum_lsm_f32_S). */
 #define DEF_ROW_SUM_F32(S, ATTR)                                                                   \
   DEF_ROW_SUM(f32sq, float, S, ATTR)                                                               \
-  ATTR static double row_sum_f32_##S(const float *restrict x, const float *restrict y, int64_t n,  \
-                                     double c, bool sq) {                                          \
-    if (sq) return row_sum_f32sq_##S(x, NULL, n, c, true);                                         \
+  ATTR static inline __attribute__((always_inline)) double row_sum_f32b_##S(                       \
+      const float *restrict x, const float *restrict y, int64_t n, bool sh, float mx, float ls) {  \
+    const sum_v8f vmx = {mx, mx, mx, mx, mx, mx, mx, mx}, vls = {ls, ls, ls, ls, ls, ls, ls, ls};  \
     sum_v4d acc[SUM_LANES / 4] = {{0}};                                                            \
     sum_v8f ld[SUM_PRE], ly[SUM_PRE];                                                              \
     int64_t j = 0;                                                                                 \
     for (; j + SUM_PRE * SUM_LANES <= n; j += SUM_PRE * SUM_LANES)                                 \
       _Pragma("GCC unroll 4") for (int g = 0; g < SUM_LANES / 8; g++) {                            \
         const float *p = x + j + 8 * g, *py = y ? y + j + 8 * g : NULL;                            \
-        sum_v8f t =                                                                                \
-            ((SUM_LD(p, py, 0) + SUM_LD(p, py, 1)) + (SUM_LD(p, py, 2) + SUM_LD(p, py, 3))) +      \
-            ((SUM_LD(p, py, 4) + SUM_LD(p, py, 5)) + (SUM_LD(p, py, 6) + SUM_LD(p, py, 7)));       \
+        sum_v8f t = ((SUM_LD(p, py, 0, sh) + SUM_LD(p, py, 1, sh)) +                               \
+                     (SUM_LD(p, py, 2, sh) + SUM_LD(p, py, 3, sh))) +                              \
+                    ((SUM_LD(p, py, 4, sh) + SUM_LD(p, py, 5, sh)) +                               \
+                     (SUM_LD(p, py, 6, sh) + SUM_LD(p, py, 7, sh)));                               \
         SUM_WIDEN_ADD(acc, g, t);                                                                  \
       }                                                                                            \
     for (; j < n; j += SUM_LANES) { /* the last block zero-padded (a lane plus +0 is unchanged) */ \
@@ -94,9 +100,15 @@ typedef double sum_v4d __attribute__((vector_size(32)));
           py = pady;                                                                               \
         }                                                                                          \
       }                                                                                            \
+      if (sh) { /* shifted here: the padding stays 0 (a lane plus 0 * 0) */                        \
+        int64_t w = n - j < SUM_LANES ? n - j : SUM_LANES;                                         \
+        for (int64_t k = 0; k < SUM_LANES; k++)                                                    \
+          pady[k] = k < w ? (py[k] - mx) - ls : 0.0f;                                              \
+        py = pady;                                                                                 \
+      }                                                                                            \
       _Pragma("GCC unroll 4") for (int g = 0; g < SUM_LANES / 8; g++) {                            \
         const float *pg = p + 8 * g, *pyg = py ? py + 8 * g : NULL;                                \
-        sum_v8f t = SUM_LD(pg, pyg, 0);                                                            \
+        sum_v8f t = SUM_LD(pg, pyg, 0, false);                                                     \
         SUM_WIDEN_ADD(acc, g, t);                                                                  \
       }                                                                                            \
     }                                                                                              \
@@ -106,6 +118,15 @@ typedef double sum_v4d __attribute__((vector_size(32)));
     acc[1] += acc[3];                                                                              \
     acc[0] += acc[1];                                                                              \
     return (acc[0][0] + acc[0][2]) + (acc[0][1] + acc[0][3]); /* 2 apart, then 1 */                \
+  }                                                                                                \
+  ATTR static double row_sum_f32_##S(const float *restrict x, const float *restrict y, int64_t n,  \
+                                     double c, bool sq) {                                          \
+    if (sq) return row_sum_f32sq_##S(x, NULL, n, c, true);                                         \
+    return row_sum_f32b_##S(x, y, n, false, 0, 0);                                                 \
+  }                                                                                                \
+  ATTR static double row_sum_lsm_f32_##S(const float *restrict x, const float *restrict z,         \
+                                         int64_t n, float mx, float ls) {                          \
+    return row_sum_f32b_##S(x, z, n, true, mx, ls);                                                \
   }
 #define DEF_ROW_SUMS(S, ISA)                                                                       \
   DEF_ROW_SUM_F32(S, NBI_ISA_ATTR_##S) DEF_ROW_SUM(f64, double, S, NBI_ISA_ATTR_##S)
@@ -114,3 +135,6 @@ NBI_FOR_ISAS(DEF_ROW_SUMS)
 #define ROW_SUM_F64_ENTRY(S, ISA) [ISA] = row_sum_f64_##S,
 const nbi_row_sum_f32_fn nbi_cpu_row_sum_f32[NBI_ISA_COUNT] = {NBI_FOR_ISAS(ROW_SUM_F32_ENTRY)};
 const nbi_row_sum_f64_fn nbi_cpu_row_sum_f64[NBI_ISA_COUNT] = {NBI_FOR_ISAS(ROW_SUM_F64_ENTRY)};
+#define ROW_SUM_LSM_ENTRY(S, ISA) [ISA] = row_sum_lsm_f32_##S,
+const nbi_row_sum_lsm_f32_fn nbi_cpu_row_sum_lsm_f32[NBI_ISA_COUNT] = {
+    NBI_FOR_ISAS(ROW_SUM_LSM_ENTRY)};

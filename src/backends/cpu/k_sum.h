@@ -18,5 +18,12 @@ typedef double (*nbi_row_sum_f64_fn)(const double *restrict x, const double *res
                                      double c, bool sq);
 extern const nbi_row_sum_f32_fn nbi_cpu_row_sum_f32[NBI_ISA_COUNT];
 extern const nbi_row_sum_f64_fn nbi_cpu_row_sum_f64[NBI_ISA_COUNT];
+/* The f32 product sum of x[j] * y[j] with y[j] = (z[j] - mx) - ls formed in
+ * registers (a log_softmax row: cross-entropy's sum of labels times log
+ * probabilities), the same bits as nbi_cpu_row_sum_f32 of x and the stored
+ * y. Indexed by nbi_isa. */
+typedef double (*nbi_row_sum_lsm_f32_fn)(const float *restrict x, const float *restrict z,
+                                         int64_t n, float mx, float ls);
+extern const nbi_row_sum_lsm_f32_fn nbi_cpu_row_sum_lsm_f32[NBI_ISA_COUNT];
 
 #endif
