@@ -164,7 +164,8 @@ nb_device nb_device_of(const nb_tensor *t) {
 
 static _Atomic int matmul_precision = NB_PRECISION_HIGHEST;
 void nb_set_matmul_precision(nb_precision p) {
-  atomic_store(&matmul_precision, p == NB_PRECISION_HIGH ? NB_PRECISION_HIGH : NB_PRECISION_HIGHEST);
+  atomic_store(&matmul_precision,
+               p == NB_PRECISION_HIGH ? NB_PRECISION_HIGH : NB_PRECISION_HIGHEST);
 }
 nb_precision nb_get_matmul_precision(void) { return (nb_precision)atomic_load(&matmul_precision); }
 nb_precision nbi_matmul_precision(void) { return nb_get_matmul_precision(); }
@@ -237,6 +238,18 @@ nb_status nbi_host_write(int dev, nbi_view *v, const void *src, nb_dtype src_dt)
   return st;
 }
 
+bool nbi_host_borrow(const nb_tensor *t, const void **p, nbi_buffer **hold) {
+  if (!(t->flags & NBI_T_REALIZED) || t->mesh || t->n_shards != 1 || !t->shard0.buf ||
+      nbi_device_at(t->device)->id.kind != NB_DEVICE_CPU)
+    return false;
+  nbi_view v = nbi_tensor_view(t);
+  if (!nbi_view_is_contiguous(&v)) return false;
+  nbi_buffer_retain(t->shard0.buf);
+  *hold = t->shard0.buf;
+  *p = v.data;
+  return true;
+}
+
 nb_status nbi_host_scalar(int dev, const nbi_view *v, double *out) {
   nbi_view one = *v;
   for (int k = 0; k < one.ndim; k++)
@@ -253,7 +266,8 @@ nb_status nbi_copy_between(int dst_dev, nbi_view *dst, int src_dev, const nbi_vi
   if (dst_dev == src_dev) return nbi_dev_copy(dst_dev, dst, src);
   int64_t n = view_numel(src);
   if (n == 0) return NB_OK;
-  if (dst_dev == 0 && nbi_view_is_contiguous(dst)) return nbi_host_read(src_dev, src, dst->data, dst->dtype);
+  if (dst_dev == 0 && nbi_view_is_contiguous(dst))
+    return nbi_host_read(src_dev, src, dst->data, dst->dtype);
   if (src_dev == 0 && nbi_view_is_contiguous(src))
     return nbi_host_write(dst_dev, dst, src->data, src->dtype);
   size_t nbytes = (size_t)n * nb_dtype_size(dst->dtype);

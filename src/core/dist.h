@@ -53,6 +53,8 @@ typedef struct nbi_dist_call {
   const int64_t *scount, *rcount; /* [n] (PERMUTE: rcount[0]) */
   int dest, src;                  /* PERMUTE: group positions, -1: none */
   int64_t sig;                    /* equal on every member (e.g. the group's total) */
+  bool send_borrowed; /* send is the caller's memory (a tensor's buffer, nbi_host_borrow),
+                         alive and unchanged until nbi_dist_free, which does not free it */
 } nbi_dist_call;
 typedef struct nbi_dist_req nbi_dist_req;
 /* Staging memory for collectives: bytes (+1) that nbi_dist_buffer_free gives
@@ -61,12 +63,16 @@ typedef struct nbi_dist_req nbi_dist_req;
 void *nbi_dist_buffer(size_t bytes);
 void nbi_dist_buffer_free(void *p);
 /* Starts c with send (from nbi_dist_buffer; taken over, freed with the
- * request, also on failure). NB_OK and *req, or an error (the job's failure
- * path). */
+ * request, also on failure; or borrowed: c->send_borrowed). NB_OK and *req,
+ * or an error (the job's failure path). */
 nb_status nbi_dist_start(const nbi_dist_call *c, void *send, nbi_dist_req **req);
 /* Waits for r until done or the deadline; the same status on every call. */
 nb_status nbi_dist_wait(nbi_dist_req *r);
 void *nbi_dist_recv(nbi_dist_req *r);
+/* nbi_dist_wait, then what r received (bytes) in dst: a group's all-reduce
+ * folds and receives straight into dst (no receive copy); other calls copy
+ * from their receive buffer. */
+nb_status nbi_dist_wait_into(nbi_dist_req *r, void *dst, size_t bytes);
 /* Waits for r if it was not (the buffers must outlive the transfer), frees it. */
 void nbi_dist_free(nbi_dist_req *r);
 

@@ -144,6 +144,11 @@ nbi_view nbi_view_broadcast(const nbi_view *v, const nb_shape *s);
 nb_status nbi_host_read(int dev, const nbi_view *v, void *dst, nb_dtype dst_dt);
 /* view v on device dev = src (host, contiguous, v's dims, src_dt). */
 nb_status nbi_host_write(int dev, nbi_view *v, const void *src, nb_dtype src_dt);
+/* t's data in place, read-only, when the host can read it: t realized, one
+ * contiguous shard on a CPU device. *p then points at its first element and
+ * *hold is t's buffer, retained (release it when done: while held, no plan
+ * writes over it in place). False otherwise (read a copy with nbi_host_read). */
+bool nbi_host_borrow(const nb_tensor *t, const void **p, nbi_buffer **hold);
 /* Element 0 of v as double (one small download). */
 nb_status nbi_host_scalar(int dev, const nbi_view *v, double *out);
 /* dst = src on one device (copy with conversion), and fill. */

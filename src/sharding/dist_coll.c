@@ -44,6 +44,7 @@ typedef struct pending {
   nbi_dist_req *req;
   int64_t n; /* elements received */
   nb_dtype dt;
+  nbi_buffer *hold; /* the buffer the request sends from (borrowed), or NULL */
 } pending;
 
 static nb_status wait_infer(void *u, const nb_shape *is, const nb_dtype *id, int n_in, nb_shape *os,
@@ -60,16 +61,18 @@ static nb_status wait_cpu(void *u, const nb_custom_buffer *in, int n_in, nb_cust
   (void)in, (void)n_in, (void)n_out;
   pending *p = u;
   if (!p->req) return nbi_error(NB_ERR_INTERNAL, "nabla.dist_wait: waited for twice");
-  nb_status st = nbi_dist_wait(p->req);
-  if (!st && p->n) memcpy(out[0].data, nbi_dist_recv(p->req), (size_t)p->n * nb_dtype_size(p->dt));
+  nb_status st = nbi_dist_wait_into(p->req, out[0].data, (size_t)p->n * nb_dtype_size(p->dt));
   nbi_dist_free(p->req); /* the received copy is not needed any more */
   p->req = NULL;
+  nbi_buffer_release(p->hold); /* nor the memory it sent from */
+  p->hold = NULL;
   return st;
 }
 
 static void wait_release(void *u) {
   pending *p = u;
   nbi_dist_free(p->req);
+  nbi_buffer_release(p->hold);
   free(p);
 }
 
@@ -79,8 +82,10 @@ static void register_wait(void) {
       .name = "nabla.dist_wait", .n_in = 1, .n_out = 1, .infer = wait_infer, .cpu = wait_cpu});
 }
 
-/* A 1-D tensor of the n elements of dt req receives, on device dev; takes req. */
-static nb_tensor *received(const char *fn, nbi_dist_req *req, int64_t n, nb_dtype dt, int dev) {
+/* A 1-D tensor of the n elements of dt req receives, on device dev; takes req
+ * and hold (the buffer req sends from, or NULL), released when req is done. */
+static nb_tensor *received(const char *fn, nbi_dist_req *req, int64_t n, nb_dtype dt, int dev,
+                           nbi_buffer *hold) {
   nb_shape s = {.ndim = 1, .dims = {n}};
   if (env_on("NABLA_MPI_OVERLAP", true)) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -91,6 +96,7 @@ static nb_tensor *received(const char *fn, nbi_dist_req *req, int64_t n, nb_dtyp
     if (!tick || !p || !wait_op_) {
       free(p);
       nbi_dist_free(req);
+      nbi_buffer_release(hold);
       if (!wait_op_)
         nbi_error(NB_ERR_INTERNAL,
                   "%s: the internal op \"nabla.dist_wait\" is not registered "
@@ -105,9 +111,10 @@ static nb_tensor *received(const char *fn, nbi_dist_req *req, int64_t n, nb_dtyp
     if (nbi_host_write(dev, &tv, &zero, NB_BOOL)) {
       free(p);
       nbi_dist_free(req);
+      nbi_buffer_release(hold);
       return NULL;
     }
-    *p = (pending){.req = req, .n = n, .dt = dt};
+    *p = (pending){.req = req, .n = n, .dt = dt, .hold = hold};
     nb_tensor *y = NULL;
     return nbi_custom_call_user(wait_op_, &tick, 1, &y, 1, p, wait_release) ? NULL : y;
   }
@@ -118,6 +125,7 @@ static nb_tensor *received(const char *fn, nbi_dist_req *req, int64_t n, nb_dtyp
     if (nbi_host_write(dev, &v, nbi_dist_recv(req), dt)) t = NULL;
   }
   nbi_dist_free(req);
+  nbi_buffer_release(hold);
   return t;
 }
 
@@ -133,17 +141,24 @@ static nb_shape chunk_shape(const nb_shape *s, int dim, int n, int r) {
 
 /* Copies ts[0..k) (realizing them) one after the other into a new buffer
  * (*buf; freed by the caller, also on failure). */
+/* A collective may not carry a value nb_backward would differentiate. */
+static nb_status sendable(const char *fn, const nb_mesh *m, const nb_tensor *t) {
+  if (!t) return nb_last_status();
+  if ((t->flags & (NBI_T_REQUIRES_GRAD | NBI_T_GRAD_PATH)) && !nbi_no_grad)
+    return nbi_error(NB_ERR_DISTRIBUTED,
+                     "%s: on mesh %s, which spans %d processes, a collective reached a value "
+                     "nb_backward would differentiate: nb_backward does not run across "
+                     "processes (differentiate with nb_grad or nb_value_and_grad, or compute "
+                     "under nb_no_grad)",
+                     fn, m->text, m->n_ranks);
+  return NB_OK;
+}
+
 static nb_status pack(const char *fn, const nb_mesh *m, nb_tensor *const *ts, int k, void **buf) {
   size_t total = 0, off = 0;
   for (int i = 0; i < k; i++) {
-    if (!ts[i]) return nb_last_status();
-    if ((ts[i]->flags & (NBI_T_REQUIRES_GRAD | NBI_T_GRAD_PATH)) && !nbi_no_grad)
-      return nbi_error(NB_ERR_DISTRIBUTED,
-                       "%s: on mesh %s, which spans %d processes, a collective reached a value "
-                       "nb_backward would differentiate: nb_backward does not run across "
-                       "processes (differentiate with nb_grad or nb_value_and_grad, or compute "
-                       "under nb_no_grad)",
-                       fn, m->text, m->n_ranks);
+    nb_status st = sendable(fn, m, ts[i]);
+    if (st) return st;
     total += (size_t)nbi_numel(&ts[i]->shape) * nb_dtype_size(ts[i]->dtype);
   }
   if (!(*buf = nbi_dist_buffer(total))) return nbi_error(NB_ERR_OOM, "%s: out of memory", fn);
@@ -263,14 +278,36 @@ static nb_shape same_shape(const dctx *c, int r, const void *arg) {
 
 static _Thread_local const args *cur; /* the running collective's arguments */
 
+/* What a member sends: its own buffer when the host can read it in place
+ * (nbi_host_borrow: realized, contiguous, on the CPU; *hold then keeps it
+ * until the messages are done), else a packed copy (*hold NULL). On failure
+ * nothing is held. */
+static nb_status send_from(const dctx *c, nb_tensor *x, void **send, nbi_buffer **hold) {
+  const void *in_place = NULL;
+  *send = NULL, *hold = NULL;
+  nb_status st = sendable(c->fn, c->g->m, x);
+  if (!st) st = nbi_realize(&x, 1);
+  if (st) return st;
+  if (nbi_host_borrow(x, &in_place, hold)) {
+    *send = (void *)in_place;
+    return NB_OK;
+  }
+  if ((st = pack(c->fn, c->g->m, &x, 1, send))) {
+    nbi_dist_buffer_free(*send);
+    *send = NULL;
+  }
+  return st;
+}
+
+/* An all-reduce sends from the member's own buffer (send_from), and its wait
+ * folds and receives into the result's buffer (nbi_dist_wait_into): no
+ * staging copy either way (two 1 MiB copies were a third of a 1 MiB call). */
 static nb_status ar_member(dctx *c, int gi, int me, nb_tensor **out) {
   int d = member(c, gi, me);
-  void *send = NULL;
-  nb_status st = pack(c->fn, c->g->m, &c->phys[d], 1, &send);
-  if (st) {
-    nbi_dist_buffer_free(send);
-    return st;
-  }
+  void *send;
+  nbi_buffer *hold;
+  nb_status st = send_from(c, c->phys[d], &send, &hold);
+  if (st) return st;
   int64_t n = nbi_numel(&c->sh[me]);
   nbi_dist_req *q;
   nbi_dist_call call = {.kind = NBI_DIST_ALL_REDUCE,
@@ -279,9 +316,13 @@ static nb_status ar_member(dctx *c, int gi, int me, nb_tensor **out) {
                         .dtype = c->g->dtype,
                         .op = dist_op(cur->op),
                         .count = n,
-                        .sig = c->sig};
-  if ((st = nbi_dist_start(&call, send, &q))) return st;
-  nb_tensor *y = received(c->fn, q, n, c->g->dtype, c->g->m->dev_table[d]);
+                        .sig = c->sig,
+                        .send_borrowed = hold != NULL};
+  if ((st = nbi_dist_start(&call, send, &q))) {
+    nbi_buffer_release(hold);
+    return st;
+  }
+  nb_tensor *y = received(c->fn, q, n, c->g->dtype, c->g->m->dev_table[d], hold);
   if (y) y = nb_reshape(y, c->sh[me]);
   if (y && cur->op == NB_REDUCE_MEAN) y = nb_div_scalar(y, c->g->n);
   return (out[d] = y) ? NB_OK : nb_last_status();
@@ -304,12 +345,10 @@ static nb_shape gathered_shape(const dctx *c, int r, const void *arg) {
 
 static nb_status ag_member(dctx *c, int gi, int me, nb_tensor **out) {
   int d = member(c, gi, me), n = c->g->n;
-  void *send = NULL;
-  nb_status st = pack(c->fn, c->g->m, &c->phys[d], 1, &send);
-  if (st) {
-    nbi_dist_buffer_free(send);
-    return st;
-  }
+  void *send;
+  nbi_buffer *hold;
+  nb_status st = send_from(c, c->phys[d], &send, &hold);
+  if (st) return st;
   int64_t *rc = c->cnt + n;
   for (int q = 0; q < n; q++)
     rc[q] = nbi_numel(&c->sh[q]);
@@ -319,10 +358,14 @@ static nb_status ag_member(dctx *c, int gi, int me, nb_tensor **out) {
                         .n = n,
                         .dtype = c->g->dtype,
                         .rcount = rc,
-                        .sig = c->sig};
-  if ((st = nbi_dist_start(&call, send, &qr))) return st;
-  nb_tensor *y = concat_pieces(received(c->fn, qr, c->sig, c->g->dtype, c->g->m->dev_table[d]),
-                               c->sh, n, cur->a);
+                        .sig = c->sig,
+                        .send_borrowed = hold != NULL};
+  if ((st = nbi_dist_start(&call, send, &qr))) {
+    nbi_buffer_release(hold);
+    return st;
+  }
+  nb_tensor *y = concat_pieces(
+      received(c->fn, qr, c->sig, c->g->dtype, c->g->m->dev_table[d], hold), c->sh, n, cur->a);
   return (out[d] = y) ? NB_OK : nb_last_status();
 }
 
@@ -372,7 +415,7 @@ static nb_status rs_member(dctx *c, int gi, int me, nb_tensor **out) {
                         .rcount = c->cnt,
                         .sig = c->sig};
   if ((st = nbi_dist_start(&call, send, &q))) return st;
-  nb_tensor *y = received(c->fn, q, c->cnt[me], c->g->dtype, c->g->m->dev_table[d]);
+  nb_tensor *y = received(c->fn, q, c->cnt[me], c->g->dtype, c->g->m->dev_table[d], NULL);
   if (y) y = nb_reshape(y, chunk_shape(&c->sh[me], cur->a, n, me));
   return (out[d] = y) ? NB_OK : nb_last_status();
 }
@@ -419,7 +462,7 @@ static nb_status a2a_member(dctx *c, int gi, int me, nb_tensor **out) {
                         .sig = c->sig};
   nb_tensor *y = NULL;
   if (!(st = nbi_dist_start(&call, send, &q)))
-    y = concat_pieces(received(c->fn, q, total, c->g->dtype, c->g->m->dev_table[d]), from, n,
+    y = concat_pieces(received(c->fn, q, total, c->g->dtype, c->g->m->dev_table[d], NULL), from, n,
                       cur->ca);
   free(from);
   if (st) return st;
@@ -461,7 +504,7 @@ static nb_status pp_member(dctx *c, int gi, int me, nb_tensor **out) {
   if ((st = nbi_dist_start(&call, send, &q))) return st;
   nb_tensor *y;
   if (src >= 0) {
-    y = received(c->fn, q, rc, c->g->dtype, c->g->m->dev_table[d]);
+    y = received(c->fn, q, rc, c->g->dtype, c->g->m->dev_table[d], NULL);
     if (y) y = nb_reshape(y, c->sh[src]);
   } else {
     nbi_dist_free(q);

@@ -160,8 +160,7 @@ nb_status nbi_dist_exchange(const void *send, const int64_t *scount, void *recv,
 }
 
 nb_status nbi_dist_start(const nbi_dist_call *c, void *send, nbi_dist_req **req) {
-  (void)c;
-  nbi_dist_buffer_free(send);
+  if (!c || !c->send_borrowed) nbi_dist_buffer_free(send);
   *req = NULL;
   return nbi_error(NB_ERR_DISTRIBUTED, "nabla: a collective between processes in a nabla built "
                                        "without MPI (rebuild with `make MPI=1`)");
@@ -173,6 +172,10 @@ nb_status nbi_dist_wait(nbi_dist_req *r) {
 void *nbi_dist_recv(nbi_dist_req *r) {
   (void)r;
   return NULL;
+}
+nb_status nbi_dist_wait_into(nbi_dist_req *r, void *dst, size_t bytes) {
+  (void)r, (void)dst, (void)bytes;
+  return NB_ERR_DISTRIBUTED;
 }
 void nbi_dist_free(nbi_dist_req *r) { (void)r; }
 
@@ -674,6 +677,8 @@ struct nbi_dist_req {
   void *send, *recv;
   int *cnt; /* counts and displacements of the v-calls (live until done) */
   bool waited;
+  bool send_borrowed; /* send is the caller's (not freed here) */
+  void *dst;          /* fast / split: where the result goes (nbi_dist_wait_into), else recv */
   nb_status st;
   /* a small all-reduce (fast_start): every member's signature and data land in
    * stage[i * msg] (msg bytes: SIG_BYTES, then count elements); the reduction
@@ -800,9 +805,10 @@ static nb_status fast_finish(nbi_dist_req *q) {
   }
   if (st) return st;
   size_t bytes = (size_t)q->count * nb_dtype_size(q->dt);
-  if (bytes) memcpy(q->recv, q->stage + SIG_BYTES, bytes);
+  void *res = q->dst ? q->dst : q->recv;
+  if (bytes) memcpy(res, q->stage + SIG_BYTES, bytes);
   for (int i = 1; i < q->n; i++)
-    fast_fold(q->recv, q->stage + RECV_MAX * (size_t)i + SIG_BYTES, q->count, q->dt, q->op);
+    fast_fold(res, q->stage + RECV_MAX * (size_t)i + SIG_BYTES, q->count, q->dt, q->op);
   return NB_OK;
 }
 
@@ -859,7 +865,7 @@ static nb_status split_finish(nbi_dist_req *q) {
   size_t es = nb_dtype_size(q->dt);
   int n = q->n, me = q->me;
   int64_t a = chunk_at(q->count, n, me), len = chunk_at(q->count, n, me + 1) - a;
-  char *out = (char *)q->recv + (size_t)a * es;
+  char *res = q->dst ? q->dst : q->recv, *out = res + (size_t)a * es;
   for (int i = 0; i < n; i++) {
     const char *part =
         i == me ? (const char *)q->send + (size_t)a * es : q->stage + q->msg * (size_t)i;
@@ -873,8 +879,8 @@ static nb_status split_finish(nbi_dist_req *q) {
   for (int i = 0; i < n && rc == MPI_SUCCESS; i++)
     if (i != me) {
       int64_t b0 = chunk_at(q->count, n, i), b1 = chunk_at(q->count, n, i + 1);
-      rc = MPI_Irecv((char *)q->recv + (size_t)b0 * es, (int)((size_t)(b1 - b0) * es), MPI_BYTE, i,
-                     22, q->comm_, &q->rv[k]);
+      rc = MPI_Irecv(res + (size_t)b0 * es, (int)((size_t)(b1 - b0) * es), MPI_BYTE, i, 22,
+                     q->comm_, &q->rv[k]);
       q->peer[k++] = i;
     }
   for (int i = 0; i < n && rc == MPI_SUCCESS; i++)
@@ -905,6 +911,18 @@ nb_status nbi_dist_wait(nbi_dist_req *q) {
   return q->st;
 }
 
+nb_status nbi_dist_wait_into(nbi_dist_req *q, void *dst, size_t bytes) {
+  if (q && !q->waited && (q->fast || q->split)) { /* folded and received in place */
+    q->dst = dst;
+    nb_status st = nbi_dist_wait(q);
+    q->dst = NULL;
+    return st;
+  }
+  nb_status st = nbi_dist_wait(q);
+  if (!st && bytes) memcpy(dst, nbi_dist_recv(q), bytes);
+  return st;
+}
+
 void nbi_dist_free(nbi_dist_req *q) {
   if (!q) return;
   if (!q->waited && joined) {
@@ -914,7 +932,7 @@ void nbi_dist_free(nbi_dist_req *q) {
     nbi_dist_wait(q); /* MPI still writes into recv until done */
     if (keep) nbi_error(keep, "%s", msg);
   }
-  nbi_dist_buffer_free(q->send);
+  if (!q->send_borrowed) nbi_dist_buffer_free(q->send);
   nbi_dist_buffer_free(q->recv);
   nbi_dist_buffer_free(q->stage);
   free(q->cnt);
@@ -949,10 +967,10 @@ nb_status nbi_dist_start(const nbi_dist_call *c, void *send, nbi_dist_req **req)
   nbi_dist_req *q = calloc(1, sizeof *q);
   const char *fn = c && c->kind >= 0 && c->kind < 5 ? kinds[c->kind] : "collective";
   if (!q) {
-    nbi_dist_buffer_free(send);
+    if (!c || !c->send_borrowed) nbi_dist_buffer_free(send);
     return nbi_error(NB_ERR_OOM, "nabla: %s: out of memory", fn);
   }
-  q->send = send, q->kind = c ? c->kind : 0;
+  q->send = send, q->kind = c ? c->kind : 0, q->send_borrowed = c && c->send_borrowed;
   nb_status st = NB_OK;
   int me = -1, n = c ? c->n : 0;
   for (int i = 0; i < n && c->ranks; i++)
