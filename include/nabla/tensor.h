@@ -255,7 +255,8 @@ typedef struct nb_stats {
    * released buffer is kept for the next request of its size class. */
   uint64_t buffer_allocs;     /* buffer requests (node outputs, data leaves, ...) */
   uint64_t buffer_cache_hits; /* requests served from the cache, no system allocation */
-  uint64_t cached_bytes;      /* bytes in free cached blocks (not part of live_bytes) */
+  uint64_t cached_bytes;      /* bytes in free cached blocks (not part of live_bytes; each
+                                 thread's own few small released blocks not counted) */
   /* Times a thread's kernels dropped to one OpenMP thread because the machine
    * was oversubscribed (see nb_set_num_threads). */
   uint64_t thread_reductions;

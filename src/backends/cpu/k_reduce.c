@@ -993,20 +993,15 @@ enum { ROW_PREFETCH = 16384 }; /* rows up to this many bytes prefetch the next *
   }
 
 /* f32: one variant per ISA (vmath.h), picked at each call; f64 (libm's exp):
- * the load-time clones of HOT. */
-/* softmax_max_T_S: a row's shift, the max of x[0..n) (n >= 1) as
+ * the load-time clones of HOT. softmax_max_T_S: a row's shift, the max of x[0..n) (n >= 1) as
  * row_extreme_T gives it (NaN if any element is NaN). The vector variants
  * take max instructions and an unordered-compare mask for NaN (4 vector
  * instructions per 8 or 16 lanes against the keys' 7: a sixth of a
  * log_softmax row on AVX2), and row_extreme's keys again when the max is a
  * zero, the one value whose sign a max instruction leaves to the order: the
  * same bits on every ISA. */
-static inline float softmax_max_f32_portable(const float *restrict x, int64_t n) {
-  return row_extreme_f32(x, n, true);
-}
-static inline double softmax_max_f64(const double *restrict x, int64_t n) {
-  return row_extreme_f64(x, n, true);
-}
+#define softmax_max_f32_portable(x, n) row_extreme_f32(x, n, true)
+#define softmax_max_f64(x, n) row_extreme_f64(x, n, true)
 #if NBI_HAVE_ISA_VARIANTS
 NBI_ISA_ATTR_avx2 static inline float softmax_max_f32_avx2(const float *restrict x, int64_t n) {
   __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, bad = _mm256_setzero_ps();
@@ -1051,9 +1046,16 @@ NBI_ISA_ATTR_avx512 static inline float softmax_max_f32_avx512(const float *rest
 }
 #endif
 
+/* row_dot_lsm_f32_S: cross-entropy's row, the sum of p[j] times log_softmax(z)[j] */
 #define DEF_SOFTMAX_F32(S, ISA)                                                                    \
   DEF_SOFTMAX(f32_##S, f32, float, vm_expf_nonpos, softmax_max_f32_##S, NBI_ISA_ATTR_##S,          \
-              NBI_ISA_ATTR_##S)
+              NBI_ISA_ATTR_##S)                                                                    \
+  NBI_ISA_ATTR_##S static double row_dot_lsm_f32_##S(const float *restrict p,                      \
+                                                     const float *restrict z, int64_t n) {         \
+    float mx, ls;                                                                                  \
+    log_softmax_shift_f32_##S(z, n, &mx, &ls);                                                     \
+    return nbi_cpu_row_sum_lsm_f32[ISA](p, z, n, mx, ls);                                          \
+  }
 NBI_FOR_ISAS(DEF_SOFTMAX_F32)
 DEF_SOFTMAX(f64, f64, double, exp, softmax_max_f64, HOT, )
 
@@ -1061,19 +1063,11 @@ typedef struct softmax_f32_fns {
   void (*row)(const float *restrict x, float *restrict y, int64_t n, bool lg);
   void (*cols)(const float *restrict x, float *restrict y, int64_t n, int64_t B, int64_t w,
                bool lg);
+  double (*dot_lsm)(const float *restrict p, const float *restrict z, int64_t n);
 } softmax_f32_fns;
-/* cross-entropy's row: the sum of p[j] times log_softmax(z)[j] */
-#define DEF_ROW_DOT_LSM(S, ISA)                                                                    \
-  NBI_ISA_ATTR_##S static double row_dot_lsm_f32_##S(const float *restrict p,                      \
-                                                     const float *restrict z, int64_t n) {         \
-    float mx, ls;                                                                                  \
-    log_softmax_shift_f32_##S(z, n, &mx, &ls);                                                     \
-    return nbi_cpu_row_sum_lsm_f32[ISA](p, z, n, mx, ls);                                          \
-  }
-NBI_FOR_ISAS(DEF_ROW_DOT_LSM)
-#define ROW_DOT_LSM_ENTRY(S, ISA) [ISA] = row_dot_lsm_f32_##S,
-static double (*const row_dot_lsm_f32[NBI_ISA_COUNT])(const float *restrict, const float *restrict,
-                                                      int64_t) = {NBI_FOR_ISAS(ROW_DOT_LSM_ENTRY)};
+#define SOFTMAX_F32_ENTRY(S, ISA)                                                                  \
+  [ISA] = {softmax_row_f32_##S, softmax_cols_f32_##S, row_dot_lsm_f32_##S},
+static const softmax_f32_fns softmax_f32[NBI_ISA_COUNT] = {NBI_FOR_ISAS(SOFTMAX_F32_ENTRY)};
 
 bool nbi_cpu_reduce_row_dot_lsm_ok(const nbi_group_member *sum, const nbi_group_member *lsm,
                                    int64_t len, int64_t n_out) {
@@ -1083,13 +1077,9 @@ bool nbi_cpu_reduce_row_dot_lsm_ok(const nbi_group_member *sum, const nbi_group_
 
 double nbi_cpu_reduce_row_dot_lsm(const nbi_group_member *e, const void *p, const void *z,
                                   int64_t len) {
-  double acc = 0; /* as nbi_cpu_reduce_row_dot */
-  acc += row_dot_lsm_f32[nbi_isa_active()](p, z, len);
+  double acc = 0 + softmax_f32[nbi_isa_active()].dot_lsm(p, z, len); /* as reduce_row_dot */
   return e->af[0] == 1 ? acc : mean_of(acc, e->af[0]);
 }
-
-#define SOFTMAX_F32_ENTRY(S, ISA) [ISA] = {softmax_row_f32_##S, softmax_cols_f32_##S},
-static const softmax_f32_fns softmax_f32[NBI_ISA_COUNT] = {NBI_FOR_ISAS(SOFTMAX_F32_ENTRY)};
 
 /* cumsum_row_T: y[j] = x[0] + ... + x[j] (floats accumulate in double).
  * cumsum_cols_T: the same down each of the w columns of (n, B) slabs. */
@@ -1201,8 +1191,8 @@ nb_status nbi_cpu_cumsum(const nb_tensor *n, nbi_view *out, const nbi_view *in) 
 
 /* ---- one row of an axis op, for fused groups ---------------------------------------- */
 bool nbi_cpu_axis_row_ok(int op, nb_dtype dt, nb_dtype in_dt) {
-  if (op != NBI_OP_SOFTMAX && op != NBI_OP_LOG_SOFTMAX && op != NBI_OP_CUMSUM) return false;
-  return (dt == NB_F32 || dt == NB_F64) && in_dt == dt;
+  return (op == NBI_OP_SOFTMAX || op == NBI_OP_LOG_SOFTMAX || op == NBI_OP_CUMSUM) &&
+         (dt == NB_F32 || dt == NB_F64) && in_dt == dt;
 }
 
 void nbi_cpu_axis_row(const nbi_group_member *e, const void *x, void *y, int64_t len) {
