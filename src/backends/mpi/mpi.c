@@ -705,20 +705,31 @@ static bool fast_ok(const nbi_dist_call *c) {
          (size_t)c->count * nb_dtype_size(c->dtype) <= FAST_MAX_BYTES;
 }
 
-/* Sends this member's signature and data to every other member and posts the
- * receives of theirs (q->send holds the data). */
-static nb_status fast_start(nbi_dist_req *q, const nbi_dist_call *c, gcomm *g, int me) {
+/* A point-to-point all-reduce's request (fast_start, split_start): the call's
+ * group and element type, a stage of stage_bytes, room for 2 n requests and
+ * the members each receive is from. */
+static nb_status p2p_init(nbi_dist_req *q, const nbi_dist_call *c, int me, size_t stage_bytes) {
   int n = c->n;
-  size_t es = nb_dtype_size(c->dtype);
-  q->fast = true, q->n = n, q->me = me, q->op = c->op, q->dt = c->dtype, q->count = c->count;
-  q->msg = SIG_BYTES + (size_t)c->count * es;
-  q->stage = nbi_dist_buffer(RECV_MAX * (size_t)n);
+  q->n = n, q->me = me, q->op = c->op, q->dt = c->dtype, q->count = c->count;
+  q->stage = nbi_dist_buffer(stage_bytes);
   q->rv = malloc(sizeof *q->rv * 2 * (size_t)n);
   q->peer = malloc(sizeof *q->peer * (size_t)n);
   q->ranks = malloc(sizeof *q->ranks * (size_t)n);
   if (!q->stage || !q->rv || !q->peer || !q->ranks)
     return nbi_error(NB_ERR_OOM, "nabla: all_reduce: out of memory");
   memcpy(q->ranks, c->ranks, sizeof *q->ranks * (size_t)n);
+  return NB_OK;
+}
+
+/* Sends this member's signature and data to every other member and posts the
+ * receives of theirs (q->send holds the data). */
+static nb_status fast_start(nbi_dist_req *q, const nbi_dist_call *c, gcomm *g, int me) {
+  int n = c->n;
+  size_t es = nb_dtype_size(c->dtype);
+  q->fast = true;
+  q->msg = SIG_BYTES + (size_t)c->count * es;
+  nb_status st = p2p_init(q, c, me, RECV_MAX * (size_t)n);
+  if (st) return st;
   int64_t sig[SIG_WORDS] = {(int64_t)++g->seq, c->kind, c->sig, c->dtype, c->op};
   q->seq = g->seq;
   char *mine = q->stage + RECV_MAX * (size_t)me;
@@ -827,17 +838,11 @@ static int64_t chunk_at(int64_t count, int n, int i) { return count * i / n; }
 static nb_status split_start(nbi_dist_req *q, const nbi_dist_call *c, gcomm *g, int me) {
   int n = c->n;
   size_t es = nb_dtype_size(c->dtype);
-  q->split = true, q->phase = 1, q->n = n, q->me = me, q->op = c->op, q->dt = c->dtype;
-  q->count = c->count;
+  q->split = true, q->phase = 1;
   int64_t mine = chunk_at(c->count, n, me + 1) - chunk_at(c->count, n, me);
   q->msg = (size_t)mine * es; /* one slot of the stage: a member's copy of my chunk */
-  q->stage = nbi_dist_buffer(q->msg * (size_t)n);
-  q->rv = malloc(sizeof *q->rv * 2 * (size_t)n);
-  q->ranks = malloc(sizeof *q->ranks * (size_t)n);
-  q->peer = malloc(sizeof *q->peer * (size_t)n);
-  if (!q->stage || !q->rv || !q->ranks || !q->peer)
-    return nbi_error(NB_ERR_OOM, "nabla: all_reduce: out of memory");
-  memcpy(q->ranks, c->ranks, sizeof *q->ranks * (size_t)n);
+  nb_status st = p2p_init(q, c, me, q->msg * (size_t)n);
+  if (st) return st;
   q->comm_ = g->comm;
   int rc = MPI_SUCCESS, k = 0;
   for (int i = 0; i < n && rc == MPI_SUCCESS; i++)
