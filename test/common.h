@@ -207,7 +207,7 @@ static inline void tc_assert_unchanged(nb_tensor *t, const double *x, nb_shape s
 
 /* Every test starts from a clean error state and its own scope. */
 /* Whether the default device is an asynchronous GPU (NABLA_TEST_DEVICE=cuda:N):
- * its kernel errors carry less detail, its reductions another summation order,
+ * its reductions run in another summation order,
  * and custom ops need a CUDA kernel there. */
 static inline bool tc_on_gpu(void) { return nb_default_device().kind == NB_DEVICE_CUDA; }
 

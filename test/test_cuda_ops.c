@@ -381,12 +381,6 @@ Test(cuda_ops, small_int_dtypes_cast_and_elementwise_match_cpu) {
         for (int c = 0; c < COUNT(cases); c++)
           run_case(ops[o].name, apply_binary, &ops[o], 2, cases[c], 4, 600 + c);
       }
-  nb_tensor *u = nb_to_device(nb_full(NB_SHAPE(4), 200, NB_U8), NB_CUDA(0));
-  nb_tensor *sum = nb_sum(u, NB_ALL, false); /* i64 result: routed, u8 input refused */
-  cr_assert(sum == NULL || nb_eval(&sum, 1) != NB_OK);
-  tc_assert_error(NB_ERR_DEVICE, "u8");
-  cr_assert_null(nb_take(u, nb_to_device(nb_zeros(NB_SHAPE(1), NB_I64), NB_CUDA(0)), 0));
-  tc_assert_error(NB_ERR_DEVICE, "u8 results");
 }
 
 /* ---- reductions and axis ops --------------------------------------------------------------- */
@@ -568,11 +562,14 @@ static spec index_spec(nb_dtype dt, int64_t range, nb_shape s) {
 }
 
 /* Negative indices, strided data, several index shapes, repeated indices for
- * the scatters (ordered and atomic paths), broadcast along-axis operands. */
+ * the scatters (ordered and atomic paths), broadcast along-axis operands, every
+ * dtype (u8, i8 and i16 scatter through an i32 accumulator). */
 Test(cuda_ops, index_ops_match_cpu) {
   need_gpu();
-  for (int d = 0; d < COUNT(all_dtypes); d++) {
-    nb_dtype dt = all_dtypes[d], it = d % 2 ? NB_I64 : NB_I32;
+  static const nb_dtype dts[] = {NB_F32, NB_F64,  NB_F16, NB_BF16, NB_I32,
+                                 NB_I64, NB_BOOL, NB_U8,  NB_I8,   NB_I16};
+  for (int d = 0; d < COUNT(dts); d++) {
+    nb_dtype dt = dts[d], it = d % 2 ? NB_I64 : NB_I32;
     index_case k = {0, 0};
     /* take: t [5, 4, 3] along each axis, idx of several shapes */
     const nb_shape ishapes[] = {NB_SHAPE(6), NB_SHAPE(2, 3), NB_SCALAR_SHAPE, NB_SHAPE(0)};
@@ -668,10 +665,13 @@ Test(cuda_ops, composite_index_errors_name_the_composite) {
     nb_tensor *loss = nb_cross_entropy(logits, labels);
     cr_assert(loss, "%s", nb_last_error());
     cr_assert_eq(nb_backward(loss), NB_ERR_INDEX, "labels %d: %s", k, nb_last_error());
-    tc_assert_error(NB_ERR_INDEX, "nb_cross_entropy: label out of range");
+    /* the CPU's messages: the bad label or row itself */
+    tc_assert_error(NB_ERR_INDEX, k ? "nb_cross_entropy: label -1 is not a class of [0, 3)"
+                                    : "nb_cross_entropy: label 3 is not a class of [0, 3)");
     nb_tensor *rows = nb_embedding(table, labels);
     cr_assert_eq(nb_eval(&rows, 1), NB_ERR_INDEX, "rows %d: %s", k, nb_last_error());
-    tc_assert_error(NB_ERR_INDEX, "nb_embedding: index out of range");
+    tc_assert_error(NB_ERR_INDEX, k ? "nb_embedding: index -1 is not a row of [0, 3)"
+                                    : "nb_embedding: index 3 is not a row of [0, 3)");
   }
   nb_tensor *good = nb_to_device(nb_from_data((int64_t[]){2, 0}, NB_SHAPE(2), NB_I64), NB_CUDA(0));
   cr_assert_eq(nb_backward(nb_cross_entropy(logits, good)), NB_OK, "%s", nb_last_error());
@@ -822,11 +822,43 @@ Test(cuda_ops, matmul_matches_cpu_for_every_dtype) {
   }
 }
 
+/* u8, i8, i16 through the other kernels: reductions (sums, products and cumsums
+ * in i64, max / min in the dtype), matmul (wrapping), as the CPU. The index ops
+ * take them in cuda_ops::index_ops_match_cpu. */
+static nb_tensor *apply_small_cumsum(nb_tensor *const *x, const void *arg) {
+  return nb_cumsum(x[0], *(const int *)arg);
+}
+Test(cuda_ops, small_int_dtypes_reduce_and_multiply_as_the_cpu) {
+  need_gpu();
+  static const nb_dtype small[] = {NB_U8, NB_I8, NB_I16};
+  static const reduce_case red[] = {
+      {"sum", nb_sum, NULL, {1, {1}}, false},       {"sum", nb_sum, NULL, {-1, {0}}, false},
+      {"prod", nb_prod, NULL, {1, {0}}, true},      {"max", nb_max, NULL, {1, {1}}, false},
+      {"min", nb_min, NULL, {1, {0}}, false},       {"mean", nb_mean, NULL, {1, {1}}, false},
+      {"argmax", NULL, nb_argmax, {1, {1}}, false}, {"argmin", NULL, nb_argmin, {1, {0}}, false},
+  };
+  for (int a = 0; a < COUNT(small); a++) {
+    for (int r = 0; r < COUNT(red); r++) {
+      const spec c[] = {SPEC(small[a], V_SPECIAL, 7, 33), strided(SPEC(small[a], V_REAL, 5, 9))};
+      for (int k = 0; k < COUNT(c); k++)
+        run_case(red[r].name, apply_reduce, &red[r], 1, &c[k], 1, 700 + k);
+    }
+    for (int ax = 0; ax < 2; ax++) {
+      const spec c = strided(SPEC(small[a], V_SPECIAL, 6, 40));
+      run_case("cumsum", apply_small_cumsum, &ax, 1, &c, 1, 710);
+    }
+    const spec mm[] = {SPEC(small[a], V_REAL, 3, 5, 7), strided(SPEC(small[a], V_SPECIAL, 7, 4))};
+    run_case("matmul", apply_matmul, NULL, 2, mm, 1, 720);
+  }
+}
+
 /* ---- random ---------------------------------------------------------------------------------- */
 
 /* Draws from keys on the CPU and on CUDA: the same numbers bit for bit (tolerance 0), for every
- * float dtype, split keys (the raw words), composites (normal, bernoulli) and a batch of keys
- * (vmap), with more elements than one grid covers. */
+ * float dtype, split keys (the raw words), bernoulli and a batch of keys (vmap), with more
+ * elements than one grid covers. The normal composite goes through log, sqrt and cos, whose
+ * CUDA versions differ from the CPU's libm in the last bit (seen on an H100: 24 of 132 f64
+ * draws): its uniforms are the same bits, its values agree to f64's test tolerance. */
 static nb_status vmap_draw_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
                                 int n_out) {
   (void)u, (void)n_in, (void)n_out;
@@ -858,7 +890,7 @@ Test(cuda_ops, random_draws_match_cpu_bit_for_bit) {
     compare(what, split[0][i], split[1][i], 0);
   }
   compare("random_normal f64", nb_random_normal(split[0][3], NB_SHAPE(4, 33), NB_F64),
-          nb_random_normal(split[1][3], NB_SHAPE(4, 33), NB_F64), 0);
+          nb_random_normal(split[1][3], NB_SHAPE(4, 33), NB_F64), 1);
   compare("random_bernoulli", nb_random_bernoulli(split[0][4], 0.3, NB_SHAPE(999)),
           nb_random_bernoulli(split[1][4], 0.3, NB_SHAPE(999)), 0);
   /* a batch of keys, one of them a column of a transposed view (strided keys) */

@@ -438,7 +438,7 @@ Test(cuda, a_kernel_reporting_a_bad_index_fails_the_next_sync) {
   cr_assert_eq(nbi_cuda_launch(c, f, 1, 1, 32, 0, args2), NB_OK, "%s", nb_last_error());
   cr_assert_eq(be_of(dev)->sync(c), NB_ERR_INDEX, "sync gave %s: %s",
                nb_status_str(nb_last_status()), nb_last_error());
-  tc_assert_error(NB_ERR_INDEX, "nb_take: index out of range");
+  tc_assert_error(NB_ERR_INDEX, "nb_take: index"); /* no index words: "index 0 ... size 0" */
   cr_assert_eq(be_of(dev)->sync(c), NB_OK, "the error word is cleared: %s", nb_last_error());
   int unknown = 0x7f;
   void *args3[] = {&err, &unknown};
@@ -462,7 +462,7 @@ Test(cuda, a_download_after_a_kernel_reporting_a_bad_index_fails) {
   cr_assert_eq(nbi_cuda_launch(c, f, 1, 1, 32, 0, args), NB_OK, "%s", nb_last_error());
   cr_assert_eq(be_of(dev)->download(c, &got, buf, 4), NB_ERR_INDEX, "download gave %s: %s",
                nb_status_str(nb_last_status()), nb_last_error());
-  tc_assert_error(NB_ERR_INDEX, "nb_one_hot: index out of range");
+  tc_assert_error(NB_ERR_INDEX, "nb_one_hot: index");
   cr_assert_eq(got, 5, "the bytes still arrive");
   cr_assert_eq(be_of(dev)->download(c, &got, buf, 4), NB_OK, "%s", nb_last_error());
   be_of(dev)->free(c, buf, 4);

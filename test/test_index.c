@@ -34,14 +34,11 @@ static void assert_index_error(nb_tensor *t, const char *msg) {
   cr_assert(t, "the op itself must succeed: %s", nb_last_error());
   size_t nbytes = (size_t)nb_numel(t) * nb_dtype_size(nb_dtype_of(t));
   void *buf = malloc(nbytes ? nbytes : 1);
-  /* a GPU kernel reports the op, not the index and axis */
-  char brief[128];
-  snprintf(brief, sizeof brief, "%.*s: index", (int)strcspn(msg, ":"), msg);
-  const char *want = tc_on_gpu() ? brief : msg;
+  /* a GPU kernel reports the same index, axis and size as the CPU */
   cr_assert_eq(nb_to_host(t, buf, nbytes), NB_ERR_INDEX);
-  tc_assert_error(NB_ERR_INDEX, want);
+  tc_assert_error(NB_ERR_INDEX, msg);
   cr_assert_eq(nb_eval(&t, 1), NB_ERR_INDEX);
-  tc_assert_error(NB_ERR_INDEX, want);
+  tc_assert_error(NB_ERR_INDEX, msg);
   cr_assert(!nb_is_realized(t));
   free(buf);
 }
@@ -135,7 +132,8 @@ Test(index, take_random_every_dtype) {
       }
       nb_tensor *t = any_tensor(x, ts, (nb_dtype)dt, &seed);
       nb_tensor *idx = any_tensor(ix, is, index_dtype(&seed), &seed);
-      tc_assert_close_tol(nb_take(t, idx, tc_randint(&seed, 0, 1) ? axis : axis - ts.ndim), ref, os, 0);
+      tc_assert_close_tol(nb_take(t, idx, tc_randint(&seed, 0, 1) ? axis : axis - ts.ndim), ref, os,
+                          0);
       free(x);
       free(ix);
       free(ref);
@@ -202,7 +200,8 @@ Test(index, take_rejects_bad_input) {
   cr_assert_null(nb_take(t, NULL, 0));
   tc_assert_error(NB_ERR_NULL, "nb_take: argument 2 is NULL");
   cr_assert_null(nb_take(t, nb_zeros(NB_SHAPE(2), NB_F32), 0));
-  tc_assert_error(NB_ERR_DTYPE, "nb_take: indices must be integers (i32, i64, u8, i8 or i16), got f32");
+  tc_assert_error(NB_ERR_DTYPE,
+                  "nb_take: indices must be integers (i32, i64, u8, i8 or i16), got f32");
   cr_assert_null(nb_take(t, nb_zeros(NB_SHAPE(2), NB_BOOL), 0));
   tc_assert_error(NB_ERR_DTYPE, "got bool");
   cr_assert_null(nb_take(t, idx, 2));
@@ -236,8 +235,8 @@ Test(index, take_along_axis_random_with_broadcasting) {
       }
       nb_tensor *t = any_tensor(x, ts, (nb_dtype)dt, &seed);
       nb_tensor *idx = any_tensor(ix, is, index_dtype(&seed), &seed);
-      tc_assert_close_tol(nb_take_along_axis(t, idx, tc_randint(&seed, 0, 1) ? axis : axis - ts.ndim), ref,
-                          os, 0);
+      tc_assert_close_tol(
+          nb_take_along_axis(t, idx, tc_randint(&seed, 0, 1) ? axis : axis - ts.ndim), ref, os, 0);
       free(x);
       free(ix);
       free(ref);
@@ -289,7 +288,9 @@ Test(index, take_along_axis_rejects_bad_input) {
   cr_assert_null(nb_take_along_axis(t, NULL, 1));
   tc_assert_error(NB_ERR_NULL, "nb_take_along_axis: argument 2 is NULL");
   cr_assert_null(nb_take_along_axis(t, nb_zeros(NB_SHAPE(2, 1), NB_F64), 1));
-  tc_assert_error(NB_ERR_DTYPE, "nb_take_along_axis: indices must be integers (i32, i64, u8, i8 or i16), got f64");
+  tc_assert_error(
+      NB_ERR_DTYPE,
+      "nb_take_along_axis: indices must be integers (i32, i64, u8, i8 or i16), got f64");
   cr_assert_null(nb_take_along_axis(t, nb_zeros(NB_SHAPE(2), NB_I32), 1));
   tc_assert_error(NB_ERR_SHAPE, "nb_take_along_axis: idx [2] must have the rank of t [2,3]");
   cr_assert_null(nb_take_along_axis(t, nb_zeros(NB_SHAPE(3, 1), NB_I32), 1));
@@ -407,7 +408,8 @@ Test(index, scatter_add_rejects_bad_input) {
   cr_assert_null(nb_scatter_add(t, idx, NULL, 1));
   tc_assert_error(NB_ERR_NULL, "nb_scatter_add: argument 3 is NULL");
   cr_assert_null(nb_scatter_add(t, nb_zeros(NB_SHAPE(4), NB_F16), u, 1));
-  tc_assert_error(NB_ERR_DTYPE, "nb_scatter_add: indices must be integers (i32, i64, u8, i8 or i16), got f16");
+  tc_assert_error(NB_ERR_DTYPE,
+                  "nb_scatter_add: indices must be integers (i32, i64, u8, i8 or i16), got f16");
   cr_assert_null(nb_scatter_add(t, idx, nb_ones(NB_SHAPE(2, 4), NB_F64), 1));
   tc_assert_error(NB_ERR_DTYPE, "nb_scatter_add: updates are f64 but t is f32");
   cr_assert_null(nb_scatter_add(t, idx, nb_ones(NB_SHAPE(4, 2), NB_F32), 1));
@@ -534,7 +536,8 @@ Test(index, one_hot_rejects_bad_input) {
   cr_assert_null(nb_one_hot(NULL, 3, NB_F32));
   tc_assert_error(NB_ERR_NULL, "nb_one_hot");
   cr_assert_null(nb_one_hot(nb_zeros(NB_SHAPE(2), NB_F32), 3, NB_F32));
-  tc_assert_error(NB_ERR_DTYPE, "nb_one_hot: indices must be integers (i32, i64, u8, i8 or i16), got f32");
+  tc_assert_error(NB_ERR_DTYPE,
+                  "nb_one_hot: indices must be integers (i32, i64, u8, i8 or i16), got f32");
   cr_assert_null(nb_one_hot(idx, -1, NB_F32));
   tc_assert_error(NB_ERR_ARG, "nb_one_hot: n is -1");
   cr_assert_null(nb_one_hot(idx, 3, (nb_dtype)42));

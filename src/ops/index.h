@@ -27,11 +27,12 @@ static inline bool nbi_index_negative_ok(const nb_tensor *n) {
   return n->attrs.i[NBI_INDEX_CALLER] == NBI_INDEX_OWN;
 }
 
-/* Records the error of node n's index v, out of range for its axis `axis` of
- * `size` elements; own is the op's own public name. Returns NB_ERR_INDEX. */
-static inline nb_status nbi_index_range_error(const nb_tensor *n, const char *own, int64_t v,
-                                              int axis, int64_t size) {
-  switch (n->attrs.i[NBI_INDEX_CALLER]) {
+/* Records the error of an index v out of range for axis `axis` of `size`
+ * elements, of an index op made by `caller` (nbi_index_caller); own is the op's
+ * own public name. Returns NB_ERR_INDEX. nbi_index_range_error: of node n. */
+static inline nb_status nbi_index_range_error_as(int64_t caller, const char *own, int64_t v,
+                                                 int axis, int64_t size) {
+  switch (caller) {
   case NBI_INDEX_CROSS_ENTROPY:
     return nbi_error(NB_ERR_INDEX, "nb_cross_entropy: label %lld is not a class of [0, %lld)",
                      (long long)v, (long long)size);
@@ -42,6 +43,10 @@ static inline nb_status nbi_index_range_error(const nb_tensor *n, const char *ow
     return nbi_error(NB_ERR_INDEX, "%s: index %lld out of range for axis %d of size %lld", own,
                      (long long)v, axis, (long long)size);
   }
+}
+static inline nb_status nbi_index_range_error(const nb_tensor *n, const char *own, int64_t v,
+                                              int axis, int64_t size) {
+  return nbi_index_range_error_as(n->attrs.i[NBI_INDEX_CALLER], own, v, axis, size);
 }
 
 /* nb_take / nb_take_along_axis recorded for caller c (argument errors still

@@ -181,7 +181,10 @@ nb_status nbi_cuda_enter(nbi_cuda_ctx *c);
  * an index op (src/ops/index.h; 0 for the op itself), so sync can name the
  * function ("nb_take: index out of range", "nb_cross_entropy: label out of
  * range", NB_ERR_INDEX). Every kernel that can fail takes `int *err` as a
- * parameter (c->err_word). */
+ * parameter (c->err_word). Index errors also keep the bad index (words 1-3,
+ * int64: largest excess above, largest deficit below, the axis' size) and put
+ * the axis in bits 24..30, so the message names the index as the CPU's does. */
+#define NBI_CUDA_ERR_BYTES 32
 enum {
   NBI_CUDA_KERR_NONE = 0,
   NBI_CUDA_KERR_INDEX = 1, /* an index out of range (take, scatter, one_hot) */

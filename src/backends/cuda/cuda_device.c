@@ -16,6 +16,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define STAGE_MIN ((size_t)64 << 10) /* bytes per staging half, at least */
 #define STAGE_MAX ((size_t)16 << 20) /* and at most: larger transfers go in chunks */
@@ -29,7 +30,7 @@ typedef struct cuda_dev {
    * has been waited for). */
   CUevent ev[2];
   bool pending[2];
-  int *err_host; /* pinned: the error word read back */
+  int64_t *err_host; /* pinned: the error words read back (NBI_CUDA_ERR_BYTES) */
 } cuda_dev;
 
 static cuda_dev *devices[NBI_MAX_DEVICES];
@@ -249,24 +250,29 @@ static nb_status take_kernel_error(cuda_dev *d) {
   nb_status st = nbi_cu_check(nbi_cu.cuStreamSynchronize(c->stream), what);
   if (st != NB_OK) return st;
   pthread_mutex_lock(&c->lock);
-  *d->err_host = 0;
-  st = nbi_cu_check(nbi_cu.cuMemcpyDtoHAsync(d->err_host, c->err_word, sizeof(int), c->stream),
-                    "nabla: cuMemcpyDtoHAsync (error word)");
+  memset(d->err_host, 0, NBI_CUDA_ERR_BYTES);
+  st = nbi_cu_check(
+      nbi_cu.cuMemcpyDtoHAsync(d->err_host, c->err_word, NBI_CUDA_ERR_BYTES, c->stream),
+      "nabla: cuMemcpyDtoHAsync (error word)");
   if (st == NB_OK) st = nbi_cu_check(nbi_cu.cuStreamSynchronize(c->stream), what);
-  int code = st == NB_OK ? *d->err_host : 0;
+  int code = st == NB_OK ? (int)d->err_host[0] : 0;
   if (code != 0)
-    st = nbi_cu_check(nbi_cu.cuMemsetD32Async(c->err_word, 0, 1, c->stream),
+    st = nbi_cu_check(nbi_cu.cuMemsetD32Async(c->err_word, 0, NBI_CUDA_ERR_BYTES / 4, c->stream),
                       "nabla: cuMemsetD32Async (error word)");
+  int64_t above = d->err_host[1], below = d->err_host[2], size = d->err_host[3];
   pthread_mutex_unlock(&c->lock);
   if (st != NB_OK || code == 0) return st;
   int kind = code & 0xff, op = (int)(((unsigned)code >> 8) & 0xff);
-  int caller = (int)(((unsigned)code >> 16) & 0xff);
-  if (kind == NBI_CUDA_KERR_INDEX && caller == NBI_INDEX_CROSS_ENTROPY)
-    return nbi_error(NB_ERR_INDEX, "nb_cross_entropy: label out of range (classes count from 0)");
-  if (kind == NBI_CUDA_KERR_INDEX && caller == NBI_INDEX_EMBEDDING)
-    return nbi_error(NB_ERR_INDEX, "nb_embedding: index out of range (rows count from 0)");
-  if (kind == NBI_CUDA_KERR_INDEX && op >= 0 && op < NBI_OP_COUNT && nbi_op_table[op])
-    return nbi_error(NB_ERR_INDEX, "nb_%s: index out of range", nbi_op_table[op]->name);
+  int caller = (int)(((unsigned)code >> 16) & 0xff), axis = (int)(((unsigned)code >> 24) & 0x7f);
+  if (kind == NBI_CUDA_KERR_INDEX && op >= 0 && op < NBI_OP_COUNT && nbi_op_table[op]) {
+    /* the CPU's choice (k_index.c): the largest index above the range, else
+     * the smallest below it */
+    int64_t low = caller == NBI_INDEX_OWN ? -size : 0;
+    int64_t v = above > 0 ? size + above - 1 : low - below;
+    char own[48];
+    snprintf(own, sizeof own, "nb_%s", nbi_op_table[op]->name);
+    return nbi_index_range_error_as(caller, own, v, axis, size);
+  }
   return nbi_error(NB_ERR_INTERNAL, "nabla: cuda:%d: a kernel reported error code 0x%x", c->index,
                    (unsigned)code);
 }

@@ -411,10 +411,11 @@ typedef struct op_route {
 #define DT_FLOAT (DT(NB_F32) | DT(NB_F64) | DT(NB_F16) | DT(NB_BF16))
 #define DT_ALL (DT_FLOAT | DT(NB_I32) | DT(NB_I64) | DT(NB_BOOL))
 #define DT_NUM (DT_ALL & ~DT(NB_BOOL))
-/* u8, i8, i16: the generated elementwise kernels and copies handle them (an
- * elementwise route that takes i64 takes them); other ops refuse their
- * inputs at realization (small_int_inputs_ok). */
+/* u8, i8, i16: every kernel takes them as inputs (generated kernels widen them
+ * on load; sums, products and cumsums count in i64 as the CPU's); an elementwise
+ * route that takes i64 results takes them as results too. */
 #define DT_SMALL (DT(NB_U8) | DT(NB_I8) | DT(NB_I16))
+#define DT_ANY (DT_ALL | DT_SMALL)
 
 #define R_NONE                                                                                     \
   { NULL, 0 }
@@ -425,7 +426,7 @@ typedef struct op_route {
 #define R_AXIS(dts)                                                                                \
   { run_axis, dts }
 #define R_VIEW                                                                                     \
-  { run_view_copy, DT_ALL | DT_SMALL }
+  { run_view_copy, DT_ANY }
 
 /* clang-format off */
 #define ROUTE_CONST R_NONE
@@ -475,8 +476,8 @@ typedef struct op_route {
 #define ROUTE_WHERE R_EW(DT_ALL)
 #define ROUTE_REDUCE_SUM R_RED(DT_NUM)      /* bool sums give i32; means are float */
 #define ROUTE_REDUCE_PROD R_RED(DT_NUM)
-#define ROUTE_REDUCE_MAX R_RED(DT_ALL)
-#define ROUTE_REDUCE_MIN R_RED(DT_ALL)
+#define ROUTE_REDUCE_MAX R_RED(DT_ANY)
+#define ROUTE_REDUCE_MIN R_RED(DT_ANY)
 #define ROUTE_REDUCE_ANY R_RED(DT(NB_BOOL))
 #define ROUTE_REDUCE_ALL R_RED(DT(NB_BOOL))
 #define ROUTE_REDUCE_VAR R_RED(DT_FLOAT)
@@ -486,30 +487,30 @@ typedef struct op_route {
 #define ROUTE_SOFTMAX R_AXIS(DT_FLOAT)
 #define ROUTE_LOG_SOFTMAX R_AXIS(DT_FLOAT)
 #define ROUTE_CUMSUM R_AXIS(DT_NUM)
-#define ROUTE_RESHAPE {run_reshape, DT_ALL}
+#define ROUTE_RESHAPE {run_reshape, DT_ANY}
 #define ROUTE_PERMUTE R_VIEW
 #define ROUTE_BROADCAST_TO R_VIEW
 #define ROUTE_SLICE R_VIEW
-#define ROUTE_CONCAT {run_concat, DT_ALL}
-#define ROUTE_PAD {run_pad, DT_ALL}
+#define ROUTE_CONCAT {run_concat, DT_ANY}
+#define ROUTE_PAD {run_pad, DT_ANY}
 #define ROUTE_FLIP R_VIEW
 #define ROUTE_IDENTITY R_VIEW
 #define ROUTE_STOP_GRADIENT R_VIEW
 #define ROUTE_PLACEHOLDER R_NONE
 #define ROUTE_RANDOM {nbi_cuda_random, DT_FLOAT | DT(NB_I64)}
 #define ROUTE_TUPLE_GET R_NONE
-#define ROUTE_TAKE {nbi_cuda_take, DT_ALL}
-#define ROUTE_TAKE_ALONG_AXIS {nbi_cuda_take_along_axis, DT_ALL}
-#define ROUTE_SCATTER_ADD {nbi_cuda_scatter_add, DT_ALL}
-#define ROUTE_SCATTER_ADD_ALONG_AXIS {nbi_cuda_scatter_add_along_axis, DT_ALL}
-#define ROUTE_ONE_HOT {nbi_cuda_one_hot, DT_ALL}
+#define ROUTE_TAKE {nbi_cuda_take, DT_ANY}
+#define ROUTE_TAKE_ALONG_AXIS {nbi_cuda_take_along_axis, DT_ANY}
+#define ROUTE_SCATTER_ADD {nbi_cuda_scatter_add, DT_ANY}
+#define ROUTE_SCATTER_ADD_ALONG_AXIS {nbi_cuda_scatter_add_along_axis, DT_ANY}
+#define ROUTE_ONE_HOT {nbi_cuda_one_hot, DT_ANY}
 #define ROUTE_CONV2D {nbi_cuda_conv2d, DT_FLOAT}
 #define ROUTE_MAX_POOL2D {nbi_cuda_max_pool2d, DT_FLOAT}
 #define ROUTE_CONV2D_BWD_DATA {nbi_cuda_conv2d_bwd_data, DT_FLOAT}
 #define ROUTE_CONV2D_BWD_FILTER {nbi_cuda_conv2d_bwd_filter, DT_FLOAT}
 #define ROUTE_MAX_POOL2D_BWD {nbi_cuda_max_pool2d_bwd, DT_FLOAT}
 #define ROUTE_MAX_POOL2D_SELECT {nbi_cuda_max_pool2d_select, DT_FLOAT}
-#define ROUTE_MATMUL {run_matmul, DT_ALL}
+#define ROUTE_MATMUL {run_matmul, DT_ANY}
 #define ROUTE_TO_DEVICE R_NONE
 #define ROUTE_COND R_NONE
 #define ROUTE_WHILE R_NONE
@@ -551,11 +552,6 @@ nb_status nbi_cuda_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const nb
   if (!nbi_cuda_supports(ctx, n->op, out->dtype))
     return nbi_error(NB_ERR_DEVICE, "nb_%s: no CUDA kernel for a %s result", name,
                      nb_dtype_name(out->dtype));
-  if (routes[n->op].run != run_elementwise && routes[n->op].run != run_view_copy)
-    for (int k = 0; k < n->n_in; k++)
-      if (DT(in[k].dtype) & DT_SMALL)
-        return nbi_error(NB_ERR_DEVICE, "nb_%s: no CUDA kernel for %s inputs (cast them first)",
-                         name, nb_dtype_name(in[k].dtype));
   nb_status st = nbi_cuda_enter(c);
   if (st) return st;
   return routes[n->op].run(c, n, out, in);

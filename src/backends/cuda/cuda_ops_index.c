@@ -51,20 +51,34 @@
     "  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;  \\\n" \
     "       i < (n); i += (int64_t)gridDim.x * blockDim.x)\n" \
     "\n" \
-    "/* Index element off of an i32 (idx64 0) or i64 (idx64 1) array. */\n" \
-    "__device__ __forceinline__ int64_t nbx_index_at(const char *idx, int64_t idx64,\n" \
+    "/* Index element off of an array of the index dtype `kind` (the host's\n" \
+    " * index_kind: 0 i32, 1 i64, 2 u8, 3 i8, 4 i16). */\n" \
+    "__device__ __forceinline__ int64_t nbx_index_at(const char *idx, int64_t kind,\n" \
     "                                               int64_t off) {\n" \
-    "  if (idx64) return ((const int64_t *)idx)[off];\n" \
-    "  return (int64_t)((const int32_t *)idx)[off];\n" \
+    "  switch (kind) {\n" \
+    "  case 1: return ((const int64_t *)idx)[off];\n" \
+    "  case 2: return (int64_t)((const uint8_t *)idx)[off];\n" \
+    "  case 3: return (int64_t)((const int8_t *)idx)[off];\n" \
+    "  case 4: return (int64_t)((const int16_t *)idx)[off];\n" \
+    "  default: return (int64_t)((const int32_t *)idx)[off];\n" \
+    "  }\n" \
     "}\n" \
     "\n" \
     "/* v normalized for an axis of `size` (v + size when negative), or -1 with\n" \
     " * code written to *err (first writer wins) when v is outside [-size, size)\n" \
-    " * ([0, size) when code names a caller: bits 16..23, src/ops/index.h). */\n" \
+    " * ([0, size) when code names a caller: bits 16..23, src/ops/index.h). The\n" \
+    " * error's words 1 and 2 keep the largest v - size + 1 above the range and the\n" \
+    " * largest low - v below it, word 3 the size, so the host names the same bad\n" \
+    " * index as the CPU (the largest above, else the smallest below). */\n" \
     "__device__ __forceinline__ int64_t nbx_index_norm(int64_t v, int64_t size,\n" \
     "                                                 int *err, int64_t code) {\n" \
-    "  if (v < ((code >> 16) & 0xff ? 0 : -size) || v >= size) {\n" \
+    "  int64_t low = (code >> 16) & 0xff ? 0 : -size;\n" \
+    "  if (v < low || v >= size) {\n" \
+    "    long long *w = (long long *)err;\n" \
     "    atomicCAS(err, 0, (int)code);\n" \
+    "    if (v >= size) atomicMax(&w[1], (long long)(v - size + 1));\n" \
+    "    else atomicMax(&w[2], (long long)(low - v));\n" \
+    "    w[3] = size;\n" \
     "    return -1;\n" \
     "  }\n" \
     "  return v < 0 ? v + size : v;\n" \
@@ -75,7 +89,7 @@
     " * t[ow(o) + iw(i) + norm(idx[kw(k)]) * ax], where ow walks t's dims before\n" \
     " * the axis and iw those after (s0: t's strides), kw walks idx (s0). */\n" \
     "struct nbx_take_args {\n" \
-    "  int64_t K, inner, total, size, ax, idx64, code;\n" \
+    "  int64_t K, inner, total, size, ax, ikind, code;\n" \
     "  nbx_walk ow, kw, iw;\n" \
     "};\n" \
     "\n" \
@@ -88,7 +102,7 @@
     "    nbx_walk_off(a.ow, o, to, unused);\n" \
     "    nbx_walk_off(a.iw, i, to, unused);\n" \
     "    nbx_walk_off(a.kw, k, io, unused);\n" \
-    "    int64_t v = nbx_index_norm(nbx_index_at(idx, a.idx64, io), a.size, err, a.code);\n" \
+    "    int64_t v = nbx_index_norm(nbx_index_at(idx, a.ikind, io), a.size, err, a.code);\n" \
     "    if (v >= 0) out[e] = t[to + v * a.ax];\n" \
     "  }\n" \
     "}\n" \
@@ -97,7 +111,7 @@
     " * idx's strides broadcast over O and s1 = t's strides, 0 along the axis and\n" \
     " * where t's extent 1 broadcasts: out[e] = t[s1 part + norm(idx[s0 part]) * ax]. */\n" \
     "struct nbx_along_args {\n" \
-    "  int64_t total, size, ax, idx64, code;\n" \
+    "  int64_t total, size, ax, ikind, code;\n" \
     "  nbx_walk w;\n" \
     "};\n" \
     "\n" \
@@ -107,7 +121,7 @@
     "  NBX_GRID_LOOP(e, a.total) {\n" \
     "    int64_t io = 0, to = 0;\n" \
     "    nbx_walk_off(a.w, e, io, to);\n" \
-    "    int64_t v = nbx_index_norm(nbx_index_at(idx, a.idx64, io), a.size, err, a.code);\n" \
+    "    int64_t v = nbx_index_norm(nbx_index_at(idx, a.ikind, io), a.size, err, a.code);\n" \
     "    if (v >= 0) out[e] = t[to + v * a.ax];\n" \
     "  }\n" \
     "}\n" \
@@ -115,7 +129,7 @@
     "/* one_hot: out is (K, depth) contiguous and already zero; kw walks idx (s0);\n" \
     " * out[k, idx[k]] = one (the dtype's bits of 1) when idx[k] is in [0, depth). */\n" \
     "struct nbx_one_hot_args {\n" \
-    "  int64_t K, depth, idx64, one;\n" \
+    "  int64_t K, depth, ikind, one;\n" \
     "  nbx_walk kw;\n" \
     "};\n" \
     "\n" \
@@ -124,7 +138,7 @@
     "  NBX_GRID_LOOP(k, a.K) {\n" \
     "    int64_t io = 0, unused = 0;\n" \
     "    nbx_walk_off(a.kw, k, io, unused);\n" \
-    "    int64_t v = nbx_index_at(idx, a.idx64, io);\n" \
+    "    int64_t v = nbx_index_at(idx, a.ikind, io);\n" \
     "    if (v >= 0 && v < a.depth) out[k * a.depth + v] = (T)a.one;\n" \
     "  }\n" \
     "}\n" \
@@ -151,7 +165,7 @@
     "/* The index check alone (an op whose result is empty still checks its\n" \
     " * indices, as the CPU does): kw walks idx's K elements (s0). */\n" \
     "struct nbx_check_args {\n" \
-    "  int64_t K, size, idx64, code;\n" \
+    "  int64_t K, size, ikind, code;\n" \
     "  nbx_walk kw;\n" \
     "};\n" \
     "\n" \
@@ -159,7 +173,7 @@
     "  NBX_GRID_LOOP(k, a.K) {\n" \
     "    int64_t io = 0, unused = 0;\n" \
     "    nbx_walk_off(a.kw, k, io, unused);\n" \
-    "    nbx_index_norm(nbx_index_at(idx, a.idx64, io), a.size, err, a.code);\n" \
+    "    nbx_index_norm(nbx_index_at(idx, a.ikind, io), a.size, err, a.code);\n" \
     "  }\n" \
     "}\n"
 
@@ -207,6 +221,19 @@
     "    atomicAdd((unsigned long long *)p, (unsigned long long)u);\n" \
     "  }\n" \
     "};\n" \
+    "/* u8, i8, i16: an i32 accumulator (its low bits wrap as the small dtype's) */\n" \
+    "#define NBX_ACC_SMALL(S, T)                                                    \\\n" \
+    "  struct nbx_acc_##S {                                                         \\\n" \
+    "    typedef int32_t A;                                                         \\\n" \
+    "    typedef T U;                                                               \\\n" \
+    "    static __device__ A add(A a, U u) { return (A)((uint32_t)a + (uint32_t)(int32_t)u); } \\\n" \
+    "    static __device__ void atomic(A *p, U u) {                                 \\\n" \
+    "      atomicAdd((unsigned int *)p, (unsigned int)(int32_t)u);                  \\\n" \
+    "    }                                                                          \\\n" \
+    "  };\n" \
+    "NBX_ACC_SMALL(u8, uint8_t)\n" \
+    "NBX_ACC_SMALL(i8, int8_t)\n" \
+    "NBX_ACC_SMALL(i16, int16_t)\n" \
     "struct nbx_acc_bool {\n" \
     "  typedef uint8_t A;\n" \
     "  typedef uint8_t U;\n" \
@@ -224,7 +251,7 @@
     " *            order: deterministic);\n" \
     " *   atomic:  one thread per (o, k, i), atomic adds. */\n" \
     "struct nbx_scatter_args {\n" \
-    "  int64_t outer, n, K, inner, idx64, code;\n" \
+    "  int64_t outer, n, K, inner, ikind, code;\n" \
     "  nbx_walk ow, kw, iw;\n" \
     "};\n" \
     "\n" \
@@ -240,7 +267,7 @@
     "    for (int64_t k = 0; k < a.K; k++) {\n" \
     "      int64_t io = 0, uk = uo;\n" \
     "      nbx_walk_off(a.kw, k, io, uk);\n" \
-    "      int64_t v = nbx_index_norm(nbx_index_at(idx, a.idx64, io), a.n, err, a.code);\n" \
+    "      int64_t v = nbx_index_norm(nbx_index_at(idx, a.ikind, io), a.n, err, a.code);\n" \
     "      if (v >= 0) base[v * a.inner] = Op::add(base[v * a.inner], upd[uk]);\n" \
     "    }\n" \
     "  }\n" \
@@ -256,7 +283,7 @@
     "    nbx_walk_off(a.ow, o, uo, unused);\n" \
     "    nbx_walk_off(a.iw, i, uo, unused);\n" \
     "    nbx_walk_off(a.kw, k, io, uo);\n" \
-    "    int64_t v = nbx_index_norm(nbx_index_at(idx, a.idx64, io), a.n, err, a.code);\n" \
+    "    int64_t v = nbx_index_norm(nbx_index_at(idx, a.ikind, io), a.n, err, a.code);\n" \
     "    if (v >= 0) Op::atomic(acc + (o * a.n + v) * a.inner + i, upd[uo]);\n" \
     "  }\n" \
     "}\n" \
@@ -269,7 +296,7 @@
     " * broadcast over O); the axis has m positions (strides su, si). One thread per\n" \
     " * line adds its updates in O's row-major order (the CPU's order). */\n" \
     "struct nbx_along_scatter_args {\n" \
-    "  int64_t lines, tin, size, m, su, si, bcount, idx64, code;\n" \
+    "  int64_t lines, tin, size, m, su, si, bcount, ikind, code;\n" \
     "  nbx_walk lw, bw;\n" \
     "};\n" \
     "\n" \
@@ -285,7 +312,7 @@
     "      int64_t ub = uo, ib = io;\n" \
     "      nbx_walk_off(a.bw, b, ub, ib);\n" \
     "      for (int64_t j = 0; j < a.m; j++) {\n" \
-    "        int64_t v = nbx_index_at(idx, a.idx64, ib + j * a.si);\n" \
+    "        int64_t v = nbx_index_at(idx, a.ikind, ib + j * a.si);\n" \
     "        v = nbx_index_norm(v, a.size, err, a.code);\n" \
     "        if (v >= 0) base[v * a.tin] = Op::add(base[v * a.tin], upd[ub + j * a.su]);\n" \
     "      }\n" \
@@ -316,7 +343,10 @@
     "NBX_SCATTER_KERNELS(bf16)\n" \
     "NBX_SCATTER_KERNELS(i32)\n" \
     "NBX_SCATTER_KERNELS(i64)\n" \
-    "NBX_SCATTER_KERNELS(bool)\n"
+    "NBX_SCATTER_KERNELS(bool)\n" \
+    "NBX_SCATTER_KERNELS(u8)\n" \
+    "NBX_SCATTER_KERNELS(i8)\n" \
+    "NBX_SCATTER_KERNELS(i16)\n"
 /* clang-format on */
 
 /* ---- host side ------------------------------------------------------------------------------ */
@@ -330,27 +360,27 @@ typedef struct ix_walk {
   int64_t s1[8];
 } ix_walk;
 typedef struct take_args {
-  int64_t K, inner, total, size, ax, idx64, code;
+  int64_t K, inner, total, size, ax, ikind, code;
   ix_walk ow, kw, iw;
 } take_args;
 typedef struct along_args {
-  int64_t total, size, ax, idx64, code;
+  int64_t total, size, ax, ikind, code;
   ix_walk w;
 } along_args;
 typedef struct one_hot_args {
-  int64_t K, depth, idx64, one;
+  int64_t K, depth, ikind, one;
   ix_walk kw;
 } one_hot_args;
 typedef struct check_args {
-  int64_t K, size, idx64, code;
+  int64_t K, size, ikind, code;
   ix_walk kw;
 } check_args;
 typedef struct scatter_args {
-  int64_t outer, n, K, inner, idx64, code;
+  int64_t outer, n, K, inner, ikind, code;
   ix_walk ow, kw, iw;
 } scatter_args;
 typedef struct along_scatter_args {
-  int64_t lines, tin, size, m, su, si, bcount, idx64, code;
+  int64_t lines, tin, size, m, su, si, bcount, ikind, code;
   ix_walk lw, bw;
 } along_scatter_args;
 
@@ -369,11 +399,12 @@ static nbi_cuda_module gather_module = {
 };
 
 /* Scatter kernels: three per accumulation kind, kinds in nb_dtype order
- * (f32, f64, f16, bf16, i32, i64, bool). */
+ * (f32, f64, f16, bf16, i32, i64, bool, u8, i8, i16). */
 static const char *const scatter_names[] = {
 #define SCATTER_NAMES(S) "nbx_scatter_ordered_" S, "nbx_scatter_atomic_" S, "nbx_along_scatter_" S,
     SCATTER_NAMES("f32") SCATTER_NAMES("f64") SCATTER_NAMES("f16") SCATTER_NAMES("bf16")
-        SCATTER_NAMES("i32") SCATTER_NAMES("i64") SCATTER_NAMES("bool")
+        SCATTER_NAMES("i32") SCATTER_NAMES("i64") SCATTER_NAMES("bool") SCATTER_NAMES("u8")
+            SCATTER_NAMES("i8") SCATTER_NAMES("i16")
 #undef SCATTER_NAMES
 };
 enum { K_ORDERED = 0, K_ATOMIC = 1, K_ALONG_SCATTER = 2 };
@@ -382,11 +413,10 @@ static nbi_cuda_module scatter_module = {
     .names = scatter_names,
     .n_names = (int)(sizeof scatter_names / sizeof scatter_names[0]),
 };
-/* u8, i8 and i16 (after bool) have none: their routes leave them out. */
-_Static_assert(sizeof scatter_names / sizeof scatter_names[0] == 3 * (NB_BOOL + 1),
-               "three scatter kernels per dtype up to bool");
+_Static_assert(sizeof scatter_names / sizeof scatter_names[0] == 3 * NB_DTYPE_COUNT,
+               "three scatter kernels per dtype");
 _Static_assert(NB_F32 == 0 && NB_F64 == 1 && NB_F16 == 2 && NB_BF16 == 3 && NB_I32 == 4 &&
-                   NB_I64 == 5 && NB_BOOL == 6,
+                   NB_I64 == 5 && NB_BOOL == 6 && NB_U8 == 7 && NB_I8 == 8 && NB_I16 == 9,
                "scatter kernels are listed in nb_dtype order");
 
 /* Floating-point scatter_add runs the ordered kernel (deterministic: each
@@ -421,14 +451,28 @@ static CUdeviceptr dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
 _Static_assert(NBI_OP_COUNT <= 256, "an op must fit bits 8..15 of a kernel error code");
 static int64_t index_code(const nb_tensor *n) {
   int64_t caller = n->op == NBI_OP_ONE_HOT ? NBI_INDEX_OWN : n->attrs.i[NBI_INDEX_CALLER];
-  return NBI_CUDA_KERR_INDEX | (n->op << 8) | (caller << 16);
+  int64_t axis = n->op == NBI_OP_ONE_HOT ? 0 : n->attrs.i[NBI_INDEX_AXIS];
+  return NBI_CUDA_KERR_INDEX | (n->op << 8) | (caller << 16) | ((axis & 0x7f) << 24);
 }
 
-/* Rejects index views that are not i32 / i64 (the ops' validation already did). */
+/* Rejects index views of a non-integer dtype (the ops' validation already did). */
 static nb_status index_dtype_ok(const nb_tensor *n, const nbi_view *idx) {
-  if (idx->dtype == NB_I32 || idx->dtype == NB_I64) return NB_OK;
-  return nbi_error(NB_ERR_DTYPE, "nb_%s: indices must be i32 or i64, got %s",
+  if (idx->dtype == NB_I32 || idx->dtype == NB_I64 || idx->dtype == NB_U8 || idx->dtype == NB_I8 ||
+      idx->dtype == NB_I16)
+    return NB_OK;
+  return nbi_error(NB_ERR_DTYPE, "nb_%s: indices must be integers, got %s",
                    nbi_op_table[n->op]->name, nb_dtype_name(idx->dtype));
+}
+
+/* The kernels' code for an index dtype (nbx_index_at). */
+static int64_t index_kind(nb_dtype dt) {
+  switch (dt) {
+  case NB_I64: return 1;
+  case NB_U8: return 2;
+  case NB_I8: return 3;
+  case NB_I16: return 4;
+  default: return 0;
+  }
 }
 
 /* Checks every index of idx against an axis of `size` (no data moves): what
@@ -437,7 +481,7 @@ static nb_status check_indices(nbi_cuda_ctx *c, const nb_tensor *n, const nbi_vi
                                int64_t size) {
   check_args a = {.K = nbi_cuda_view_numel(idx),
                   .size = size,
-                  .idx64 = idx->dtype == NB_I64,
+                  .ikind = index_kind(idx->dtype),
                   .code = index_code(n)};
   if (a.K == 0) return NB_OK;
   for (int d = 0; d < idx->ndim; d++)
@@ -460,7 +504,7 @@ nb_status nbi_cuda_take(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out, cons
                  .inner = 1,
                  .size = t->dims[axis],
                  .ax = t->strides[axis],
-                 .idx64 = idx->dtype == NB_I64,
+                 .ikind = index_kind(idx->dtype),
                  .code = index_code(n)};
   int64_t outer = 1;
   for (int d = 0; d < axis; d++) {
@@ -493,7 +537,7 @@ nb_status nbi_cuda_take_along_axis(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view
   along_args a = {.total = nbi_cuda_view_numel(out),
                   .size = t->dims[axis],
                   .ax = t->strides[axis],
-                  .idx64 = in[1].dtype == NB_I64,
+                  .ikind = index_kind(in[1].dtype),
                   .code = index_code(n)};
   if (a.total == 0) return check_indices(c, n, &in[1], a.size);
   nbi_view ib = nbi_view_broadcast(&in[1], &n->shape);
@@ -508,20 +552,23 @@ nb_status nbi_cuda_take_along_axis(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view
 }
 
 /* The buffer a scatter accumulates in: out itself, or for f16 / bf16 an f32
- * copy of out's shape (*owned, for the caller to free). acc->data is NULL on
- * failure (recorded). */
+ * copy of out's shape, for u8 / i8 / i16 an i32 one (wrapping sums whose low
+ * bits are the small dtype's wrapping sums; the copy back wraps) (*owned, for
+ * the caller to free). acc->data is NULL on failure (recorded). */
 static nbi_view accumulator(nbi_cuda_ctx *c, const nbi_view *out, CUdeviceptr *owned) {
   nbi_view acc = *out;
   *owned = 0;
-  if (out->dtype != NB_F16 && out->dtype != NB_BF16) return acc;
-  *owned = nbi_cuda_scratch(c, (size_t)nbi_cuda_view_numel(out) * sizeof(float));
+  bool half = out->dtype == NB_F16 || out->dtype == NB_BF16;
+  bool small = out->dtype == NB_U8 || out->dtype == NB_I8 || out->dtype == NB_I16;
+  if (!half && !small) return acc;
+  *owned = nbi_cuda_scratch(c, (size_t)nbi_cuda_view_numel(out) * 4);
   acc.data = (char *)(uintptr_t)*owned;
-  acc.dtype = NB_F32;
+  acc.dtype = half ? NB_F32 : NB_I32;
   return acc;
 }
 
 /* Runs a scatter: acc = t (converted), the kernel `run` (when it has work),
- * out = acc when acc is an f32 stand-in; frees the stand-in. */
+ * out = acc when acc is a stand-in; frees the stand-in. */
 static nb_status scatter_run(nbi_cuda_ctx *c, nbi_view *out, const nbi_view *t, CUfunction f,
                              int64_t work, void **args, nbi_view *acc, CUdeviceptr owned) {
   nb_status st = NB_OK;
@@ -549,7 +596,7 @@ nb_status nbi_cuda_scatter_add(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *ou
                     .n = out->dims[axis],
                     .K = nbi_cuda_view_numel(idx),
                     .inner = 1,
-                    .idx64 = idx->dtype == NB_I64,
+                    .ikind = index_kind(idx->dtype),
                     .code = index_code(n)};
   for (int d = 0; d < axis; d++) {
     a.outer *= out->dims[d];
@@ -597,7 +644,7 @@ nb_status nbi_cuda_scatter_add_along_axis(nbi_cuda_ctx *c, const nb_tensor *n, n
                           .su = upd->strides[axis],
                           .si = ib.strides[axis],
                           .bcount = 1,
-                          .idx64 = ib.dtype == NB_I64,
+                          .ikind = index_kind(ib.dtype),
                           .code = index_code(n)};
   for (int d = axis + 1; d < nd; d++)
     a.tin *= out->dims[d];
@@ -624,7 +671,7 @@ nb_status nbi_cuda_scatter_add_along_axis(nbi_cuda_ctx *c, const nb_tensor *n, n
   return scatter_run(c, out, &in[0], f, a.lines, (void *[]){&pa, &pu, &pi, &err, &a}, &acc, owned);
 }
 
-/* one_hot: in[0] idx (any shape and strides, i32 / i64); out is idx.shape +
+/* one_hot: in[0] idx (any shape and strides, any integer dtype); out is idx.shape +
  * [depth], contiguous: 0 except out[k, idx[k]] = 1 where idx[k] is in [0,
  * depth) (other rows stay 0: no error). */
 nb_status nbi_cuda_one_hot(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out, const nbi_view *in) {
@@ -633,7 +680,7 @@ nb_status nbi_cuda_one_hot(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out, c
   if (st || nbi_cuda_view_numel(out) == 0) return st;
   one_hot_args a = {.K = nbi_cuda_view_numel(idx),
                     .depth = out->dims[out->ndim - 1],
-                    .idx64 = idx->dtype == NB_I64};
+                    .ikind = index_kind(idx->dtype)};
   char one[8] = {0};
   nbi_store_f64(one, out->dtype, 0, 1.0);
   memcpy(&a.one, one, sizeof a.one); /* the low bytes hold the element's bits */

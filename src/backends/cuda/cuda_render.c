@@ -696,11 +696,6 @@ static bool group_ok(const nbi_group *g) {
       if (m->src[q] >= k || -1 - m->src[q] >= g->n_operands) return false;
   }
   if (g->kind == NBI_GROUP_ELEMENTWISE) return ew_ok(g);
-  /* u8, i8, i16: elementwise groups only */
-  for (int e = 0; e < g->n_operands; e++)
-    if (g->operand[e].dtype >= NB_U8) return false;
-  for (int k = 0; k < g->n_members; k++)
-    if (g->m[k].dtype >= NB_U8) return false;
   if (g->kind == NBI_GROUP_ROWS) return cr_rows_ok(g);
   return false;
 }

@@ -22,6 +22,10 @@
  * (o<e>_c[], at most 64 words a thread; the phase loops are unrolled to the row's
  * length rounded up to a power of two, which the source depends on), so the row is
  * read from memory once; longer rows are read again in each phase (L1 / L2 hits).
+ * Those unrolled loops come twice: for a row of exactly that length (no bounds
+ * checks; loads at base + constant) and for shorter rows, whose lanes past the end
+ * load zeros from nb_ld_zeros instead of branching around the load, so a phase's
+ * loads are issued back to back.
  * Per-row members are computed by every thread of the row once the reductions they read
  * are known (stored by lane 0).
  *
@@ -553,7 +557,12 @@ static void emit_operand_load(cr_buf *b, const nbi_group *g, const cr_layout *L,
     cr_put(b, "const %s r%d = nb_ld_%s(p.in%d, rb%d);\n", rt, e, dn, e, e);
     return;
   }
-  cr_put(b, "const %s o%d = ok ? nb_ld_%s(p.in%d, rb%d + ", rt, e, dn, e, e);
+  /* a lane past the row's end loads nb_ld_zeros (the dtype's 0) rather than branching
+   * around its load: loads in branches are issued one at a time, each waiting for the
+   * previous column's use (softmax rows ran at 0.47 of a copy on an H100; a
+   * hand-written kernel of the same shape without them at 1.02: bench/probe_softmax.cu) */
+  cr_put(b, "const %s o%d = nb_ld_%s(ok ? p.in%d : (const void *)nb_ld_zeros, ok ? rb%d + ", rt, e,
+         dn, e, e);
   int ncd = L->sig.ncd;
   switch (L->sig.cls[e] & 3) {
   case CR_COL_ZERO: cr_put(b, "0"); break;
@@ -563,7 +572,7 @@ static void emit_operand_load(cr_buf *b, const nbi_group *g, const cr_layout *L,
     for (int d = 0; d < ncd; d++)
       cr_put(b, "%scj%d * p.ic%d[%d]", d ? " + " : "", d, e, d);
   }
-  cr_put(b, ") : %s();\n", rt);
+  cr_put(b, " : 0);\n");
   if (cache == 1) cr_put(b, "o%d_c[u] = o%d;\n", e, e);
 }
 
@@ -741,12 +750,18 @@ static void emit_row_kernel(cr_buf *b, const nbi_group *g, const cr_layout *L, c
         fold_of(g, k, &f);
         cr_put(b, "%s y%d = 0;\n", f.acc, k);
       }
-    if (ck) { /* every column of the row in ck steps, unrolled: the registers stay registers */
-      cr_put(b,
-             "#pragma unroll\nfor (int u = 0; u < %d; u++) {\nconst int64_t j = u * %s + lane;\n"
-             "const bool ok = j < p.cols;\n",
-             ck, step);
-      emit_phase_body(b, g, L, P, p, need, warp, cached, first);
+    if (ck) { /* every column of the row in ck steps, unrolled: the registers stay registers.
+               * Twice: a row of exactly ck steps (no lane past the end: no checks, and
+               * the loads address base + constant), then any shorter row. */
+      for (int full = 1; full >= 0; full--) {
+        cr_put(b, full ? "if (p.cols == %d * %s) {\n" : "} else {\n", ck, step);
+        cr_put(b,
+               "#pragma unroll\nfor (int u = 0; u < %d; u++) {\nconst int64_t j = u * %s + lane;\n"
+               "const bool ok = %s;\n",
+               ck, step, full ? "true" : "j < p.cols");
+        emit_phase_body(b, g, L, P, p, need, warp, cached, first);
+        cr_put(b, "}\n");
+      }
       cr_put(b, "}\n}\n");
     } else {
       int u = scan ? 1 : UNROLL;
