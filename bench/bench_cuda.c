@@ -297,6 +297,8 @@ static nb_status block_loss(void *u, nb_tensor *const *p, int n_in, nb_tensor **
 
 typedef struct step_result {
   double median_s, pipelined_s, first_s, loss, kernels_per_step, realizations_per_step;
+  double first_compile_s; /* of first_s: inside NVRTC */
+  uint64_t first_compiles;
   int steps;
 } step_result;
 
@@ -323,6 +325,16 @@ static double one_step(nb_fn *call, nb_tensor **in, int np, bool update, bool re
 }
 
 /* Times the MLP-784 step (transformer false) or the transformer block. */
+/* NVRTC's compiles and seconds so far in this process (zeros without CUDA). */
+static void nvrtc_so_far(uint64_t *n, double *secs) {
+#ifdef NABLA_CUDA
+  nbi_cuda_cache_stats c = nbi_cuda_cache_get_stats();
+  *n = c.compiles, *secs = c.compile_s;
+#else
+  *n = 0, *secs = 0;
+#endif
+}
+
 static step_result run_steps(bool transformer) {
   int np = transformer ? 16 : 6, n_in = transformer ? 16 : 8;
   int warmup = smoke ? 1 : transformer ? 5 : 10, steps = smoke ? 3 : transformer ? 30 : 50;
@@ -346,10 +358,18 @@ static step_result run_steps(bool transformer) {
   nb_stats s0 = {0};
   for (int step = -warmup; step < steps; step++) {
     if (step == 0) s0 = nb_get_stats();
+    uint64_t n0, n1;
+    double c0, c1;
+    nvrtc_so_far(&n0, &c0);
     double t0 = now_s();
     r.loss = one_step(call, in, np, !transformer, true);
     double dt = now_s() - t0;
-    if (step == -warmup) r.first_s = dt;
+    if (step == -warmup) {
+      nvrtc_so_far(&n1, &c1);
+      r.first_s = dt;
+      r.first_compile_s = c1 - c0;
+      r.first_compiles = n1 - n0;
+    }
     if (step >= 0) t[step] = dt;
   }
   nb_stats s1 = nb_get_stats();
@@ -539,10 +559,12 @@ static void bench_step(void *user) {
   step_result r = run_steps(j->s == S_TRANSFORMER);
   nb_set_matmul_precision(NB_PRECISION_HIGHEST);
   printf("{\"case\":\"%s\",\"precision\":\"%s\",\"impl\":\"nabla\",\"style\":\"jit\","
-         "\"median_s\":%.6g,\"pipelined_s\":%.6g,\"first_step_s\":%.4g,\"steps\":%d,"
+         "\"median_s\":%.6g,\"pipelined_s\":%.6g,\"first_step_s\":%.4g,"
+         "\"first_step_nvrtc_s\":%.4g,\"first_step_compiles\":%llu,\"steps\":%d,"
          "\"kernels_per_step\":%.1f,\"realizations_per_step\":%.2f,\"final_loss\":%.6f,"
          "\"clock\":\"wall, loss read each step\",\"device\":\"%s\"}\n",
-         step_case[j->s], step_prec[j->s], r.median_s, r.pipelined_s, r.first_s, r.steps,
+         step_case[j->s], step_prec[j->s], r.median_s, r.pipelined_s, r.first_s,
+         r.first_compile_s, (unsigned long long)r.first_compiles, r.steps,
          r.kernels_per_step, r.realizations_per_step, r.loss, dev_name);
   fflush(stdout);
   j->r = r;
@@ -653,13 +675,14 @@ int main(int argc, char **argv) {
       printf(" %8llu\n", (unsigned long long)bw.kernels[k]);
   }
   if (any_bw && !bw.done) printf("(bandwidth cases failed: see the error line)\n");
-  printf("\n%-18s %5s %11s %13s %10s %9s\n", "step", "prec", "median_ms", "pipelined_ms", "kernels",
-         "first_s");
+  printf("\n%-18s %5s %11s %13s %10s %9s %8s\n", "step", "prec", "median_ms", "pipelined_ms",
+         "kernels", "first_s", "nvrtc_s");
   for (int s = 0; s < N_STEPS; s++)
     if (steps[s].r.steps)
-      printf("%-18s %5s %11.3f %13.3f %10.1f %9.2f\n", step_case[s], step_prec[s],
-             steps[s].r.median_s * 1e3, steps[s].r.pipelined_s * 1e3, steps[s].r.kernels_per_step,
-             steps[s].r.first_s);
+      printf("%-18s %5s %11.3f %13.3f %10.1f %9.2f %8.2f (%llu kernels compiled)\n", step_case[s],
+             step_prec[s], steps[s].r.median_s * 1e3, steps[s].r.pipelined_s * 1e3,
+             steps[s].r.kernels_per_step, steps[s].r.first_s, steps[s].r.first_compile_s,
+             (unsigned long long)steps[s].r.first_compiles);
     else if (wanted(only, step_case[s]))
       printf("%-18s %5s %11s\n", step_case[s], step_prec[s], "failed");
   if (launch.r.calls)

@@ -190,8 +190,11 @@ Test(nn_modules, gpt_dropout_draws_from_its_key_also_under_jit) {
   nb_gpt_config eval = c;
   eval.block.dropout = 0;
   double *plain = tc_read(nb_gpt_apply(p, &eval, idx, NULL));
-  /* no key: no dropout, whatever the rate */
-  tc_assert_close_tol(nb_gpt_apply(p, &c, idx, NULL), plain, NB_SHAPE(8, 13), 0);
+  /* no key: no dropout, whatever the rate (the same graph; on a GPU the parameters,
+   * pending in the first call, change which products take their bias in cuBLASLt's
+   * epilogue, one rounding instead of two: the last bit may differ) */
+  tc_assert_close_tol(nb_gpt_apply(p, &c, idx, NULL), plain, NB_SHAPE(8, 13),
+                      tc_on_gpu() ? 1e-6 : 0);
   nb_fn *f = nb_fn_create_trees(nm_drop_fn, &c, 2, 1), *j = nb_jit(f);
   double *got[3];
   for (int k = 0; k < 3; k++) {

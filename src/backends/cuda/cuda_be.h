@@ -262,6 +262,7 @@ nb_status nbi_cuda_launch(nbi_cuda_ctx *c, CUfunction f, unsigned grid_x, unsign
 /* Counters for tests and benches. */
 typedef struct nbi_cuda_cache_stats {
   uint64_t compiles, memory_hits, disk_hits, disk_writes;
+  double compile_s; /* wall seconds inside NVRTC, summed over compiling threads */
 } nbi_cuda_cache_stats;
 nbi_cuda_cache_stats nbi_cuda_cache_get_stats(void);
 /* Test hook: forgets the in-memory images (functions already loaded on

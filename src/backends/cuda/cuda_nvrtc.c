@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Options beside the target; part of every cache key. No fast math: results
@@ -232,13 +233,21 @@ nb_status nbi_cuda_compile(const char *src, int arch, nbi_cuda_image *img) {
 /* ---- statistics ---------------------------------------------------------------------------------
  */
 static _Atomic uint64_t n_compiles, n_memory_hits, n_disk_hits, n_disk_writes;
+static _Atomic uint64_t compile_ns; /* time inside compile_what */
+
+static uint64_t mono_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
 
 /* The counters since the process started (or the last reset). */
 nbi_cuda_cache_stats nbi_cuda_cache_get_stats(void) {
   return (nbi_cuda_cache_stats){.compiles = atomic_load(&n_compiles),
                                 .memory_hits = atomic_load(&n_memory_hits),
                                 .disk_hits = atomic_load(&n_disk_hits),
-                                .disk_writes = atomic_load(&n_disk_writes)};
+                                .disk_writes = atomic_load(&n_disk_writes),
+                                .compile_s = (double)atomic_load(&compile_ns) * 1e-9};
 }
 
 /* ---- the disk cache -----------------------------------------------------------------------------
@@ -536,6 +545,7 @@ void nbi_cuda_cache_reset(void) {
   pthread_mutex_unlock(&table_lock);
   pthread_mutex_unlock(&miss_lock);
   atomic_store(&n_compiles, 0);
+  atomic_store(&compile_ns, 0);
   atomic_store(&n_memory_hits, 0);
   atomic_store(&n_disk_hits, 0);
   atomic_store(&n_disk_writes, 0);
@@ -560,7 +570,9 @@ static nb_status image_by_key(const char *src, int arch, const uint64_t key[2], 
   if (disk_read(hex, &x->img)) {
     *hit = 1;
   } else {
+    uint64_t t0 = mono_ns();
     nb_status st = compile_what(src, arch, what, &x->img);
+    atomic_fetch_add(&compile_ns, mono_ns() - t0);
     atomic_fetch_add(&n_compiles, 1);
     if (st != NB_OK) {
       free(x);
