@@ -563,9 +563,9 @@ static void bench_step(void *user) {
          "\"first_step_nvrtc_s\":%.4g,\"first_step_compiles\":%llu,\"steps\":%d,"
          "\"kernels_per_step\":%.1f,\"realizations_per_step\":%.2f,\"final_loss\":%.6f,"
          "\"clock\":\"wall, loss read each step\",\"device\":\"%s\"}\n",
-         step_case[j->s], step_prec[j->s], r.median_s, r.pipelined_s, r.first_s,
-         r.first_compile_s, (unsigned long long)r.first_compiles, r.steps,
-         r.kernels_per_step, r.realizations_per_step, r.loss, dev_name);
+         step_case[j->s], step_prec[j->s], r.median_s, r.pipelined_s, r.first_s, r.first_compile_s,
+         (unsigned long long)r.first_compiles, r.steps, r.kernels_per_step, r.realizations_per_step,
+         r.loss, dev_name);
   fflush(stdout);
   j->r = r;
 }

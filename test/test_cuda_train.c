@@ -9,7 +9,7 @@ TestSuite(cuda_train, .init = tc_setup, .fini = tc_teardown);
 
 #define SKIP_WITHOUT_GPU()                                                                         \
   do {                                                                                             \
-    if (nb_device_count(NB_DEVICE_CUDA) == 0) cr_skip_test("no CUDA device: %s", nbi_cuda_why()); \
+    if (nb_device_count(NB_DEVICE_CUDA) == 0) cr_skip_test("no CUDA device: %s", nbi_cuda_why());  \
   } while (0)
 const char *nbi_cuda_why(void);
 #include "../src/backends/cuda/cuda_be.h"
@@ -158,8 +158,7 @@ static nb_status cond_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **
   out[0] = nb_lt(nb_sum(in[0], NB_ALL, false), nb_scalar(100.0, NB_F32));
   return out[0] ? NB_OK : nb_last_status();
 }
-static nb_status double_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out,
-                             int n_out) {
+static nb_status double_body(void *u, nb_tensor *const *in, int n_in, nb_tensor **out, int n_out) {
   (void)u, (void)n_in, (void)n_out;
   out[0] = nb_mul_scalar(in[0], 2.0);
   return out[0] ? NB_OK : nb_last_status();
@@ -182,6 +181,41 @@ Test(cuda_train, while_loop_and_checkpoint_run_on_cuda) {
   nb_set_default_device(NB_CPU);
   for (int i = 0; i < 4; i++)
     cr_expect_eq(res[0][i], res[1][i]);
+}
+
+/* A realization's fused groups have their kernels compiled before it runs
+ * (backend.h's prepare; on several threads): the launches then compile
+ * nothing (single steps still compile at their launch). The groups (three row groups and an
+ * elementwise chain of shapes and ops no other test uses) are new to the process; a kernel cache on
+ * disk from an earlier run may hold them, and then nothing compiles at all. */
+Test(cuda_train, a_plan_compiles_its_group_kernels_before_it_runs) {
+  SKIP_WITHOUT_GPU();
+  cr_assert_eq(nb_set_default_device(NB_CUDA(0)), NB_OK);
+  nb_tensor *x = nb_randn(NB_SHAPE(7, 93), NB_F64), *w = nb_randn(NB_SHAPE(93), NB_F64);
+  cr_assert_eq(nb_eval((nb_tensor *[]){x, w}, 2), NB_OK, "%s", nb_last_error());
+  nb_tensor *a = nb_softmax(nb_mul(nb_tanh(x), w), -1);
+  nb_tensor *b = nb_logsumexp(nb_add_scalar(nb_square(x), 0.25), NB_AXES(1), true);
+  nb_tensor *c = nb_var(nb_sub(x, nb_mul(x, w)), NB_AXES(1), false);
+  nb_tensor *y = nb_add(nb_mul(a, b), nb_expm1(nb_mul_scalar(x, 0.125)));
+  nb_tensor *outs[2] = {y, c};
+  nbi_cuda_cache_stats s0 = nbi_cuda_cache_get_stats();
+  cr_assert_eq(nb_eval(outs, 2), NB_OK, "%s", nb_last_error());
+  nbi_cuda_cache_stats s1 = nbi_cuda_cache_get_stats();
+  cr_assert_eq(s1.compiles - s0.compiles, s1.precompiles - s0.precompiles,
+               "%llu kernels compiled, %llu of them ahead",
+               (unsigned long long)(s1.compiles - s0.compiles),
+               (unsigned long long)(s1.precompiles - s0.precompiles));
+  /* the same values as the CPU's */
+  nb_set_default_device(NB_CPU);
+  nb_tensor *xc = nb_to_device(x, NB_CPU), *wc = nb_to_device(w, NB_CPU);
+  nb_tensor *ac = nb_softmax(nb_mul(nb_tanh(xc), wc), -1);
+  nb_tensor *bc = nb_logsumexp(nb_add_scalar(nb_square(xc), 0.25), NB_AXES(1), true);
+  nb_tensor *cc = nb_var(nb_sub(xc, nb_mul(xc, wc)), NB_AXES(1), false);
+  nb_tensor *yc = nb_add(nb_mul(ac, bc), nb_expm1(nb_mul_scalar(xc, 0.125)));
+  double *ry = tc_read(yc), *rc = tc_read(cc);
+  tc_assert_close_tol(nb_to_device(y, NB_CPU), ry, NB_SHAPE(7, 93), 1e-12);
+  tc_assert_close_tol(nb_to_device(c, NB_CPU), rc, NB_SHAPE(7), 1e-12);
+  free(ry), free(rc);
 }
 
 /* A custom op with a CUDA kernel runs it on CUDA tensors (device pointers, the
@@ -218,8 +252,12 @@ static nb_status ident_cuda(void *u, void *stream, const nb_custom_buffer *in, i
 
 Test(cuda_train, custom_op_runs_its_cuda_kernel_on_cuda_tensors) {
   SKIP_WITHOUT_GPU();
-  nb_custom_op_def with = {.name = "cuda_ident", .n_in = 1, .n_out = 1, .infer = ident_infer,
-                           .cpu = ident_cpu, .cuda = ident_cuda};
+  nb_custom_op_def with = {.name = "cuda_ident",
+                           .n_in = 1,
+                           .n_out = 1,
+                           .infer = ident_infer,
+                           .cpu = ident_cpu,
+                           .cuda = ident_cuda};
   nb_custom_op_def without = with;
   without.name = "cpu_only_ident";
   without.cuda = NULL;

@@ -169,6 +169,15 @@ typedef struct nbi_backend {
    * by step. */
   bool (*group_ok)(void *ctx, const nbi_group *g);
   nb_status (*run_group)(void *ctx, const nbi_group *g, nbi_view *out, const nbi_view *in);
+
+  /* Optional (NULL: nothing to do): called once before a plan first runs,
+   * with its groups on this device and their views: out[k] / in[k] as
+   * run_group will get them where the tensors exist already, else as core
+   * predicts them (contiguous, at an aligned placeholder address that must
+   * never be dereferenced). A backend that compiles code per group compiles
+   * it here, all at once; nothing is reported (run_group reports). */
+  void (*prepare)(void *ctx, int n, const nbi_group *const *g, const nbi_view *const *out,
+                  const nbi_view *const *in);
 } nbi_backend;
 
 /* ---- the device table ---------------------------------------------------------------- */

@@ -19,7 +19,9 @@
 #include "oprules.h"
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Fusion on/off: on unless NABLA_NO_FUSION=1 (tests compare both). */
 static int fusion = -1;
@@ -452,9 +454,9 @@ bool nbi_fuse_elementwise_step(const nb_tensor *t) {
 /* Operand k's view (of F's dims, backend.h) for its tensor x: broadcast to F,
  * one value per row (stride 0 along the row), or one value; GEMM operands at
  * their own shapes. */
-static nbi_view operand_view(const nbi_fused *fd, int k, const nb_tensor *x) {
+static nbi_view operand_view_of(const nbi_fused *fd, int k, nbi_view v) {
   const nbi_group *g = &fd->g;
-  nbi_view v = nbi_tensor_view(x), r = v;
+  nbi_view r = v;
   const nb_shape *F = &g->full;
   if (g->kind == NBI_GROUP_GEMM) return v;
   switch (g->operand[k].level) {
@@ -481,6 +483,31 @@ static nbi_view operand_view(const nbi_fused *fd, int k, const nb_tensor *x) {
   }
   r.data = b.data;
   return r;
+}
+
+static nbi_view operand_view(const nbi_fused *fd, int k, const nb_tensor *x) {
+  return operand_view_of(fd, k, nbi_tensor_view(x));
+}
+
+/* A tensor's view when it has storage, else the one a fresh buffer will give
+ * it: contiguous, at an aligned placeholder that is never dereferenced. */
+static nbi_view predicted_view(const nb_tensor *t) {
+  if (t->shard0.buf) return nbi_tensor_view(t);
+  nbi_view v = {
+      .data = (char *)(uintptr_t)NBI_PREDICTED_DATA, .dtype = t->dtype, .ndim = t->shape.ndim};
+  memcpy(v.dims, t->shape.dims, sizeof v.dims);
+  nbi_contig_strides(&t->shape, v.strides);
+  return v;
+}
+
+void nbi_fuse_predict_views(const nbi_fused *d, nb_tensor *const *nodes, nbi_view *out,
+                            nbi_view *in) {
+  const nbi_group *g = &d->g;
+  for (int k = 0; k < g->n_members; k++)
+    if (g->m[k].out >= 0) out[g->m[k].out] = predicted_view(nodes[k]);
+  for (int k = 0; k < g->n_operands; k++)
+    in[k] =
+        operand_view_of(d, k, predicted_view(nodes[d->operand_member[k]]->in[d->operand_in[k]]));
 }
 
 nb_status nbi_fuse_run(const nbi_fused *d, nb_tensor *const *nodes) {

@@ -127,6 +127,40 @@ static void step_done(const nbi_plan *p, nbi_graph *g, int c) {
   }
 }
 
+/* Before p's first run: the backends that compile code per group (backend.h's
+ * prepare) get their groups, with the views the run will give them as far as
+ * they can be known now (fuse.c predicts the rest). Best effort: allocation
+ * failures skip it. */
+static void prepare_groups(const nbi_plan *p, nb_tensor *const *cn) {
+  int n = p->n_fused, gi = 0, any = 0;
+  int *first = malloc(sizeof *first * (size_t)(n ? n : 1));
+  if (!first) return;
+  for (int c = 0; c < p->n_run && gi < n; c++) {
+    if ((c + 1 < p->n_run && p->group[c + 1] == p->group[c]) || p->group[c] == c) continue;
+    first[gi++] = p->group[c];
+    any |= nbi_device_at(cn[p->group[c]]->device)->be->prepare != NULL;
+  }
+  nbi_view(*out)[NBI_FUSE_MAX] = any ? malloc(sizeof *out * (size_t)gi) : NULL;
+  nbi_view(*in)[NBI_FUSE_MAX] = out ? malloc(sizeof *in * (size_t)gi) : NULL;
+  const nbi_group **gs = in ? malloc(sizeof *gs * (size_t)gi) : NULL;
+  const nbi_view **po = gs ? malloc(sizeof *po * (size_t)gi) : NULL;
+  const nbi_view **pi = po ? malloc(sizeof *pi * (size_t)gi) : NULL;
+  bool *done = pi ? calloc((size_t)gi, sizeof *done) : NULL;
+  for (int k = 0; done && k < gi; k++) { /* device by device, in run order */
+    int dev = cn[first[k]]->device, m = 0;
+    const nbi_device *d = nbi_device_at(dev);
+    if (done[k] || !d->be->prepare) continue;
+    for (int j = k; j < gi; j++) {
+      if (done[j] || cn[first[j]]->device != dev) continue;
+      done[j] = true;
+      nbi_fuse_predict_views(&p->fused[j], cn + first[j], out[j], in[j]);
+      gs[m] = &p->fused[j].g, po[m] = out[j], pi[m] = in[j], m++;
+    }
+    d->be->prepare(d->ctx, m, gs, po, pi);
+  }
+  free(done), free(pi), free(po), free(gs), free(in), free(out), free(first);
+}
+
 /* Executes p's running steps over g's nodes (step 4): the steps that compute,
  * in order, aliased inputs reading their sources, dead intermediates freed.
  * cn_buf: room for n_run nodes, or NULL (allocated here when needed). On
@@ -140,6 +174,10 @@ static nb_status plan_exec(const nbi_plan *p, nbi_graph *g, nb_tensor **cn_buf) 
     cn[c] = g->nodes[p->run[c]];
   nbi_plan_swap_inputs(p, g, true);
   share_sources(p, g, 0);
+  /* prepared is the one field a run writes (a plan is otherwise read-only here) */
+  if (p->n_fused && !__atomic_load_n(&p->prepared, __ATOMIC_RELAXED) &&
+      !__atomic_exchange_n(&((nbi_plan *)p)->prepared, 1, __ATOMIC_RELAXED))
+    prepare_groups(p, cn);
   for (int c = 0, gi = 0; c < p->n_run && !st; c++) {
     if (c + 1 < p->n_run && p->group[c + 1] == p->group[c])
       ; /* a member of a fused group that runs at its last step */

@@ -259,10 +259,17 @@ nb_status nbi_cuda_function(nbi_cuda_ctx *c, const char *src, const char *name, 
  * launches nothing; smem above 48 KiB is opted in (up to c->smem_optin). */
 nb_status nbi_cuda_launch(nbi_cuda_ctx *c, CUfunction f, unsigned grid_x, unsigned grid_y,
                           unsigned block_x, unsigned smem, void **args);
+/* Compiles the sources srcs[0..n-1] (NULL entries skipped) for c's GPU whose
+ * images neither memory nor disk holds, on up to 16 threads at once (no more
+ * than the CPUs), and keeps the images as a launch's compile would, so their
+ * launches only load them. Failures are dropped: the launch compiles again and
+ * reports. */
+void nbi_cuda_precompile(nbi_cuda_ctx *c, char *const *srcs, int n);
 /* Counters for tests and benches. */
 typedef struct nbi_cuda_cache_stats {
   uint64_t compiles, memory_hits, disk_hits, disk_writes;
-  double compile_s; /* wall seconds inside NVRTC, summed over compiling threads */
+  uint64_t precompiles; /* of compiles: by nbi_cuda_precompile, before a plan ran */
+  double compile_s;     /* wall seconds inside NVRTC, summed over compiling threads */
 } nbi_cuda_cache_stats;
 nbi_cuda_cache_stats nbi_cuda_cache_get_stats(void);
 /* Test hook: forgets the in-memory images (functions already loaded on
@@ -317,6 +324,14 @@ bool nbi_cuda_group_ok(const nbi_cuda_ctx *c, const nbi_group *g);
  * structure (a zero key is never cached: rendered every call). */
 nb_status nbi_cuda_run_group(nbi_cuda_ctx *c, const nbi_group *g, nbi_view *out,
                              const nbi_view *in);
+
+/* Before a plan's first run: renders the kernels of groups g[0..n-1] (their
+ * views as the run will see them, or as predicted: backend.h's prepare) that
+ * the function table lacks, and has nbi_cuda_precompile compile them. Best
+ * effort: nothing is reported (the launch compiles what is still missing and
+ * reports that). */
+void nbi_cuda_prepare_groups(nbi_cuda_ctx *c, int n, const nbi_group *const *g,
+                             const nbi_view *const *out, const nbi_view *const *in);
 
 /* ---- cuBLASLt (cuda_gemm.c) --------------------------------------------------------------- */
 /* The MATMUL op (batched, broadcasting batch dims, any operand strides that

@@ -412,6 +412,12 @@ static nb_status cuda_run_group(void *ctx, const nbi_group *g, nbi_view *out, co
                                    : nbi_cuda_run_group(ctx, g, out, in);
 }
 
+/* A plan's groups before its first run: their kernels compiled in parallel. */
+static void cuda_prepare(void *ctx, int n, const nbi_group *const *g, const nbi_view *const *out,
+                         const nbi_view *const *in) {
+  if (nbi_cuda_enter(ctx) == NB_OK) nbi_cuda_prepare_groups(ctx, n, g, out, in);
+}
+
 const nbi_backend nbi_cuda_backend = {
     .name = "cuda",
     .kind = NB_DEVICE_CUDA,
@@ -429,4 +435,5 @@ const nbi_backend nbi_cuda_backend = {
     .run_op = cuda_run_op,
     .group_ok = cuda_group_ok,
     .run_group = cuda_run_group,
+    .prepare = cuda_prepare,
 };

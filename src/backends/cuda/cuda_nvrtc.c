@@ -233,7 +233,7 @@ nb_status nbi_cuda_compile(const char *src, int arch, nbi_cuda_image *img) {
 /* ---- statistics ---------------------------------------------------------------------------------
  */
 static _Atomic uint64_t n_compiles, n_memory_hits, n_disk_hits, n_disk_writes;
-static _Atomic uint64_t compile_ns; /* time inside compile_what */
+static _Atomic uint64_t compile_ns, n_precompiles; /* time inside compile_what; ahead */
 
 static uint64_t mono_ns(void) {
   struct timespec t;
@@ -247,6 +247,7 @@ nbi_cuda_cache_stats nbi_cuda_cache_get_stats(void) {
                                 .memory_hits = atomic_load(&n_memory_hits),
                                 .disk_hits = atomic_load(&n_disk_hits),
                                 .disk_writes = atomic_load(&n_disk_writes),
+                                .precompiles = atomic_load(&n_precompiles),
                                 .compile_s = (double)atomic_load(&compile_ns) * 1e-9};
 }
 
@@ -546,6 +547,7 @@ void nbi_cuda_cache_reset(void) {
   pthread_mutex_unlock(&miss_lock);
   atomic_store(&n_compiles, 0);
   atomic_store(&compile_ns, 0);
+  atomic_store(&n_precompiles, 0);
   atomic_store(&n_memory_hits, 0);
   atomic_store(&n_disk_hits, 0);
   atomic_store(&n_disk_writes, 0);
@@ -614,6 +616,121 @@ nb_status nbi_cuda_image_get(const char *src, int arch, const char *what,
   pthread_mutex_unlock(&miss_lock);
   if (st == NB_OK) count_hit(hit);
   return st;
+}
+
+/* ---- compiling ahead, in parallel ------------------------------------------------------
+ * nbi_cuda_precompile: the images of srcs that neither memory nor disk holds,
+ * compiled by up to PRE_THREADS threads at once, then kept as a compile at
+ * launch would keep them. */
+enum { PRE_THREADS = 16 };
+
+typedef struct pre_job {
+  char *const *srcs;
+  const uint64_t (*keys)[2];
+  const int *todo;
+  int n_todo, arch;
+  _Atomic int next;
+} pre_job;
+
+/* Puts the image of key in memory (and on disk) unless another thread did;
+ * frees it if so. */
+static void image_keep(const uint64_t key[2], img_entry *x) {
+  char hex[33];
+  key_hex(key, hex);
+  memcpy(x->key, key, sizeof x->key);
+  x->e.h = key[0];
+  pthread_mutex_lock(&table_lock);
+  bool put = !image_find(key) && table_put(&images, &x->e);
+  pthread_mutex_unlock(&table_lock);
+  if (!put) {
+    free(x->img.data);
+    free(x);
+    return;
+  }
+  disk_write(hex, &x->img);
+}
+
+static void *pre_worker(void *arg) {
+  pre_job *j = arg;
+  for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n_todo;) {
+    int k = j->todo[i];
+    img_entry *x = calloc(1, sizeof *x);
+    if (!x) continue;
+    uint64_t t0 = mono_ns();
+    nb_status st = compile_what(j->srcs[k], j->arch, NULL, &x->img);
+    atomic_fetch_add(&compile_ns, mono_ns() - t0);
+    atomic_fetch_add(&n_compiles, 1);
+    atomic_fetch_add(&n_precompiles, 1);
+    if (st != NB_OK) { /* the launch compiles it again and reports the error */
+      free(x);
+      continue;
+    }
+    image_keep(j->keys[k], x);
+  }
+  nb_clear_error(); /* this thread's record of a failed compile */
+  return NULL;
+}
+
+void nbi_cuda_precompile(nbi_cuda_ctx *c, char *const *srcs, int n) {
+  if (!c || n <= 0 || !nbi_nvrtc_load()) return;
+  int arch = c->cc_major * 10 + c->cc_minor;
+  uint64_t(*keys)[2] = malloc(sizeof *keys * (size_t)n);
+  int *todo = malloc(sizeof *todo * (size_t)n), n_todo = 0;
+  if (!keys || !todo) {
+    free(keys);
+    free(todo);
+    return;
+  }
+  for (int k = 0; k < n; k++) {
+    if (!srcs[k]) continue;
+    uint64_t h[2];
+    hash_bytes(srcs[k], strlen(srcs[k]), 0, h);
+    key_of(h, arch, keys[k]);
+    bool dup = false;
+    for (int i = 0; i < n_todo && !dup; i++)
+      dup = !memcmp(keys[todo[i]], keys[k], sizeof keys[k]);
+    pthread_mutex_lock(&table_lock);
+    bool have = dup || image_find(keys[k]);
+    pthread_mutex_unlock(&table_lock);
+    if (have) continue;
+    char hex[33];
+    key_hex(keys[k], hex);
+    img_entry *x = calloc(1, sizeof *x);
+    if (x && disk_read(hex, &x->img)) {
+      atomic_fetch_add(&n_disk_hits, 1);
+      memcpy(x->key, keys[k], sizeof x->key);
+      x->e.h = keys[k][0];
+      pthread_mutex_lock(&table_lock);
+      bool put = !image_find(keys[k]) && table_put(&images, &x->e);
+      pthread_mutex_unlock(&table_lock);
+      if (!put) free(x->img.data), free(x);
+      continue;
+    }
+    free(x);
+    todo[n_todo++] = k;
+  }
+  pre_job j = {.srcs = srcs,
+               .keys = (const uint64_t(*)[2])keys,
+               .todo = todo,
+               .n_todo = n_todo,
+               .arch = arch};
+  atomic_init(&j.next, 0);
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  int nt = n_todo < PRE_THREADS ? n_todo : PRE_THREADS;
+  if (cpus > 0 && nt > cpus) nt = (int)cpus;
+  pthread_t th[PRE_THREADS];
+  int started = 0;
+  for (int i = 1; i < nt; i++) /* the calling thread is worker 0 */
+    if (pthread_create(&th[started], NULL, pre_worker, &j) == 0) started++;
+  nb_status before = nb_last_status();
+  char saved[512] = "";
+  if (before != NB_OK) snprintf(saved, sizeof saved, "%s", nb_last_error());
+  if (n_todo) pre_worker(&j);
+  for (int i = 0; i < started; i++)
+    pthread_join(th[i], NULL);
+  if (before != NB_OK) nbi_error(before, "%s", saved); /* the caller's error stands */
+  free(keys);
+  free(todo);
 }
 
 /* Loads the module of (src, key) on c, or finds it; under miss_lock. */

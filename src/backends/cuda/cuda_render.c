@@ -788,6 +788,35 @@ static cache_entry *cache_slot(const nbi_group *g, const cr_sig *sig, int ordina
   return NULL;
 }
 
+void nbi_cuda_prepare_groups(nbi_cuda_ctx *c, int n, const nbi_group *const *g,
+                             const nbi_view *const *out, const nbi_view *const *in) {
+  char **srcs = calloc((size_t)(n > 0 ? n : 1), sizeof *srcs);
+  if (!srcs) return;
+  int m = 0;
+  nb_status before = nb_last_status();
+  for (int k = 0; k < n; k++) {
+    if (!g[k] || g[k]->kind == NBI_GROUP_GEMM) continue; /* cuBLASLt's, and a small pass */
+    cr_layout L;
+    nbi_cuda_launch_cfg cfg;
+    if (layout(g[k], out[k], in[k], c->sm_count, &L, &cfg) != NB_OK) continue;
+    if (cfg.grid == 0 && cfg.grid2 == 0) continue;
+    if (g[k]->key[0] || g[k]->key[1]) {
+      pthread_mutex_lock(&cache_lock);
+      bool have = cache_slot(g[k], &L.sig, c->ordinal, false) != NULL;
+      pthread_mutex_unlock(&cache_lock);
+      if (have) continue;
+    }
+    char name[64];
+    srcs[m] = render(g[k], &L, name);
+    if (srcs[m]) m++;
+  }
+  if (before == NB_OK && nb_last_status() != NB_OK) nb_clear_error(); /* best effort */
+  nbi_cuda_precompile(c, srcs, m);
+  for (int k = 0; k < m; k++)
+    free(srcs[k]);
+  free(srcs);
+}
+
 nb_status nbi_cuda_run_group(nbi_cuda_ctx *c, const nbi_group *g, nbi_view *out,
                              const nbi_view *in) {
   cr_layout L;
