@@ -12,7 +12,8 @@
 //   vec4f    vec4 + the float sum
 //   nabla    (with -DNB_GEN_KERNEL='"file"' -DNB_GEN_NAME=nbr_...) the renderer's own
 //            kernel, its source taken from the kernel cache (the fake CUDA stack's
-//            images are the source: test/fake_cuda/README.md), with #include <cstdint>
+//            images are the source: test/fake_cuda/README.md); nabla2 likewise
+//            (NB_GEN2_KERNEL, NB_GEN2_NAME), to compare two renderer versions
 // Built here (nvcc is installed; no GPU needed), run on the GPU machine:
 //   nvcc -O3 -arch=sm_90 --fmad=false -o probe_softmax bench/probe_softmax.cu
 // It prints one line per variant: median ms of 20 (CUDA events), GB/s (read +
@@ -34,8 +35,16 @@
     }                                                                                              \
   } while (0)
 
-#ifdef NB_GEN_KERNEL
+#include <cstdint>
+#ifdef NB_GEN_KERNEL /* each in its own namespace: both carry the preamble */
+namespace gen1 {
 #include NB_GEN_KERNEL
+}
+#endif
+#ifdef NB_GEN2_KERNEL
+namespace gen2 {
+#include NB_GEN2_KERNEL
+}
 #endif
 
 constexpr int COLS = 1024, PER = COLS / 32;
@@ -170,8 +179,12 @@ int main() {
   };
   run("gen", [&] { k_scalar<double, false><<<grid, 256>>>(x, y, rows); }, true);
 #ifdef NB_GEN_KERNEL
-  nb_params p = {rows, COLS, x, {COLS}, y};
-  run("nabla", [&] { NB_GEN_NAME<<<grid, 256>>>(p); }, false);
+  gen1::nb_params p = {rows, COLS, x, {COLS}, y};
+  run("nabla", [&] { gen1::NB_GEN_NAME<<<grid, 256>>>(p); }, false);
+#endif
+#ifdef NB_GEN2_KERNEL
+  gen2::nb_params p2 = {rows, COLS, x, {COLS}, y};
+  run("nabla2", [&] { gen2::NB_GEN2_NAME<<<grid, 256>>>(p2); }, false);
 #endif
   run("f32sum", [&] { k_scalar<float, false><<<grid, 256>>>(x, y, rows); }, false);
   run("ecache", [&] { k_scalar<double, true><<<grid, 256>>>(x, y, rows); }, false);
