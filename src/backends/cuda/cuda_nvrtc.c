@@ -627,8 +627,8 @@ enum { PRE_THREADS = 16 };
 typedef struct pre_job {
   char *const *srcs;
   const uint64_t (*keys)[2];
-  const int *todo;
-  int n_todo, arch;
+  const int *missing;
+  int n_missing, arch;
   _Atomic int next;
 } pre_job;
 
@@ -652,8 +652,8 @@ static void image_keep(const uint64_t key[2], img_entry *x) {
 
 static void *pre_worker(void *arg) {
   pre_job *j = arg;
-  for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n_todo;) {
-    int k = j->todo[i];
+  for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n_missing;) {
+    int k = j->missing[i];
     img_entry *x = calloc(1, sizeof *x);
     if (!x) continue;
     uint64_t t0 = mono_ns();
@@ -675,10 +675,10 @@ void nbi_cuda_precompile(nbi_cuda_ctx *c, char *const *srcs, int n) {
   if (!c || n <= 0 || !nbi_nvrtc_load()) return;
   int arch = c->cc_major * 10 + c->cc_minor;
   uint64_t(*keys)[2] = malloc(sizeof *keys * (size_t)n);
-  int *todo = malloc(sizeof *todo * (size_t)n), n_todo = 0;
-  if (!keys || !todo) {
+  int *missing = malloc(sizeof *missing * (size_t)n), n_missing = 0;
+  if (!keys || !missing) {
     free(keys);
-    free(todo);
+    free(missing);
     return;
   }
   for (int k = 0; k < n; k++) {
@@ -687,8 +687,8 @@ void nbi_cuda_precompile(nbi_cuda_ctx *c, char *const *srcs, int n) {
     hash_bytes(srcs[k], strlen(srcs[k]), 0, h);
     key_of(h, arch, keys[k]);
     bool dup = false;
-    for (int i = 0; i < n_todo && !dup; i++)
-      dup = !memcmp(keys[todo[i]], keys[k], sizeof keys[k]);
+    for (int i = 0; i < n_missing && !dup; i++)
+      dup = !memcmp(keys[missing[i]], keys[k], sizeof keys[k]);
     pthread_mutex_lock(&table_lock);
     bool have = dup || image_find(keys[k]);
     pthread_mutex_unlock(&table_lock);
@@ -707,16 +707,16 @@ void nbi_cuda_precompile(nbi_cuda_ctx *c, char *const *srcs, int n) {
       continue;
     }
     free(x);
-    todo[n_todo++] = k;
+    missing[n_missing++] = k;
   }
   pre_job j = {.srcs = srcs,
                .keys = (const uint64_t(*)[2])keys,
-               .todo = todo,
-               .n_todo = n_todo,
+               .missing = missing,
+               .n_missing = n_missing,
                .arch = arch};
   atomic_init(&j.next, 0);
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  int nt = n_todo < PRE_THREADS ? n_todo : PRE_THREADS;
+  int nt = n_missing < PRE_THREADS ? n_missing : PRE_THREADS;
   if (cpus > 0 && nt > cpus) nt = (int)cpus;
   pthread_t th[PRE_THREADS];
   int started = 0;
@@ -725,12 +725,12 @@ void nbi_cuda_precompile(nbi_cuda_ctx *c, char *const *srcs, int n) {
   nb_status before = nb_last_status();
   char saved[512] = "";
   if (before != NB_OK) snprintf(saved, sizeof saved, "%s", nb_last_error());
-  if (n_todo) pre_worker(&j);
+  if (n_missing) pre_worker(&j);
   for (int i = 0; i < started; i++)
     pthread_join(th[i], NULL);
   if (before != NB_OK) nbi_error(before, "%s", saved); /* the caller's error stands */
   free(keys);
-  free(todo);
+  free(missing);
 }
 
 /* Loads the module of (src, key) on c, or finds it; under miss_lock. */
