@@ -184,20 +184,24 @@ Test(cuda_train, while_loop_and_checkpoint_run_on_cuda) {
 }
 
 /* A realization's fused groups have their kernels compiled before it runs
- * (backend.h's prepare; on several threads): the launches then compile
- * nothing (single steps still compile at their launch). The groups (three row groups and an
- * elementwise chain of shapes and ops no other test uses) are new to the process; a kernel cache on
- * disk from an earlier run may hold them, and then nothing compiles at all. */
+ * (backend.h's prepare; on several threads): the launches then compile nothing
+ * (single steps still compile at their launch). plan_values: groups of shapes
+ * and ops no other test uses, new to the process; a kernel cache on disk from
+ * an earlier run may hold them, and then nothing compiles at all. */
+static void plan_values(nb_tensor *x, nb_tensor *w, nb_tensor **y, nb_tensor **c) {
+  nb_tensor *a = nb_softmax(nb_mul(nb_tanh(x), w), -1);
+  nb_tensor *b = nb_logsumexp(nb_add_scalar(nb_square(x), 0.25), NB_AXES(1), true);
+  *c = nb_var(nb_sub(x, nb_mul(x, w)), NB_AXES(1), false);
+  *y = nb_add(nb_mul(a, b), nb_expm1(nb_mul_scalar(x, 0.125)));
+}
+
 Test(cuda_train, a_plan_compiles_its_group_kernels_before_it_runs) {
   SKIP_WITHOUT_GPU();
   cr_assert_eq(nb_set_default_device(NB_CUDA(0)), NB_OK);
   nb_tensor *x = nb_randn(NB_SHAPE(7, 93), NB_F64), *w = nb_randn(NB_SHAPE(93), NB_F64);
   cr_assert_eq(nb_eval((nb_tensor *[]){x, w}, 2), NB_OK, "%s", nb_last_error());
-  nb_tensor *a = nb_softmax(nb_mul(nb_tanh(x), w), -1);
-  nb_tensor *b = nb_logsumexp(nb_add_scalar(nb_square(x), 0.25), NB_AXES(1), true);
-  nb_tensor *c = nb_var(nb_sub(x, nb_mul(x, w)), NB_AXES(1), false);
-  nb_tensor *y = nb_add(nb_mul(a, b), nb_expm1(nb_mul_scalar(x, 0.125)));
-  nb_tensor *outs[2] = {y, c};
+  nb_tensor *outs[2];
+  plan_values(x, w, &outs[0], &outs[1]);
   nbi_cuda_cache_stats s0 = nbi_cuda_cache_get_stats();
   cr_assert_eq(nb_eval(outs, 2), NB_OK, "%s", nb_last_error());
   nbi_cuda_cache_stats s1 = nbi_cuda_cache_get_stats();
@@ -207,14 +211,11 @@ Test(cuda_train, a_plan_compiles_its_group_kernels_before_it_runs) {
                (unsigned long long)(s1.precompiles - s0.precompiles));
   /* the same values as the CPU's */
   nb_set_default_device(NB_CPU);
-  nb_tensor *xc = nb_to_device(x, NB_CPU), *wc = nb_to_device(w, NB_CPU);
-  nb_tensor *ac = nb_softmax(nb_mul(nb_tanh(xc), wc), -1);
-  nb_tensor *bc = nb_logsumexp(nb_add_scalar(nb_square(xc), 0.25), NB_AXES(1), true);
-  nb_tensor *cc = nb_var(nb_sub(xc, nb_mul(xc, wc)), NB_AXES(1), false);
-  nb_tensor *yc = nb_add(nb_mul(ac, bc), nb_expm1(nb_mul_scalar(xc, 0.125)));
-  double *ry = tc_read(yc), *rc = tc_read(cc);
-  tc_assert_close_tol(nb_to_device(y, NB_CPU), ry, NB_SHAPE(7, 93), 1e-12);
-  tc_assert_close_tol(nb_to_device(c, NB_CPU), rc, NB_SHAPE(7), 1e-12);
+  nb_tensor *ref[2];
+  plan_values(nb_to_device(x, NB_CPU), nb_to_device(w, NB_CPU), &ref[0], &ref[1]);
+  double *ry = tc_read(ref[0]), *rc = tc_read(ref[1]);
+  tc_assert_close_tol(nb_to_device(outs[0], NB_CPU), ry, NB_SHAPE(7, 93), 1e-12);
+  tc_assert_close_tol(nb_to_device(outs[1], NB_CPU), rc, NB_SHAPE(7), 1e-12);
   free(ry), free(rc);
 }
 

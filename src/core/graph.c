@@ -131,34 +131,33 @@ static void step_done(const nbi_plan *p, nbi_graph *g, int c) {
  * prepare) get their groups, with the views the run will give them as far as
  * they can be known now (fuse.c predicts the rest). Best effort: allocation
  * failures skip it. */
+_Static_assert(NBI_MAX_DEVICES <= 32, "a device set is a 32-bit mask");
 static void prepare_groups(const nbi_plan *p, nb_tensor *const *cn) {
-  int n = p->n_fused, gi = 0, any = 0;
+  int n = p->n_fused, gi = 0;
+  uint32_t devs = 0; /* the devices (table indices) whose backends prepare */
   int *first = malloc(sizeof *first * (size_t)(n ? n : 1));
   if (!first) return;
-  for (int c = 0; c < p->n_run && gi < n; c++) {
-    if ((c + 1 < p->n_run && p->group[c + 1] == p->group[c]) || p->group[c] == c) continue;
-    first[gi++] = p->group[c];
-    any |= nbi_device_at(cn[p->group[c]]->device)->be->prepare != NULL;
-  }
-  nbi_view(*out)[NBI_FUSE_MAX] = any ? malloc(sizeof *out * (size_t)gi) : NULL;
+  for (int c = 0; c < p->n_run && gi < n; c++) /* each group's first step, in run order */
+    if (!(c + 1 < p->n_run && p->group[c + 1] == p->group[c]) && p->group[c] != c) {
+      int dev = cn[first[gi++] = p->group[c]]->device;
+      if (nbi_device_at(dev)->be->prepare) devs |= 1u << dev;
+    }
+  nbi_view(*out)[NBI_FUSE_MAX] = devs ? malloc(sizeof *out * (size_t)gi) : NULL;
   nbi_view(*in)[NBI_FUSE_MAX] = out ? malloc(sizeof *in * (size_t)gi) : NULL;
   const nbi_group **gs = in ? malloc(sizeof *gs * (size_t)gi) : NULL;
   const nbi_view **po = gs ? malloc(sizeof *po * (size_t)gi) : NULL;
   const nbi_view **pi = po ? malloc(sizeof *pi * (size_t)gi) : NULL;
-  bool *done = pi ? calloc((size_t)gi, sizeof *done) : NULL;
-  for (int k = 0; done && k < gi; k++) { /* device by device, in run order */
-    int dev = cn[first[k]]->device, m = 0;
+  for (uint32_t m = pi ? devs : 0; m; m &= m - 1) {
+    int dev = __builtin_ctz(m), k = 0;
+    for (int j = 0; j < gi; j++)
+      if (cn[first[j]]->device == dev) {
+        nbi_fuse_predict_views(&p->fused[j], cn + first[j], out[k], in[k]);
+        gs[k] = &p->fused[j].g, po[k] = out[k], pi[k] = in[k], k++;
+      }
     const nbi_device *d = nbi_device_at(dev);
-    if (done[k] || !d->be->prepare) continue;
-    for (int j = k; j < gi; j++) {
-      if (done[j] || cn[first[j]]->device != dev) continue;
-      done[j] = true;
-      nbi_fuse_predict_views(&p->fused[j], cn + first[j], out[j], in[j]);
-      gs[m] = &p->fused[j].g, po[m] = out[j], pi[m] = in[j], m++;
-    }
-    d->be->prepare(d->ctx, m, gs, po, pi);
+    d->be->prepare(d->ctx, k, gs, po, pi);
   }
-  free(done), free(pi), free(po), free(gs), free(in), free(out), free(first);
+  free(pi), free(po), free(gs), free(in), free(out), free(first);
 }
 
 /* Executes p's running steps over g's nodes (step 4): the steps that compute,

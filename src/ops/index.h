@@ -22,9 +22,11 @@ typedef enum nbi_index_caller {
   NBI_INDEX_EMBEDDING = 2,     /* nb_embedding's rows */
 } nbi_index_caller;
 
-/* Whether node n (an index op) accepts negative indices (counting from the end). */
-static inline bool nbi_index_negative_ok(const nb_tensor *n) {
-  return n->attrs.i[NBI_INDEX_CALLER] == NBI_INDEX_OWN;
+/* The lowest index an op made by caller accepts on an axis of size elements:
+ * the op's own calls count negative indices from the end, the composites'
+ * indices are class and row numbers. */
+static inline int64_t nbi_index_low(int64_t caller, int64_t size) {
+  return caller == NBI_INDEX_OWN ? -size : 0;
 }
 
 /* Records the error of an index v out of range for axis `axis` of `size`

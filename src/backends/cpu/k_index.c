@@ -39,7 +39,7 @@ static nb_status check_indices(const nb_tensor *n, const char *fn, const nbi_vie
       hi = v > hi ? v : hi;
     }
   }
-  int64_t low = nbi_index_negative_ok(n) ? -size : 0; /* index.h: the caller's range */
+  int64_t low = nbi_index_low(n->attrs.i[NBI_INDEX_CALLER], size);
   if (rows * m == 0 || (lo >= low && hi < size)) return NB_OK;
   return nbi_index_range_error(n, fn, hi >= size ? hi : lo, axis, size);
 }

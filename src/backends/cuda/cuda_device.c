@@ -267,8 +267,7 @@ static nb_status take_kernel_error(cuda_dev *d) {
   if (kind == NBI_CUDA_KERR_INDEX && op >= 0 && op < NBI_OP_COUNT && nbi_op_table[op]) {
     /* the CPU's choice (k_index.c): the largest index above the range, else
      * the smallest below it */
-    int64_t low = caller == NBI_INDEX_OWN ? -size : 0;
-    int64_t v = above > 0 ? size + above - 1 : low - below;
+    int64_t v = above > 0 ? size + above - 1 : nbi_index_low(caller, size) - below;
     char own[48];
     snprintf(own, sizeof own, "nb_%s", nbi_op_table[op]->name);
     return nbi_index_range_error_as(caller, own, v, axis, size);

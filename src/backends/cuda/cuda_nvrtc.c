@@ -553,6 +553,31 @@ void nbi_cuda_cache_reset(void) {
   atomic_store(&n_disk_writes, 0);
 }
 
+/* compile_what, timed and counted. */
+static nb_status compile_counted(const char *src, int arch, const char *what, nbi_cuda_image *img) {
+  uint64_t t0 = mono_ns();
+  nb_status st = compile_what(src, arch, what, img);
+  atomic_fetch_add(&compile_ns, mono_ns() - t0);
+  atomic_fetch_add(&n_compiles, 1);
+  return st;
+}
+
+/* Keeps x (its image read from disk or compiled) as key's image, unless
+ * another thread kept one first: then x is freed and that one is returned.
+ * NULL (x freed) when the table cannot grow. */
+static const nbi_cuda_image *image_adopt(const uint64_t key[2], img_entry *x) {
+  memcpy(x->key, key, sizeof x->key);
+  x->e.h = key[0];
+  pthread_mutex_lock(&table_lock);
+  const nbi_cuda_image *have = image_find(key);
+  bool put = !have && table_put(&images, &x->e);
+  pthread_mutex_unlock(&table_lock);
+  if (put) return &x->img;
+  free(x->img.data);
+  free(x);
+  return have;
+}
+
 /* The image of key (source src) from memory, disk or NVRTC; called under
  * miss_lock. *hit says which served it: 0 memory, 1 disk, 2 NVRTC. */
 static nb_status image_by_key(const char *src, int arch, const uint64_t key[2], const char *what,
@@ -572,10 +597,7 @@ static nb_status image_by_key(const char *src, int arch, const uint64_t key[2], 
   if (disk_read(hex, &x->img)) {
     *hit = 1;
   } else {
-    uint64_t t0 = mono_ns();
-    nb_status st = compile_what(src, arch, what, &x->img);
-    atomic_fetch_add(&compile_ns, mono_ns() - t0);
-    atomic_fetch_add(&n_compiles, 1);
+    nb_status st = compile_counted(src, arch, what, &x->img);
     if (st != NB_OK) {
       free(x);
       return st;
@@ -583,18 +605,8 @@ static nb_status image_by_key(const char *src, int arch, const uint64_t key[2], 
     disk_write(hex, &x->img);
     *hit = 2;
   }
-  memcpy(x->key, key, sizeof x->key);
-  x->e.h = key[0];
-  pthread_mutex_lock(&table_lock);
-  bool put = table_put(&images, &x->e);
-  pthread_mutex_unlock(&table_lock);
-  if (!put) {
-    free(x->img.data);
-    free(x);
-    return nbi_error(NB_ERR_OOM, "nabla: out of host memory for the kernel cache");
-  }
-  *out = &x->img;
-  return NB_OK;
+  *out = image_adopt(key, x);
+  return *out ? NB_OK : nbi_error(NB_ERR_OOM, "nabla: out of host memory for the kernel cache");
 }
 
 /* Counts a lookup served from memory (hit 0) or disk (1); compiles (2) are
@@ -632,42 +644,25 @@ typedef struct pre_job {
   _Atomic int next;
 } pre_job;
 
-/* Puts the image of key in memory (and on disk) unless another thread did;
- * frees it if so. */
-static void image_keep(const uint64_t key[2], img_entry *x) {
-  char hex[33];
-  key_hex(key, hex);
-  memcpy(x->key, key, sizeof x->key);
-  x->e.h = key[0];
-  pthread_mutex_lock(&table_lock);
-  bool put = !image_find(key) && table_put(&images, &x->e);
-  pthread_mutex_unlock(&table_lock);
-  if (!put) {
-    free(x->img.data);
-    free(x);
-    return;
-  }
-  disk_write(hex, &x->img);
-}
-
+/* Compiles the sources the job lists, one at a time, until none is left. A
+ * failure is dropped (the launch compiles again and reports it); so is this
+ * thread's record of it, with the thread. */
 static void *pre_worker(void *arg) {
   pre_job *j = arg;
   for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n_missing;) {
     int k = j->missing[i];
     img_entry *x = calloc(1, sizeof *x);
     if (!x) continue;
-    uint64_t t0 = mono_ns();
-    nb_status st = compile_what(j->srcs[k], j->arch, NULL, &x->img);
-    atomic_fetch_add(&compile_ns, mono_ns() - t0);
-    atomic_fetch_add(&n_compiles, 1);
     atomic_fetch_add(&n_precompiles, 1);
-    if (st != NB_OK) { /* the launch compiles it again and reports the error */
+    if (compile_counted(j->srcs[k], j->arch, NULL, &x->img) != NB_OK) {
       free(x);
       continue;
     }
-    image_keep(j->keys[k], x);
+    char hex[33];
+    key_hex(j->keys[k], hex);
+    disk_write(hex, &x->img);
+    image_adopt(j->keys[k], x);
   }
-  nb_clear_error(); /* this thread's record of a failed compile */
   return NULL;
 }
 
@@ -698,12 +693,7 @@ void nbi_cuda_precompile(nbi_cuda_ctx *c, char *const *srcs, int n) {
     img_entry *x = calloc(1, sizeof *x);
     if (x && disk_read(hex, &x->img)) {
       atomic_fetch_add(&n_disk_hits, 1);
-      memcpy(x->key, keys[k], sizeof x->key);
-      x->e.h = keys[k][0];
-      pthread_mutex_lock(&table_lock);
-      bool put = !image_find(keys[k]) && table_put(&images, &x->e);
-      pthread_mutex_unlock(&table_lock);
-      if (!put) free(x->img.data), free(x);
+      image_adopt(keys[k], x);
       continue;
     }
     free(x);
@@ -718,17 +708,12 @@ void nbi_cuda_precompile(nbi_cuda_ctx *c, char *const *srcs, int n) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   int nt = n_missing < PRE_THREADS ? n_missing : PRE_THREADS;
   if (cpus > 0 && nt > cpus) nt = (int)cpus;
-  pthread_t th[PRE_THREADS];
+  pthread_t th[PRE_THREADS]; /* workers of their own: the caller's error state stays */
   int started = 0;
-  for (int i = 1; i < nt; i++) /* the calling thread is worker 0 */
+  for (int i = 0; i < nt; i++)
     if (pthread_create(&th[started], NULL, pre_worker, &j) == 0) started++;
-  nb_status before = nb_last_status();
-  char saved[512] = "";
-  if (before != NB_OK) snprintf(saved, sizeof saved, "%s", nb_last_error());
-  if (n_missing) pre_worker(&j);
   for (int i = 0; i < started; i++)
     pthread_join(th[i], NULL);
-  if (before != NB_OK) nbi_error(before, "%s", saved); /* the caller's error stands */
   free(keys);
   free(missing);
 }

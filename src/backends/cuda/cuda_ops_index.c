@@ -457,9 +457,7 @@ static int64_t index_code(const nb_tensor *n) {
 
 /* Rejects index views of a non-integer dtype (the ops' validation already did). */
 static nb_status index_dtype_ok(const nb_tensor *n, const nbi_view *idx) {
-  if (idx->dtype == NB_I32 || idx->dtype == NB_I64 || idx->dtype == NB_U8 || idx->dtype == NB_I8 ||
-      idx->dtype == NB_I16)
-    return NB_OK;
+  if (nbi_dtype_is_int(idx->dtype)) return NB_OK;
   return nbi_error(NB_ERR_DTYPE, "nb_%s: indices must be integers, got %s",
                    nbi_op_table[n->op]->name, nb_dtype_name(idx->dtype));
 }

@@ -788,6 +788,18 @@ static cache_entry *cache_slot(const nbi_group *g, const cr_sig *sig, int ordina
   return NULL;
 }
 
+/* The functions the table keeps for (g, sig) on device ordinal: true and
+ * *fn, *fn2 set when it has them (never for an unkeyed group). */
+static bool cache_find(const nbi_group *g, const cr_sig *sig, int ordinal, CUfunction *fn,
+                       CUfunction *fn2) {
+  if (!g->key[0] && !g->key[1]) return false;
+  pthread_mutex_lock(&cache_lock);
+  const cache_entry *e = cache_slot(g, sig, ordinal, false);
+  if (e) *fn = e->fn, *fn2 = e->fn2;
+  pthread_mutex_unlock(&cache_lock);
+  return e != NULL;
+}
+
 void nbi_cuda_prepare_groups(nbi_cuda_ctx *c, int n, const nbi_group *const *g,
                              const nbi_view *const *out, const nbi_view *const *in) {
   char **srcs = calloc((size_t)(n > 0 ? n : 1), sizeof *srcs);
@@ -799,13 +811,9 @@ void nbi_cuda_prepare_groups(nbi_cuda_ctx *c, int n, const nbi_group *const *g,
     cr_layout L;
     nbi_cuda_launch_cfg cfg;
     if (layout(g[k], out[k], in[k], c->sm_count, &L, &cfg) != NB_OK) continue;
-    if (cfg.grid == 0 && cfg.grid2 == 0) continue;
-    if (g[k]->key[0] || g[k]->key[1]) {
-      pthread_mutex_lock(&cache_lock);
-      bool have = cache_slot(g[k], &L.sig, c->ordinal, false) != NULL;
-      pthread_mutex_unlock(&cache_lock);
-      if (have) continue;
-    }
+    CUfunction fn, fn2;
+    if ((cfg.grid == 0 && cfg.grid2 == 0) || cache_find(g[k], &L.sig, c->ordinal, &fn, &fn2))
+      continue;
     char name[64];
     srcs[m] = render(g[k], &L, name);
     if (srcs[m]) m++;
@@ -826,16 +834,7 @@ nb_status nbi_cuda_run_group(nbi_cuda_ctx *c, const nbi_group *g, nbi_view *out,
   if (cfg.grid == 0 && cfg.grid2 == 0) return NB_OK; /* nothing to compute */
   bool keyed = g->key[0] || g->key[1];
   CUfunction fn = NULL, fn2 = NULL;
-  if (keyed) {
-    pthread_mutex_lock(&cache_lock);
-    cache_entry *e = cache_slot(g, &L.sig, c->ordinal, false);
-    if (e) {
-      fn = e->fn;
-      fn2 = e->fn2;
-    }
-    pthread_mutex_unlock(&cache_lock);
-  }
-  if (!fn) {
+  if (!cache_find(g, &L.sig, c->ordinal, &fn, &fn2)) {
     char name[64], name2[72];
     char *src = render(g, &L, name);
     if (!src) return NB_ERR_OOM;
