@@ -464,3 +464,69 @@ Test(lazy, no_in_place_write_over_a_value_aliases_still_read) {
     nb_scope_end();
   }
 }
+
+/* ---- frozen lazy nodes (src/core/assign.c, freeze_lazy) ------------------------------- */
+/* An imperative step: the forward's values nb_backward left lazy are frozen
+ * at the first assign (the requires-grad leaves they read are shared, the
+ * data they read flagged), and every later assign passes over them. They
+ * keep their old values whatever is assigned next: the parameters, the
+ * data (a flagged source), a frozen node that was read since, and readers
+ * recorded on them after the freeze. */
+enum { FB = 4, FI = 3, FO = 5 };
+
+static void frozen_ref(const double *x, const double *w, const double *b, double *z, double *h) {
+  for (int i = 0; i < FB; i++)
+    for (int j = 0; j < FO; j++) {
+      double s = b[j];
+      for (int k = 0; k < FI; k++)
+        s += x[i * FI + k] * w[k * FO + j];
+      z[i * FO + j] = s;
+      h[i * FO + j] = s > 0 ? s : 0;
+    }
+}
+
+Test(lazy, frozen_lazy_nodes_keep_their_values_across_assigns) {
+  double x[FB * FI], w[FI * FO], b[FO], z[FB * FO], h[FB * FO], h3[FB * FO];
+  fill(x, FB * FI, 21);
+  fill(w, FI * FO, 22);
+  fill(b, FO, 23);
+  frozen_ref(x, w, b, z, h);
+  for (int i = 0; i < FB * FO; i++)
+    h3[i] = 3 * h[i];
+  nb_tensor *xt = tc_tensor(x, NB_SHAPE(FB, FI), NB_F64);
+  nb_tensor *wt = tc_tensor(w, NB_SHAPE(FI, FO), NB_F64);
+  nb_tensor *bt = tc_tensor(b, NB_SHAPE(FO), NB_F64);
+  nb_set_requires_grad(wt, true);
+  nb_set_requires_grad(bt, true);
+  for (int variant = 0; variant < 3; variant++) {
+    nb_scope_begin();
+    nb_tensor *zt = nb_add(nb_matmul(xt, wt), bt);
+    nb_tensor *ht = nb_relu(zt);
+    nb_tensor *loss = nb_sum(nb_mul_scalar(nb_exp(nb_mul_scalar(ht, 0.1)), 2.0), NB_ALL, false);
+    cr_assert_eq(nb_backward(loss), NB_OK, "%s", nb_last_error());
+    cr_assert(!nb_is_realized(ht), "the forward's value is left lazy");
+    cr_assert_eq(nb_assign(wt, nb_sub(wt, nb_mul_scalar(nb_grad_of(wt), 0.5))), NB_OK, "%s",
+                 nb_last_error());
+    nb_tensor *u = nb_mul_scalar(ht, 3.0); /* recorded on a frozen node */
+    if (variant == 1) {
+      cr_assert_eq(nb_eval(&zt, 1), NB_OK); /* a frozen node read since ... */
+      cr_assert_eq(nb_assign(zt, nb_zeros(NB_SHAPE(FB, FO), NB_F64)), NB_OK, "%s",
+                   nb_last_error()); /* ... and rebound */
+    }
+    cr_assert_eq(nb_assign(bt, nb_add_scalar(bt, 100.0)), NB_OK, "%s", nb_last_error());
+    if (variant == 2)
+      cr_assert_eq(nb_assign(xt, nb_mul_scalar(xt, -1.0)), NB_OK, "%s", nb_last_error());
+    cr_assert_eq(nb_assign(wt, nb_mul_scalar(wt, 0.0)), NB_OK, "%s", nb_last_error());
+    tc_assert_close(ht, h, NB_SHAPE(FB, FO));
+    tc_assert_close(u, h3, NB_SHAPE(FB, FO));
+    nb_zero_grad(wt);
+    nb_zero_grad(bt);
+    nb_scope_end();
+    /* the next variant starts from the same values */
+    nb_tensor *fresh[3] = {tc_tensor(x, NB_SHAPE(FB, FI), NB_F64),
+                           tc_tensor(w, NB_SHAPE(FI, FO), NB_F64), tc_tensor(b, NB_SHAPE(FO), NB_F64)};
+    cr_assert_eq(nb_assign(xt, fresh[0]), NB_OK);
+    cr_assert_eq(nb_assign(wt, fresh[1]), NB_OK);
+    cr_assert_eq(nb_assign(bt, fresh[2]), NB_OK);
+  }
+}

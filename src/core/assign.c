@@ -41,14 +41,21 @@ static int dst_find(const dst_set *d, const nb_tensor *t) {
  * n_vals candidates (the values assigned) and the others that do. An
  * iterative DFS over pending nodes: mark -2 on the stack, -4 does not read a
  * dst, -5 does; visited nodes are listed for the reset. */
+static bool frozen_pending(const nb_tensor *t) {
+  return (t->flags & (NBI_T_FROZEN | NBI_T_REALIZED)) == NBI_T_FROZEN;
+}
+
+/* skip_frozen: frozen pending nodes read no dst (every dst is realized and
+ * was never frozen), so the walk passes over them. */
 static nb_status assign_roots(const dst_set *dst, nb_tensor *const *cand, int n, int n_vals,
-                              nb_tensor **roots, int *n_roots) {
+                              bool skip_frozen, nb_tensor **roots, int *n_roots) {
   nb_tensor **stack = NULL, **seen = NULL;
   int *next = NULL, sp = 0, cap = 0, n_seen = 0, cap_seen = 0, cap_reads = 0;
   bool *reads = NULL; /* [cap_reads]: grown with the stack, not on every push */
   nb_status st = NB_OK;
   for (int c = 0; c < n && !st; c++) {
     if (cand[c]->mark != -1 || (cand[c]->flags & NBI_T_REALIZED)) continue;
+    if (skip_frozen && frozen_pending(cand[c])) continue;
     if (!nbi_dfs_push(&stack, &next, &sp, &cap, cand[c])) st = NB_ERR_OOM;
     bool *grown = st ? NULL : cap == cap_reads ? reads : realloc(reads, sizeof(bool) * (size_t)cap);
     if (!grown)
@@ -59,6 +66,7 @@ static nb_status assign_roots(const dst_set *dst, nb_tensor *const *cand, int n,
       nb_tensor *t = stack[sp - 1];
       if (next[sp - 1] < t->n_in) {
         nb_tensor *x = t->in[next[sp - 1]++];
+        if (skip_frozen && frozen_pending(x)) continue;
         if ((x->flags & NBI_T_REALIZED) || x->mark == -4 || x->mark == -5) {
           if (x->mark == -5 || dst_find(dst, x) >= 0) reads[sp - 1] = true;
           continue;
@@ -99,6 +107,103 @@ static nb_status assign_roots(const dst_set *dst, nb_tensor *const *cand, int n,
   free(seen);
   free(reads);
   return st ? nbi_error(st, "nb_assign: out of memory") : NB_OK;
+}
+
+/* Freezes the lazy candidates (not values assigned) that carry no live
+ * provenance, so that this and every later nb_assign passes over them
+ * instead of walking them again (an imperative step's eight assigns walked
+ * the backward's lazy forward values eight times). In their pending
+ * subtree, each dst and requires-grad leaf read (the likely dsts of the
+ * next assigns) is replaced by a new leaf sharing its buffer; every other
+ * realized tensor read is flagged NBI_T_FROZEN_SRC, and an assign to one
+ * walks frozen nodes too (rewire_lazy then gives them a share). The subtree
+ * is flagged NBI_T_FROZEN. A subtree that reads a sharded, remote or traced
+ * tensor, or that has a node with live provenance (nb_backward must still
+ * reach the leaves through it), is left as it is. Called only when every dst
+ * is realized and unflagged: a frozen subtree then holds no dst. Shared
+ * leaves are numbered in their mark (-10 - k) while the pass runs. */
+static bool freeze_ok_node(const nb_tensor *t) {
+  if (t->flags & NBI_T_REALIZED)
+    return t->n_shards == 1 && !t->mesh && !(t->flags & (NBI_T_REMOTE | NBI_T_TRACED));
+  return !t->mesh && t->n_shards == 1 && !(t->flags & NBI_T_TRACED) &&
+         (!(t->flags & NBI_T_GRAD_PATH) || (t->flags & NBI_T_GRAD_FREED));
+}
+
+static nb_status freeze_lazy(const dst_set *dst, const dst_set *vals, nb_tensor *const *cand,
+                             int n) {
+  nb_tensor **stack = NULL, **seen = NULL, **src = NULL, **share = NULL;
+  int *next = NULL, sp = 0, cap = 0, n_seen = 0, cap_seen = 0, n_src = 0, cap_src = 0;
+  bool oom = false;
+  for (int c = 0; c < n && !oom; c++) {
+    nb_tensor *l = cand[c];
+    if (!(l->flags & NBI_T_LAZY) || (l->flags & (NBI_T_FROZEN | NBI_T_REALIZED)) ||
+        l->mark != -1 || dst_find(vals, l) >= 0)
+      continue;
+    /* walk l's pending subtree; seen[first..] are its new nodes */
+    int first = n_seen, first_src = n_src;
+    bool ok = freeze_ok_node(l);
+    oom = !nbi_push_tensor(&seen, &n_seen, &cap_seen, l) ||
+          !nbi_dfs_push(&stack, &next, &sp, &cap, l);
+    l->mark = -2;
+    while (sp && !oom) {
+      nb_tensor *t = stack[sp - 1];
+      if (next[sp - 1] == t->n_in) {
+        sp--;
+        continue;
+      }
+      nb_tensor *x = t->in[next[sp - 1]++];
+      if (x->mark != -1 || frozen_pending(x)) continue;
+      ok = ok && freeze_ok_node(x);
+      if ((x->flags & (NBI_T_REALIZED | NBI_T_REQUIRES_GRAD)) == NBI_T_REALIZED &&
+          dst_find(dst, x) < 0) {
+        x->flags |= NBI_T_FROZEN_SRC; /* stale when l is not frozen: a full walk */
+        continue;
+      }
+      if (x->flags & NBI_T_REALIZED) {
+        oom = !nbi_push_tensor(&src, &n_src, &cap_src, x);
+        x->mark = -10 - (n_src - 1);
+        continue;
+      }
+      x->mark = -2;
+      oom = !nbi_push_tensor(&seen, &n_seen, &cap_seen, x) ||
+            !nbi_dfs_push(&stack, &next, &sp, &cap, x);
+    }
+    sp = 0;
+    if (ok || oom) continue;
+    /* not frozen: its nodes may be met again from another candidate */
+    for (int i = first; i < n_seen; i++)
+      seen[i]->mark = -1;
+    for (int i = first_src; i < n_src; i++)
+      src[i]->mark = -1;
+    n_seen = first;
+    n_src = first_src;
+  }
+  share = oom || !n_src ? NULL : calloc((size_t)n_src, sizeof *share);
+  oom = oom || (n_src && !share);
+  for (int k = 0; k < n_src && !oom; k++)
+    oom = !(share[k] = nbi_leaf_share(src[k]));
+  for (int i = 0; i < n_seen && !oom; i++) {
+    nb_tensor *t = seen[i];
+    for (int k = 0; k < t->n_in; k++) {
+      nb_tensor *x = t->in[k];
+      if (!(x->flags & NBI_T_REALIZED) || x->mark > -10) continue;
+      t->in[k] = nb_retain(share[-10 - x->mark]);
+      nb_release(x);
+    }
+    t->flags |= NBI_T_FROZEN;
+  }
+  for (int i = 0; i < n_seen; i++)
+    seen[i]->mark = -1;
+  for (int k = 0; k < n_src; k++)
+    src[k]->mark = -1;
+  free(stack);
+  free(next);
+  free(seen);
+  free(src);
+  free(share); /* the leaves live in the current scope and in their readers */
+  if (!oom) return NB_OK;
+  if (!nb_last_status()) nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
+  return nb_last_status();
 }
 
 /* Lazy readers of the dsts among the roots (the values assigned aside)
@@ -175,9 +280,14 @@ nb_status nbi_realize_assign_n(nb_tensor *const *dst, int n_dst, nb_tensor *cons
     pending = !(val[k]->flags & NBI_T_REALIZED);
   if (!pending && !nbi_any_held_pending())
     return NB_OK; /* nothing pending reads a dst or needs realizing */
+  /* every dst realized, never frozen and no frozen node's source: no frozen
+   * node reads one */
+  bool quiet = true;
+  for (int k = 0; k < n_dst && quiet; k++)
+    quiet = (dst[k]->flags & (NBI_T_REALIZED | NBI_T_FROZEN | NBI_T_FROZEN_SRC)) == NBI_T_REALIZED;
   nb_tensor **cand = NULL, **roots = NULL, **sd = NULL, **sv = NULL, **dying = NULL;
   int n = 0, cap = 0, n_roots = 0, n_dying = 0;
-  nb_status st = nbi_held_pending(&cand, &n, &cap);
+  nb_status st = nbi_held_pending(&cand, &n, &cap, quiet);
   if (!st) {
     nb_tensor **grown = realloc(cand, (size_t)(n + n_val + 1) * sizeof *grown);
     sd = malloc(sizeof *sd * (size_t)(n_dst + 1));
@@ -198,7 +308,8 @@ nb_status nbi_realize_assign_n(nb_tensor *const *dst, int n_dst, nb_tensor *cons
     memcpy(sv, val, sizeof *sv * (size_t)n_val);
     qsort(sd, (size_t)n_dst, sizeof *sd, cmp_ptr);
     qsort(sv, (size_t)n_val, sizeof *sv, cmp_ptr);
-    st = assign_roots(&ds, cand, n, n_val, roots, &n_roots);
+    if (quiet) st = freeze_lazy(&ds, &vs, cand, n - n_val);
+    if (!st) st = assign_roots(&ds, cand, n, n_val, quiet, roots, &n_roots);
   }
   if (!st) st = rewire_lazy(&ds, &vs, roots, &n_roots);
   /* a dst's value dies in the plan (may be written over) unless a value

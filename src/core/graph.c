@@ -33,12 +33,17 @@
 #include <stdlib.h>
 
 /* ---- execution ---------------------------------------------------------------------------- */
-/* The buffer run position c's output takes in place (retained), or NULL: the
- * plan's input, if its buffer is unshared, contiguous and starts at offset 0.
- * cn: the running steps, their inputs swapped. */
-static nbi_buffer *inplace_buffer(const nbi_plan *p, nb_tensor *const *cn, int c) {
+/* The buffer run position c's output takes in place, or NULL: the plan's
+ * input, if its buffer is unshared, contiguous and starts at offset 0.
+ * cn: the running steps, their inputs swapped. The input dies at c: an
+ * intermediate's reference moves to the output (*from is the input, whose
+ * buffer the caller clears once the step ran: no atomic operations); a leaf
+ * (the tensor nb_assign rebinds) keeps its own, and the buffer is retained. */
+static nbi_buffer *inplace_buffer(const nbi_plan *p, nb_tensor *const *cn, int c,
+                                  nb_tensor **from) {
+  *from = NULL;
   if (p->inplace[c] < 0) return NULL;
-  const nb_tensor *x = cn[p->inplace[c] / 4]->in[p->inplace[c] % 4];
+  nb_tensor *x = cn[p->inplace[c] / 4]->in[p->inplace[c] % 4];
   nbi_buffer *b = x->shard0.buf;
   /* 1: only this realization holds it (no other thread can retain it then) */
   if (!b || x->n_shards != 1 || __atomic_load_n(&b->refcount, __ATOMIC_ACQUIRE) != 1 ||
@@ -46,13 +51,17 @@ static nbi_buffer *inplace_buffer(const nbi_plan *p, nb_tensor *const *cn, int c
     return NULL;
   nbi_view v = nbi_tensor_view(x);
   if (!nbi_view_is_contiguous(&v)) return NULL;
-  nbi_buffer_retain(b);
+  if (x->mark >= 0)
+    *from = x;
+  else
+    nbi_buffer_retain(b);
   return b;
 }
 
-/* Runs t alone; its output goes to reuse (an input's buffer, retained) when
- * given. */
-static nb_status run_node(nb_tensor *t, nbi_buffer *reuse) {
+/* Runs t alone; its output goes to reuse (an input's buffer) when given:
+ * retained, or (from not NULL) borrowed from `from`, whose reference moves to
+ * t when the step ran. */
+static nb_status run_node(nb_tensor *t, nbi_buffer *reuse, nb_tensor *from) {
   const nbi_op_def *def = nbi_op_table[t->op];
   nbi_view in[t->n_in > 0 ? t->n_in : 1];
   for (int k = 0; k < t->n_in; k++)
@@ -61,7 +70,7 @@ static nb_status run_node(nb_tensor *t, nbi_buffer *reuse) {
   memcpy(out.dims, t->shape.dims, sizeof out.dims);
 
   if (def->view && t->n_in > 0 && def->view(t, &in[0], &out)) {
-    nbi_buffer_release(reuse);
+    if (!from) nbi_buffer_release(reuse);
     nbi_buffer *b = t->in[0]->shard0.buf;
     nbi_buffer_retain(b);
     t->shard0.buf = b;
@@ -71,7 +80,7 @@ static nb_status run_node(nb_tensor *t, nbi_buffer *reuse) {
   }
   const nbi_device *d = nbi_device_at(t->device);
   if (!def->exec && !d->be->supports(d->ctx, t->op, t->dtype)) {
-    nbi_buffer_release(reuse);
+    if (!from) nbi_buffer_release(reuse);
     return nbi_error(NB_ERR_DEVICE, "nb_eval: op %s has no kernel on %s", def->name, d->name);
   }
   size_t nbytes = (size_t)nbi_numel(&t->shape) * nb_dtype_size(t->dtype);
@@ -81,12 +90,13 @@ static nb_status run_node(nb_tensor *t, nbi_buffer *reuse) {
   nbi_contig_strides(&t->shape, out.strides);
   nb_status st = def->exec ? def->exec(t, &out, in) : d->be->run_op(d->ctx, t, &out, in);
   if (st) {
-    nbi_buffer_release(b);
+    if (!from) nbi_buffer_release(b);
     return st;
   }
   t->shard0.buf = b;
   t->shard0.offset = 0;
   memcpy(t->shard0.strides, out.strides, sizeof out.strides);
+  if (from) from->shard0.buf = NULL; /* dead after this step: its reference is t's now */
   nbi_stats_kernel();
   return NB_OK;
 }
@@ -106,8 +116,10 @@ static void share_sources(const nbi_plan *p, const nbi_graph *g, int c) {
 static nb_status run_group(const nbi_plan *p, nb_tensor *const *cn, int f, int e,
                            const nbi_fused *d) {
   for (int k = f; k <= e; k++) {
-    nbi_buffer *b = p->store[k] ? inplace_buffer(p, cn, k) : NULL;
+    nb_tensor *from;
+    nbi_buffer *b = p->store[k] ? inplace_buffer(p, cn, k, &from) : NULL;
     if (!b) continue;
+    if (from) nbi_buffer_retain(b); /* a group's members keep their inputs' references */
     nb_tensor *t = cn[k];
     t->shard0.buf = b;
     t->shard0.offset = 0;
@@ -182,8 +194,11 @@ static nb_status plan_exec(const nbi_plan *p, nbi_graph *g, nb_tensor **cn_buf) 
       ; /* a member of a fused group that runs at its last step */
     else if (p->group[c] != c)
       st = run_group(p, cn, p->group[c], c, &p->fused[gi++]);
-    else
-      st = run_node(cn[c], inplace_buffer(p, cn, c));
+    else {
+      nb_tensor *from;
+      nbi_buffer *reuse = inplace_buffer(p, cn, c, &from);
+      st = run_node(cn[c], reuse, from);
+    }
     if (!st) step_done(p, g, c);
   }
   nbi_plan_swap_inputs(p, g, false);

@@ -202,24 +202,34 @@ enum {
   /* The block of a device another process of the job holds (a mesh spanning
    * ranks, src/sharding): shape and dtype only, never read (nbi_remote_leaf). */
   NBI_T_REMOTE = 1u << 6,
+  /* A pending node that carries no live provenance and whose inputs are
+   * frozen pending nodes, private leaves (shares of the buffers of the dsts
+   * and requires-grad leaves it read) or tensors flagged NBI_T_FROZEN_SRC: an
+   * nb_assign whose dsts have neither flag cannot change its value, so its
+   * walk passes over it (src/core/assign.c, freeze_lazy). */
+  NBI_T_FROZEN = 1u << 7,
+  NBI_T_FROZEN_SRC = 1u << 8, /* realized, and frozen nodes may read it */
 };
 
+/* The fields graph walks read (refcount to in) come first: they share one
+ * cache line. */
 struct nb_tensor {
   int32_t refcount;
   uint32_t flags;
-  nb_shape shape;
-  nb_dtype dtype;
   int op;         /* NBI_OP_* that produces it (NBI_OP_CONST for data leaves) */
+  nb_dtype dtype;
   int device;     /* device table index (src/backends/backend.h): where its data lives */
+  int n_in;
+  int32_t mark;   /* scratch for graph passes (realization); -1 when idle */
+  int32_t aux;    /* scratch for transform sweeps (src/transforms); -1 when idle */
+  int n_phys;     /* see mesh below */
   uint32_t owner; /* the thread that made it (nbi_thread_id); see nbi_record */
   uint32_t magic; /* NBI_MAGIC_LIVE; NBI_MAGIC_DEAD once released (NABLA_DEBUG) */
   uint64_t seq;   /* creation order (process-wide, increasing): a node can only
                      depend on nodes with a smaller seq */
-  int32_t mark;   /* scratch for graph passes (realization); -1 when idle */
-  int32_t aux;    /* scratch for transform sweeps (src/transforms); -1 when idle */
-  int n_in;
   nb_tensor **in; /* retained inputs while pending; in_inline when n_in <= 3 */
   nb_tensor *in_inline[3];
+  nb_shape shape;
   nbi_attrs attrs;
   /* A sharded tensor (src/sharding) has a mesh (retained), a sharding
    * (owned, freed by the sharding layer's release hook) and one physical
@@ -229,7 +239,6 @@ struct nb_tensor {
    * physical tensors. */
   struct nb_mesh *mesh;
   struct nbi_sharding *sharding;
-  int n_phys;
   nb_tensor **phys;
   /* Data: one storage per shard of the tensor's mesh. A single-device tensor
    * (mesh NULL) has one shard: shards == &shard0. */
@@ -366,8 +375,9 @@ uint64_t nbi_next_seq(void);
 /* Appends every tensor that is neither realized nor traced and is registered
  * in the calling thread's scopes (or is a physical tensor of a sharded one
  * registered there) or is a lazy node (NBI_T_LAZY) to *out
- * (malloc'd array grown as needed; a tensor may appear twice). */
-nb_status nbi_held_pending(nb_tensor ***out, int *n, int *cap);
+ * (malloc'd array grown as needed; a tensor may appear twice); frozen ones
+ * (NBI_T_FROZEN) only when !skip_frozen. */
+nb_status nbi_held_pending(nb_tensor ***out, int *n, int *cap, bool skip_frozen);
 /* Whether nbi_held_pending would append anything (allocates nothing). */
 bool nbi_any_held_pending(void);
 /* The lazy set: nbi_lazy_reserve makes room for n more (error naming

@@ -519,11 +519,11 @@ static bool held_pending(const nb_tensor *t) {
   return !(t->flags & (NBI_T_REALIZED | NBI_T_TRACED));
 }
 
-static nb_status pending_push(nb_tensor ***out, int *n, int *cap, nb_tensor *t) {
+static nb_status pending_push(nb_tensor ***out, int *n, int *cap, nb_tensor *t, uint32_t skip) {
   nb_status st = NB_OK;
   for (int d = 0; d < t->n_phys && !st; d++)
-    st = pending_push(out, n, cap, t->phys[d]);
-  if (st || (t->flags & (NBI_T_REALIZED | NBI_T_TRACED))) return st;
+    st = pending_push(out, n, cap, t->phys[d], skip);
+  if (st || (t->flags & skip)) return st;
   if (*n == *cap) {
     int nc = *cap ? 2 * *cap : 64;
     nb_tensor **na = realloc(*out, (size_t)nc * sizeof *na);
@@ -542,13 +542,18 @@ bool nbi_any_held_pending(void) {
   return lazy_n > 0;
 }
 
-nb_status nbi_held_pending(nb_tensor ***out, int *n, int *cap) {
+nb_status nbi_held_pending(nb_tensor ***out, int *n, int *cap, bool skip_frozen) {
+  /* a frozen node that was realized since is realized: skipped either way */
+  uint32_t skip = NBI_T_REALIZED | NBI_T_TRACED | (skip_frozen ? NBI_T_FROZEN : 0);
   nb_status st = NB_OK;
   for (int f = 0; f < n_frames && !st; f++)
-    for (size_t i = 0; i < frames[f].n && !st; i++)
-      st = pending_push(out, n, cap, frames[f].items[i]);
+    for (size_t i = 0; i < frames[f].n && !st; i++) {
+      nb_tensor *t = frames[f].items[i];
+      if (!t->n_phys && (t->flags & skip)) continue; /* most are: no call */
+      st = pending_push(out, n, cap, t, skip);
+    }
   for (size_t i = 0; i < lazy_cap && !st; i++)
-    if (lazy_slot[i]) st = pending_push(out, n, cap, lazy_slot[i]);
+    if (lazy_slot[i] && !(lazy_slot[i]->flags & skip)) st = pending_push(out, n, cap, lazy_slot[i], skip);
   return st;
 }
 
