@@ -286,21 +286,22 @@ nb_status nbi_realize_assign_n(nb_tensor *const *dst, int n_dst, nb_tensor *cons
   for (int k = 0; k < n_dst && quiet; k++)
     quiet = (dst[k]->flags & (NBI_T_REALIZED | NBI_T_FROZEN | NBI_T_FROZEN_SRC)) == NBI_T_REALIZED;
   nb_tensor **cand = NULL, **roots = NULL, **sd = NULL, **sv = NULL, **dying = NULL;
+  nb_tensor **block = NULL; /* sd, sv, dying and roots in one allocation */
   int n = 0, cap = 0, n_roots = 0, n_dying = 0;
   nb_status st = nbi_held_pending(&cand, &n, &cap, quiet);
   if (!st) {
-    nb_tensor **grown = realloc(cand, (size_t)(n + n_val + 1) * sizeof *grown);
-    sd = malloc(sizeof *sd * (size_t)(n_dst + 1));
-    sv = malloc(sizeof *sv * (size_t)(n_val + 1));
-    dying = malloc(sizeof *dying * (size_t)(n_dst + 1));
+    nb_tensor **grown = n + n_val <= cap ? cand : realloc(cand, (size_t)(n + n_val + 1) * sizeof *grown);
     if (grown) cand = grown;
-    if (!grown || !sd || !sv || !dying) st = nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
+    block = grown ? malloc(sizeof *block * (size_t)(2 * n_dst + 2 * n_val + n + 1)) : NULL;
+    if (!block) st = nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
   }
   if (!st) {
+    sd = block;
+    sv = sd + n_dst;
+    dying = sv + n_val;
+    roots = dying + n_dst;
     for (int k = 0; k < n_val; k++)
       cand[n++] = val[k];
-    roots = malloc(sizeof *roots * (size_t)n);
-    if (!roots) st = nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
   }
   dst_set ds = {sd, n_dst}, vs = {sv, n_val};
   if (!st) {
@@ -318,10 +319,7 @@ nb_status nbi_realize_assign_n(nb_tensor *const *dst, int n_dst, nb_tensor *cons
     if ((dst[k]->flags & NBI_T_REALIZED) && dst_find(&vs, dst[k]) < 0) dying[n_dying++] = dst[k];
   if (!st) st = nbi_realize_dying(roots, n_roots, dying, n_dying);
   free(cand);
-  free(roots);
-  free(sd);
-  free(sv);
-  free(dying);
+  free(block);
   return st;
 }
 

@@ -253,10 +253,11 @@ static nb_status realize(nb_tensor *const *ts, int n, nb_tensor *const *dying_t,
     return NB_OK;
   }
   nbi_cpu_init(); /* paired with nbi_cpu_done at done: */
-  int *uses = calloc((size_t)g.n, sizeof(int));
-  uint8_t *flags = calloc((size_t)g.n, 1);
-  bool *dying = n_dying ? calloc((size_t)g.n_leaves + 1, 1) : NULL;
-  if (!uses || !flags || (n_dying && !dying)) {
+  /* uses[g.n], then flags[g.n] and dying[n_leaves + 1] (n_dying) in one block */
+  int *uses = calloc(sizeof(int) * (size_t)g.n + (size_t)g.n + (size_t)g.n_leaves + 1, 1);
+  uint8_t *flags = uses ? (uint8_t *)(uses + g.n) : NULL;
+  bool *dying = uses && n_dying ? (bool *)(flags + g.n) : NULL;
+  if (!uses) {
     st = nbi_error(NB_ERR_OOM, "nb_eval: out of memory planning %d nodes", g.n);
     goto done;
   }
@@ -324,9 +325,7 @@ static nb_status realize(nb_tensor *const *ts, int n, nb_tensor *const *dying_t,
   }
 done:
   nbi_cpu_done();
-  free(dying);
   free(uses);
-  free(flags);
   nbi_graph_free(&g);
   if (t1 && !depth) nbi_stats_exec_ticks(t1, nbi_ticks());
   return st;
