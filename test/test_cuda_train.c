@@ -184,8 +184,7 @@ Test(cuda_train, while_loop_and_checkpoint_run_on_cuda) {
 }
 
 /* A realization's fused groups have their kernels compiled before it runs
- * (backend.h's prepare; on several threads): the launches then compile nothing
- * (single steps still compile at their launch). plan_values: groups of shapes
+ * (backend.h's prepare; on several threads): the launches then compile nothing. plan_values: groups of shapes
  * and ops no other test uses, new to the process; a kernel cache on disk from
  * an earlier run may hold them, and then nothing compiles at all. */
 static void plan_values(nb_tensor *x, nb_tensor *w, nb_tensor **y, nb_tensor **c) {
@@ -217,6 +216,42 @@ Test(cuda_train, a_plan_compiles_its_group_kernels_before_it_runs) {
   tc_assert_close_tol(nb_to_device(outs[0], NB_CPU), ry, NB_SHAPE(7, 93), 1e-12);
   tc_assert_close_tol(nb_to_device(outs[1], NB_CPU), rc, NB_SHAPE(7), 1e-12);
   free(ry), free(rc);
+}
+
+/* The same for steps that run alone: generated single ops (a reduction over
+ * the leading axis, softmax and cumsum along an axis) and the hand-written
+ * kernels' modules (take and one_hot: the gather module). */
+static void single_values(nb_tensor *x, nb_tensor *idx, nb_tensor **o) {
+  o[0] = nb_sum(x, NB_AXES(0), false);
+  o[1] = nb_softmax(x, 0);
+  o[2] = nb_cumsum(x, 1);
+  o[3] = nb_take(x, idx, 1);
+  o[4] = nb_one_hot(idx, 41, NB_F64);
+}
+
+Test(cuda_train, a_plan_compiles_its_single_op_kernels_before_it_runs) {
+  SKIP_WITHOUT_GPU();
+  cr_assert_eq(nb_set_default_device(NB_CUDA(0)), NB_OK);
+  int64_t ih[3] = {40, 0, 17};
+  nb_tensor *x = nb_randn(NB_SHAPE(5, 41), NB_F64), *idx = nb_from_data(ih, NB_SHAPE(3), NB_I64);
+  cr_assert_eq(nb_eval((nb_tensor *[]){x, idx}, 2), NB_OK, "%s", nb_last_error());
+  nb_tensor *outs[5];
+  single_values(x, idx, outs);
+  nbi_cuda_cache_stats s0 = nbi_cuda_cache_get_stats();
+  cr_assert_eq(nb_eval(outs, 5), NB_OK, "%s", nb_last_error());
+  nbi_cuda_cache_stats s1 = nbi_cuda_cache_get_stats();
+  cr_assert_eq(s1.compiles - s0.compiles, s1.precompiles - s0.precompiles,
+               "%llu kernels compiled, %llu of them ahead",
+               (unsigned long long)(s1.compiles - s0.compiles),
+               (unsigned long long)(s1.precompiles - s0.precompiles));
+  nb_set_default_device(NB_CPU);
+  nb_tensor *ref[5];
+  single_values(nb_to_device(x, NB_CPU), nb_to_device(idx, NB_CPU), ref);
+  for (int k = 0; k < 5; k++) {
+    double *r = tc_read(ref[k]);
+    tc_assert_close_tol(nb_to_device(outs[k], NB_CPU), r, nb_shape_of(ref[k]), 1e-12);
+    free(r);
+  }
 }
 
 /* A custom op with a CUDA kernel runs it on CUDA tensors (device pointers, the

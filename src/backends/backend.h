@@ -112,6 +112,9 @@ typedef struct nbi_group {
 } nbi_group;
 
 /* ---- the backend vtable --------------------------------------------------------------- */
+struct nbi_prepare_list; /* below */
+/* Where prepare's predicted views point (aligned, never dereferenced). */
+#define NBI_PREDICTED_DATA ((uintptr_t)1 << 20)
 typedef struct nbi_backend {
   const char *name; /* "cpu", "emu", "cuda" */
   nb_device_kind kind;
@@ -174,11 +177,23 @@ typedef struct nbi_backend {
    * with its groups on this device and their views: out[k] / in[k] as
    * run_group will get them where the tensors exist already, else as core
    * predicts them (contiguous, at an aligned placeholder address that must
-   * never be dereferenced). A backend that compiles code per group compiles
-   * it here, all at once; nothing is reported (run_group reports). */
-  void (*prepare)(void *ctx, int n, const nbi_group *const *g, const nbi_view *const *out,
-                  const nbi_view *const *in);
+   * never be dereferenced); and with the steps that run alone there
+   * (run_op's nodes, view ops and ops core runs itself aside), their views
+   * predicted the same way: op_out[k], op_in[k][0..ops[k]->n_in). A backend
+   * that compiles code per group or op compiles it here, all at once;
+   * nothing is reported (run_group and run_op report). */
+  void (*prepare)(void *ctx, const struct nbi_prepare_list *l);
 } nbi_backend;
+
+typedef struct nbi_prepare_list {
+  int n_groups;
+  const nbi_group *const *g;
+  const nbi_view *const *out, *const *in;
+  int n_ops;
+  const nb_tensor *const *ops;
+  const nbi_view *op_out;
+  const nbi_view *const *op_in;
+} nbi_prepare_list;
 
 /* ---- the device table ---------------------------------------------------------------- */
 #define NBI_MAX_DEVICES 32

@@ -115,7 +115,7 @@ static nb_status assign_roots(const dst_set *dst, nb_tensor *const *cand, int n,
  * the backward's lazy forward values eight times). In their pending
  * subtree, each dst and requires-grad leaf read (the likely dsts of the
  * next assigns) is replaced by a new leaf sharing its buffer; every other
- * realized tensor read is flagged NBI_T_FROZEN_SRC, and an assign to one
+ * realized tensor read gets frozen_src (nbi.h), and an assign to one
  * walks frozen nodes too (rewire_lazy then gives them a share). The subtree
  * is flagged NBI_T_FROZEN. A subtree that reads a sharded, remote or traced
  * tensor, or that has a node with live provenance (nb_backward must still
@@ -156,7 +156,7 @@ static nb_status freeze_lazy(const dst_set *dst, const dst_set *vals, nb_tensor 
       ok = ok && freeze_ok_node(x);
       if ((x->flags & (NBI_T_REALIZED | NBI_T_REQUIRES_GRAD)) == NBI_T_REALIZED &&
           dst_find(dst, x) < 0) {
-        x->flags |= NBI_T_FROZEN_SRC; /* stale when l is not frozen: a full walk */
+        x->frozen_src = 1; /* stale when l is not frozen: a full walk */
         continue;
       }
       if (x->flags & NBI_T_REALIZED) {
@@ -284,7 +284,8 @@ nb_status nbi_realize_assign_n(nb_tensor *const *dst, int n_dst, nb_tensor *cons
    * node reads one */
   bool quiet = true;
   for (int k = 0; k < n_dst && quiet; k++)
-    quiet = (dst[k]->flags & (NBI_T_REALIZED | NBI_T_FROZEN | NBI_T_FROZEN_SRC)) == NBI_T_REALIZED;
+    quiet = (dst[k]->flags & (NBI_T_REALIZED | NBI_T_FROZEN)) == NBI_T_REALIZED &&
+            !dst[k]->frozen_src;
   nb_tensor **cand = NULL, **roots = NULL, **sd = NULL, **sv = NULL, **dying = NULL;
   nb_tensor **block = NULL; /* sd, sv, dying and roots in one allocation */
   int n = 0, cap = 0, n_roots = 0, n_dying = 0;
@@ -341,6 +342,7 @@ static void rebind(nb_tensor *dst, nb_tensor *val) {
   dst->op = NBI_OP_CONST;
   dst->attrs = (nbi_attrs){0};
   dst->flags = (dst->flags & NBI_T_REQUIRES_GRAD) | NBI_T_REALIZED;
+  dst->frozen_src = 0; /* its frozen readers were given the old value */
 }
 
 nb_status nbi_assign_rebind(nb_tensor *dst, nb_tensor *val) {

@@ -510,6 +510,12 @@ void nbi_fuse_predict_views(const nbi_fused *d, nb_tensor *const *nodes, nbi_vie
         operand_view_of(d, k, predicted_view(nodes[d->operand_member[k]]->in[d->operand_in[k]]));
 }
 
+void nbi_fuse_predict_node(const nb_tensor *t, nbi_view *out, nbi_view *in) {
+  *out = predicted_view(t);
+  for (int k = 0; k < t->n_in; k++)
+    in[k] = predicted_view(t->in[k]);
+}
+
 nb_status nbi_fuse_run(const nbi_fused *d, nb_tensor *const *nodes) {
   const nbi_group *g = &d->g;
   nbi_view in[NBI_FUSE_MAX], out[NBI_FUSE_MAX];

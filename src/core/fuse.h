@@ -45,10 +45,11 @@ nbi_fused *nbi_fuse_describe_groups(nb_tensor *const *nodes, int n, int *group, 
 nb_status nbi_fuse_run(const nbi_fused *d, nb_tensor *const *nodes);
 /* The views nbi_fuse_run will give d's backend for nodes (d's steps), for a
  * backend's prepare: tensors without storage yet as contiguous views at
- * NBI_PREDICTED_DATA (aligned, never dereferenced). */
-#define NBI_PREDICTED_DATA ((uintptr_t)1 << 20)
+ * NBI_PREDICTED_DATA (backend.h). */
 void nbi_fuse_predict_views(const nbi_fused *d, nb_tensor *const *nodes, nbi_view *out,
                             nbi_view *in);
+/* The same for a step that runs alone: its output and its inputs in[0..n_in). */
+void nbi_fuse_predict_node(const nb_tensor *t, nbi_view *out, nbi_view *in);
 /* Whether step t is an elementwise op computing in its own dtype, f32 or f64:
  * its kernel (alone or in an elementwise group) reads each operand element
  * only to write the element at the same index (plan.c, "In place"). */

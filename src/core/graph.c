@@ -58,10 +58,20 @@ static nbi_buffer *inplace_buffer(const nbi_plan *p, nb_tensor *const *cn, int c
   return b;
 }
 
+/* Whether run position c's first input is an intermediate that dies at c
+ * (its buffer is freed after c): a view of it may take its reference. */
+static bool input_dies_here(const nbi_plan *p, const nbi_graph *g, nb_tensor *const *cn, int c) {
+  if (cn[c]->n_in < 1 || cn[c]->in[0]->mark < 0) return false;
+  for (int f = p->free_start[c]; f < p->free_start[c + 1]; f++)
+    if (g->nodes[p->free_idx[f]] == cn[c]->in[0]) return true;
+  return false;
+}
+
 /* Runs t alone; its output goes to reuse (an input's buffer) when given:
  * retained, or (from not NULL) borrowed from `from`, whose reference moves to
- * t when the step ran. */
-static nb_status run_node(nb_tensor *t, nbi_buffer *reuse, nb_tensor *from) {
+ * t when the step ran. A view of in[0] takes in[0]'s reference when
+ * in0_dies (input_dies_here), else retains the buffer. */
+static nb_status run_node(nb_tensor *t, nbi_buffer *reuse, nb_tensor *from, bool in0_dies) {
   const nbi_op_def *def = nbi_op_table[t->op];
   nbi_view in[t->n_in > 0 ? t->n_in : 1];
   for (int k = 0; k < t->n_in; k++)
@@ -72,7 +82,10 @@ static nb_status run_node(nb_tensor *t, nbi_buffer *reuse, nb_tensor *from) {
   if (def->view && t->n_in > 0 && def->view(t, &in[0], &out)) {
     if (!from) nbi_buffer_release(reuse);
     nbi_buffer *b = t->in[0]->shard0.buf;
-    nbi_buffer_retain(b);
+    if (in0_dies)
+      t->in[0]->shard0.buf = NULL; /* freed after this step anyway */
+    else
+      nbi_buffer_retain(b);
     t->shard0.buf = b;
     t->shard0.offset = (out.data - (char *)b->data) / (int64_t)nb_dtype_size(t->dtype);
     memcpy(t->shard0.strides, out.strides, sizeof out.strides);
@@ -139,37 +152,63 @@ static void step_done(const nbi_plan *p, nbi_graph *g, int c) {
   }
 }
 
-/* Before p's first run: the backends that compile code per group (backend.h's
- * prepare) get their groups, with the views the run will give them as far as
- * they can be known now (fuse.c predicts the rest). Best effort: allocation
- * failures skip it. */
+/* Before p's first run: the backends that compile code (backend.h's
+ * prepare) get their groups and the steps that run alone on their devices,
+ * with the views the run will give them as far as they can be known now
+ * (fuse.c predicts the rest). Best effort: allocation failures skip it. */
 _Static_assert(NBI_MAX_DEVICES <= 32, "a device set is a 32-bit mask");
-static void prepare_groups(const nbi_plan *p, nb_tensor *const *cn) {
-  int n = p->n_fused, gi = 0;
+static bool prepares(int dev) { return nbi_device_at(dev)->be->prepare != NULL; }
+
+static void prepare_plan(const nbi_plan *p, nb_tensor *const *cn) {
+  int n = p->n_fused, gi = 0, oi = 0;
   uint32_t devs = 0; /* the devices (table indices) whose backends prepare */
   int *first = malloc(sizeof *first * (size_t)(n ? n : 1));
-  if (!first) return;
-  for (int c = 0; c < p->n_run && gi < n; c++) /* each group's first step, in run order */
-    if (!(c + 1 < p->n_run && p->group[c + 1] == p->group[c]) && p->group[c] != c) {
-      int dev = cn[first[gi++] = p->group[c]]->device;
-      if (nbi_device_at(dev)->be->prepare) devs |= 1u << dev;
-    }
-  nbi_view(*out)[NBI_FUSE_MAX] = devs ? malloc(sizeof *out * (size_t)gi) : NULL;
-  nbi_view(*in)[NBI_FUSE_MAX] = out ? malloc(sizeof *in * (size_t)gi) : NULL;
-  const nbi_group **gs = in ? malloc(sizeof *gs * (size_t)gi) : NULL;
-  const nbi_view **po = gs ? malloc(sizeof *po * (size_t)gi) : NULL;
-  const nbi_view **pi = po ? malloc(sizeof *pi * (size_t)gi) : NULL;
-  for (uint32_t m = pi ? devs : 0; m; m &= m - 1) {
-    int dev = __builtin_ctz(m), k = 0;
+  int *alone = malloc(sizeof *alone * (size_t)(p->n_run ? p->n_run : 1));
+  for (int c = 0; first && alone && c < p->n_run; c++) { /* in run order */
+    if (c + 1 < p->n_run && p->group[c + 1] == p->group[c]) continue; /* a member */
+    int dev = cn[p->group[c]]->device;
+    const nbi_op_def *def = nbi_op_table[cn[c]->op];
+    if (p->group[c] != c)
+      first[gi++] = p->group[c];
+    else if (!def->exec && !def->view && prepares(dev))
+      alone[oi++] = c;
+    else
+      continue;
+    if (prepares(dev)) devs |= 1u << dev;
+  }
+  int n_in = 0; /* the alone steps' inputs */
+  for (int j = 0; j < oi; j++)
+    n_in += cn[alone[j]]->n_in;
+  nbi_view(*out)[NBI_FUSE_MAX] = devs ? malloc(sizeof *out * (size_t)(gi + 1)) : NULL;
+  nbi_view(*in)[NBI_FUSE_MAX] = out ? malloc(sizeof *in * (size_t)(gi + 1)) : NULL;
+  const nbi_group **gs = in ? malloc(sizeof *gs * (size_t)(gi + 1)) : NULL;
+  const nbi_view **po = gs ? malloc(sizeof *po * (size_t)(gi + 1)) : NULL;
+  const nbi_view **pi = po ? malloc(sizeof *pi * (size_t)(gi + 1)) : NULL;
+  const nb_tensor **ops = pi ? malloc(sizeof *ops * (size_t)(oi + 1)) : NULL;
+  nbi_view *op_out = ops ? malloc(sizeof *op_out * (size_t)(oi + 1)) : NULL;
+  nbi_view *op_inv = op_out ? malloc(sizeof *op_inv * (size_t)(n_in + 1)) : NULL;
+  const nbi_view **op_in = op_inv ? malloc(sizeof *op_in * (size_t)(oi + 1)) : NULL;
+  for (uint32_t m = op_in ? devs : 0; m; m &= m - 1) {
+    int dev = __builtin_ctz(m), k = 0, o = 0, v = 0;
     for (int j = 0; j < gi; j++)
       if (cn[first[j]]->device == dev) {
         nbi_fuse_predict_views(&p->fused[j], cn + first[j], out[k], in[k]);
         gs[k] = &p->fused[j].g, po[k] = out[k], pi[k] = in[k], k++;
       }
+    for (int j = 0; j < oi; j++) {
+      const nb_tensor *t = cn[alone[j]];
+      if (t->device != dev) continue;
+      nbi_fuse_predict_node(t, &op_out[o], &op_inv[v]);
+      ops[o] = t, op_in[o++] = &op_inv[v];
+      v += t->n_in;
+    }
+    nbi_prepare_list l = {.n_groups = k, .g = gs, .out = po, .in = pi,
+                          .n_ops = o, .ops = ops, .op_out = op_out, .op_in = op_in};
     const nbi_device *d = nbi_device_at(dev);
-    d->be->prepare(d->ctx, k, gs, po, pi);
+    d->be->prepare(d->ctx, &l);
   }
-  free(pi), free(po), free(gs), free(in), free(out), free(first);
+  free(op_in), free(op_inv), free(op_out), free(ops);
+  free(pi), free(po), free(gs), free(in), free(out), free(alone), free(first);
 }
 
 /* Executes p's running steps over g's nodes (step 4): the steps that compute,
@@ -186,9 +225,9 @@ static nb_status plan_exec(const nbi_plan *p, nbi_graph *g, nb_tensor **cn_buf) 
   nbi_plan_swap_inputs(p, g, true);
   share_sources(p, g, 0);
   /* prepared is the one field a run writes (a plan is otherwise read-only here) */
-  if (p->n_fused && !__atomic_load_n(&p->prepared, __ATOMIC_RELAXED) &&
+  if (!__atomic_load_n(&p->prepared, __ATOMIC_RELAXED) && (p->devices & ~1u) &&
       !__atomic_exchange_n(&((nbi_plan *)p)->prepared, 1, __ATOMIC_RELAXED))
-    prepare_groups(p, cn);
+    prepare_plan(p, cn);
   for (int c = 0, gi = 0; c < p->n_run && !st; c++) {
     if (c + 1 < p->n_run && p->group[c + 1] == p->group[c])
       ; /* a member of a fused group that runs at its last step */
@@ -197,7 +236,8 @@ static nb_status plan_exec(const nbi_plan *p, nbi_graph *g, nb_tensor **cn_buf) 
     else {
       nb_tensor *from;
       nbi_buffer *reuse = inplace_buffer(p, cn, c, &from);
-      st = run_node(cn[c], reuse, from);
+      bool view = nbi_op_table[cn[c]->op]->view != NULL;
+      st = run_node(cn[c], reuse, from, view && !reuse && input_dies_here(p, g, cn, c));
     }
     if (!st) step_done(p, g, c);
   }

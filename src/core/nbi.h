@@ -204,11 +204,10 @@ enum {
   NBI_T_REMOTE = 1u << 6,
   /* A pending node that carries no live provenance and whose inputs are
    * frozen pending nodes, private leaves (shares of the buffers of the dsts
-   * and requires-grad leaves it read) or tensors flagged NBI_T_FROZEN_SRC: an
-   * nb_assign whose dsts have neither flag cannot change its value, so its
-   * walk passes over it (src/core/assign.c, freeze_lazy). */
+   * and requires-grad leaves it read) or tensors whose frozen_src is set: an
+   * nb_assign whose dsts have neither cannot change its value, so its walk
+   * passes over it (src/core/assign.c, freeze_lazy). */
   NBI_T_FROZEN = 1u << 7,
-  NBI_T_FROZEN_SRC = 1u << 8, /* realized, and frozen nodes may read it */
 };
 
 /* The fields graph walks read (refcount to in) come first: they share one
@@ -224,6 +223,10 @@ struct nb_tensor {
   int32_t aux;    /* scratch for transform sweeps (src/transforms); -1 when idle */
   int n_phys;     /* see mesh below */
   uint32_t owner; /* the thread that made it (nbi_thread_id); see nbi_record */
+  /* Realized, and frozen nodes may read it (NBI_T_FROZEN). Not a flag: it
+   * is set on realized tensors, which other threads may read meanwhile, and
+   * only the owner thread's nb_assign reads or writes this byte. */
+  uint8_t frozen_src;
   uint32_t magic; /* NBI_MAGIC_LIVE; NBI_MAGIC_DEAD once released (NABLA_DEBUG) */
   uint64_t seq;   /* creation order (process-wide, increasing): a node can only
                      depend on nodes with a smaller seq */

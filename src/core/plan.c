@@ -491,6 +491,7 @@ bool nbi_plan_fill(nbi_plan *p, const nbi_graph *g, const uint8_t *flags, const 
       p->free_idx[count[last[c]]++] = p->run[c];
   for (int c = 0; c < n_run; c++) {
     const nb_tensor *t = g->nodes[p->run[c]];
+    p->devices |= 1u << t->device;
     if (t->device != 0 && (nbi_op_table[t->op]->flags & NBI_OPF_CHECKED))
       p->check_devices |= 1u << t->device;
   }

@@ -91,8 +91,9 @@ typedef struct nbi_plan {
   /* Devices (bits of device-table indices) whose asynchronous kernels ran a
    * step that checks its data (NBI_OPF_CHECKED): synced after the run. */
   uint32_t check_devices;
+  uint32_t devices; /* the devices its running steps are on */
   /* Set (atomically) by the first run, which lets the devices' backends
-   * prepare the groups (backend.h's prepare). */
+   * prepare the groups and steps (backend.h's prepare). */
   int prepared;
 } nbi_plan;
 

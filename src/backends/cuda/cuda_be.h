@@ -325,13 +325,17 @@ bool nbi_cuda_group_ok(const nbi_cuda_ctx *c, const nbi_group *g);
 nb_status nbi_cuda_run_group(nbi_cuda_ctx *c, const nbi_group *g, nbi_view *out,
                              const nbi_view *in);
 
-/* Before a plan's first run: renders the kernels of groups g[0..n-1] (their
- * views as the run will see them, or as predicted: backend.h's prepare) that
- * the function table lacks, and has nbi_cuda_precompile compile them. Best
- * effort: nothing is reported (the launch compiles what is still missing and
- * reports that). */
-void nbi_cuda_prepare_groups(nbi_cuda_ctx *c, int n, const nbi_group *const *g,
-                             const nbi_view *const *out, const nbi_view *const *in);
+/* For a plan's prepare: the source of g's kernel (its views as the run will
+ * see them, or as predicted) when the function table lacks it, else NULL
+ * (also when it cannot be rendered: the launch reports that). Malloc'd. */
+char *nbi_cuda_group_source(nbi_cuda_ctx *c, const nbi_group *g, const nbi_view *out,
+                            const nbi_view *in);
+/* Before a plan's first run (backend.h's prepare): the kernels of its groups
+ * and of its single ops (generated ones, and the modules of the hand-written
+ * ones) that are missing, compiled by nbi_cuda_precompile. Best effort:
+ * nothing is reported (the launch compiles what is still missing and reports
+ * that). */
+void nbi_cuda_prepare(nbi_cuda_ctx *c, const nbi_prepare_list *l);
 
 /* ---- cuBLASLt (cuda_gemm.c) --------------------------------------------------------------- */
 /* The MATMUL op (batched, broadcasting batch dims, any operand strides that
@@ -408,6 +412,10 @@ typedef struct nbi_cuda_module {
 /* Kernel k of m on device c (compiled on first use); NB_ERR_DEVICE (NVRTC's
  * log) or NB_ERR_OOM recorded on failure. */
 nb_status nbi_cuda_module_fn(nbi_cuda_ctx *c, nbi_cuda_module *m, int k, CUfunction *fn);
+/* The modules the hand-written kernels of op use (for prepare): m[0..return). */
+int nbi_cuda_index_modules(int op, nbi_cuda_module **m);
+int nbi_cuda_nn_modules(int op, nbi_cuda_module **m);
+int nbi_cuda_random_modules(int op, nbi_cuda_module **m);
 /* Launches f over n work items with 256-thread blocks (nothing when n <= 0: no
  * empty grid): kernels loop grid-stride over int64 indices, so any n fits the
  * capped grid. */

@@ -411,10 +411,10 @@ static nb_status cuda_run_group(void *ctx, const nbi_group *g, nbi_view *out, co
                                    : nbi_cuda_run_group(ctx, g, out, in);
 }
 
-/* A plan's groups before its first run: their kernels compiled in parallel. */
-static void cuda_prepare(void *ctx, int n, const nbi_group *const *g, const nbi_view *const *out,
-                         const nbi_view *const *in) {
-  if (nbi_cuda_enter(ctx) == NB_OK) nbi_cuda_prepare_groups(ctx, n, g, out, in);
+/* A plan's groups and steps before its first run: their kernels compiled in
+ * parallel. */
+static void cuda_prepare(void *ctx, const nbi_prepare_list *l) {
+  if (nbi_cuda_enter(ctx) == NB_OK) nbi_cuda_prepare(ctx, l);
 }
 
 const nbi_backend nbi_cuda_backend = {

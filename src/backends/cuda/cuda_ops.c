@@ -36,6 +36,21 @@ static pthread_mutex_t module_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Kernel k of module m on device c (cuda_be.h): kept per device ordinal after
  * the first lookup; the module's source (preamble + body) is built once. */
+/* m's source (preamble + body), built on the first call; NULL when out of
+ * memory (recorded). Called with module_lock held. */
+static const char *module_source(nbi_cuda_module *m) {
+  if (m->source) return m->source;
+  size_t a = strlen(nbi_cuda_preamble), b = strlen(m->body);
+  m->source = malloc(a + b + 1);
+  if (!m->source) {
+    nbi_error(NB_ERR_OOM, "nabla: out of memory for the source of CUDA kernel %s", m->names[0]);
+    return NULL;
+  }
+  memcpy(m->source, nbi_cuda_preamble, a);
+  memcpy(m->source + a, m->body, b + 1);
+  return m->source;
+}
+
 nb_status nbi_cuda_module_fn(nbi_cuda_ctx *c, nbi_cuda_module *m, int k, CUfunction *fn) {
   if (k < 0 || k >= m->n_names || m->n_names > NBI_CUDA_MODULE_KERNELS)
     return nbi_error(NB_ERR_INTERNAL, "nabla: CUDA kernel %d of a %d-kernel module", k, m->n_names);
@@ -48,21 +63,26 @@ nb_status nbi_cuda_module_fn(nbi_cuda_ctx *c, nbi_cuda_module *m, int k, CUfunct
     pthread_mutex_unlock(&module_lock);
     return NB_OK;
   }
-  if (!m->source) {
-    size_t a = strlen(nbi_cuda_preamble), b = strlen(m->body);
-    m->source = malloc(a + b + 1);
-    if (m->source) {
-      memcpy(m->source, nbi_cuda_preamble, a);
-      memcpy(m->source + a, m->body, b + 1);
-    } else {
-      st = nbi_error(NB_ERR_OOM, "nabla: out of memory for the source of CUDA kernel %s",
-                     m->names[k]);
-    }
-  }
-  if (st == NB_OK) st = nbi_cuda_function(c, m->source, m->names[k], fn);
+  const char *src = module_source(m);
+  st = src ? nbi_cuda_function(c, src, m->names[k], fn) : NB_ERR_OOM;
   if (st == NB_OK && keep) m->fn[dev][k] = *fn;
   pthread_mutex_unlock(&module_lock);
   return st;
+}
+
+/* A copy of m's source when no kernel of it was loaded on c yet (prepare);
+ * NULL otherwise or out of memory. */
+static char *module_source_missing(nbi_cuda_ctx *c, nbi_cuda_module *m) {
+  int dev = c->ordinal;
+  char *copy = NULL;
+  pthread_mutex_lock(&module_lock);
+  bool loaded = false;
+  for (int k = 0; k < m->n_names && dev >= 0 && dev < NBI_MAX_DEVICES && !loaded; k++)
+    loaded = m->fn[dev][k] != NULL;
+  const char *src = loaded ? NULL : module_source(m);
+  if (src) copy = strdup(src);
+  pthread_mutex_unlock(&module_lock);
+  return copy;
 }
 
 enum { LAUNCH_BLOCK = 256, LAUNCH_MAX_BLOCKS = 1 << 16 };
@@ -221,21 +241,35 @@ static nb_shape shape_of_view(const nbi_view *v) {
   return s;
 }
 
+/* A single op's one-member group and the views it runs on (op_group_of). */
+typedef struct op_group {
+  nbi_group g;
+  nbi_view out, in[3];
+  bool scratch; /* out is a contiguous scratch (run_axis copies it into the op's out) */
+} op_group;
+
 /* Elementwise ops: out (n's shape) = op(in[k] broadcast to it), one
  * elementwise group of one FULL member (attrs.i[0]: the compute dtype). */
-static nb_status run_elementwise(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
-                                 const nbi_view *in) {
-  if (nbi_cuda_view_numel(out) == 0) return NB_OK;
+static nb_status ew_group(const nb_tensor *n, const nbi_view *out, const nbi_view *in,
+                          op_group *o) {
   if (n->n_in < 1 || n->n_in > 3)
     return nbi_error(NB_ERR_INTERNAL, "nb_%s: %d inputs for an elementwise op",
                      nbi_op_table[n->op]->name, n->n_in);
-  nbi_view ops[3];
   for (int k = 0; k < n->n_in; k++)
-    ops[k] = nbi_view_broadcast(&in[k], &n->shape);
-  nbi_group g;
-  group_one(&g, NBI_GROUP_ELEMENTWISE, n, in, NBI_ROLE_FULL, &n->shape, n->shape.ndim, &n->shape,
-            -1);
-  return run_group(c, &g, n, out, ops);
+    o->in[k] = nbi_view_broadcast(&in[k], &n->shape);
+  o->out = *out;
+  o->scratch = false;
+  group_one(&o->g, NBI_GROUP_ELEMENTWISE, n, in, NBI_ROLE_FULL, &n->shape, n->shape.ndim,
+            &n->shape, -1);
+  return NB_OK;
+}
+
+static nb_status run_elementwise(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
+                                 const nbi_view *in) {
+  if (nbi_cuda_view_numel(out) == 0) return NB_OK;
+  op_group o;
+  nb_status st = ew_group(n, out, in, &o);
+  return st ? st : run_group(c, &o.g, n, out, o.in);
 }
 
 /* The value of a reduction over nothing (the CPU's initial states and
@@ -255,10 +289,9 @@ static bool empty_reduction_value(const nb_tensor *n, double *v) {
 /* Reductions: in[0] (any strides) reduced over the axes of the mask
  * attrs.i[0]; out holds one value per combination of kept axes (keepdims or
  * not: the same values). The view is permuted to (kept..., reduced...) and
- * reduced row by row. */
-static nb_status run_reduce(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
-                            const nbi_view *in) {
-  if (nbi_cuda_view_numel(out) == 0) return NB_OK;
+ * reduced row by row. *cols: the length of the rows (0: a fill, no group). */
+static void reduce_group(const nb_tensor *n, const nbi_view *out, const nbi_view *in, op_group *o,
+                         int64_t *cols) {
   const nbi_view *x = &in[0];
   uint32_t mask = (uint32_t)n->attrs.i[0];
   nbi_view f = *x;
@@ -273,9 +306,22 @@ static nb_status run_reduce(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
   for (int d = 0; d < nd; d++)
     ra += !((mask >> d) & 1u);
   nb_shape full = shape_of_view(&f);
-  int64_t cols = 1;
+  *cols = 1;
   for (int d = ra; d < nd; d++)
-    cols *= full.dims[d];
+    *cols *= full.dims[d];
+  uint32_t trailing = (uint32_t)(((uint64_t)1 << nd) - 1) & ~(uint32_t)(((uint64_t)1 << ra) - 1);
+  o->in[0] = f;
+  o->out = *out;
+  o->scratch = false;
+  group_one(&o->g, NBI_GROUP_ROWS, n, in, NBI_ROLE_ROW_REDUCE, &full, ra, &n->shape, trailing);
+}
+
+static nb_status run_reduce(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
+                            const nbi_view *in) {
+  if (nbi_cuda_view_numel(out) == 0) return NB_OK;
+  op_group o;
+  int64_t cols;
+  reduce_group(n, out, in, &o, &cols);
   if (cols == 0) {
     double v;
     if (!empty_reduction_value(n, &v))
@@ -283,44 +329,56 @@ static nb_status run_reduce(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
                        nbi_op_table[n->op]->name);
     return nbi_cuda_fill(c, out, v);
   }
-  uint32_t trailing = (uint32_t)(((uint64_t)1 << nd) - 1) & ~(uint32_t)(((uint64_t)1 << ra) - 1);
-  nbi_group g;
-  group_one(&g, NBI_GROUP_ROWS, n, in, NBI_ROLE_ROW_REDUCE, &full, ra, &n->shape, trailing);
-  return run_group(c, &g, n, out, &f);
+  return run_group(c, &o.g, n, out, o.in);
 }
 
 /* softmax / log_softmax / cumsum along axis attrs.i[0]: in[0] (any strides)
  * and out share n's shape. The axis is permuted last (F); the group writes a
- * contiguous F, which is out itself when the axis is last, else scratch copied
- * into out through the same permutation of out's strides. */
-static nb_status run_axis(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out, const nbi_view *in) {
-  int64_t numel = nbi_cuda_view_numel(out);
-  if (numel == 0) return NB_OK;
+ * contiguous F, which is out itself when the axis is last, else scratch
+ * (o->scratch: o->out has no data yet) copied into out through the same
+ * permutation of out's strides (*fo). */
+static nb_status axis_group(const nb_tensor *n, const nbi_view *out, const nbi_view *in,
+                            op_group *o, nbi_view *fo) {
   int axis = (int)n->attrs.i[0], nd = out->ndim;
   if (axis < 0 || axis >= nd)
     return nbi_error(NB_ERR_INTERNAL, "nb_%s: axis %d of a rank-%d tensor",
                      nbi_op_table[n->op]->name, axis, nd);
-  nbi_view f = in[0], fo = *out; /* both with the axis moved last */
+  nbi_view f = in[0]; /* f and *fo: with the axis moved last */
+  *fo = *out;
   for (int d = axis; d < nd - 1; d++) {
     f.dims[d] = in[0].dims[d + 1];
     f.strides[d] = in[0].strides[d + 1];
-    fo.dims[d] = out->dims[d + 1];
-    fo.strides[d] = out->strides[d + 1];
+    fo->dims[d] = out->dims[d + 1];
+    fo->strides[d] = out->strides[d + 1];
   }
-  f.dims[nd - 1] = fo.dims[nd - 1] = in[0].dims[axis];
+  f.dims[nd - 1] = fo->dims[nd - 1] = in[0].dims[axis];
   f.strides[nd - 1] = in[0].strides[axis];
-  fo.strides[nd - 1] = out->strides[axis];
+  fo->strides[nd - 1] = out->strides[axis];
   nb_shape full = shape_of_view(&f);
-  nbi_group g;
-  group_one(&g, NBI_GROUP_ROWS, n, in, NBI_ROLE_AXIS, &full, nd - 1, &full, nd - 1);
-  if (axis == nd - 1) return run_group(c, &g, n, out, &f);
+  group_one(&o->g, NBI_GROUP_ROWS, n, in, NBI_ROLE_AXIS, &full, nd - 1, &full, nd - 1);
+  o->in[0] = f;
+  o->scratch = axis != nd - 1;
+  o->out = o->scratch ? *fo : *out;
+  if (o->scratch) {
+    o->out.data = (char *)(uintptr_t)NBI_PREDICTED_DATA;
+    set_contig(&o->out);
+  }
+  return NB_OK;
+}
+
+static nb_status run_axis(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out, const nbi_view *in) {
+  int64_t numel = nbi_cuda_view_numel(out);
+  if (numel == 0) return NB_OK;
+  op_group o;
+  nbi_view fo;
+  nb_status st = axis_group(n, out, in, &o, &fo);
+  if (st) return st;
+  if (!o.scratch) return run_group(c, &o.g, n, out, o.in);
   CUdeviceptr tmp = nbi_cuda_scratch(c, (size_t)numel * nb_dtype_size(out->dtype));
   if (!tmp) return NB_ERR_OOM;
-  nbi_view t = fo;
-  t.data = (char *)(uintptr_t)tmp;
-  set_contig(&t);
-  nb_status st = run_group(c, &g, n, &t, &f);
-  if (st == NB_OK) st = nbi_cuda_copy(c, &fo, &t);
+  o.out.data = (char *)(uintptr_t)tmp;
+  st = run_group(c, &o.g, n, &o.out, o.in);
+  if (st == NB_OK) st = nbi_cuda_copy(c, &fo, &o.out);
   nbi_cuda_free_block(c->alloc, tmp);
   return st;
 }
@@ -405,6 +463,8 @@ typedef nb_status (*op_path)(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out,
 typedef struct op_route {
   op_path run;     /* NULL: no CUDA kernel (core runs the op itself) */
   uint32_t dtypes; /* bit d: result dtype d */
+  /* the modules its hand-written kernels use (prepare compiles them) */
+  int (*modules)(int op, nbi_cuda_module **m);
 } op_route;
 
 #define DT(d) (1u << (d))
@@ -418,7 +478,7 @@ typedef struct op_route {
 #define DT_ANY (DT_ALL | DT_SMALL)
 
 #define R_NONE                                                                                     \
-  { NULL, 0 }
+  { NULL, 0, NULL }
 #define R_EW(dts)                                                                                  \
   { run_elementwise, (dts) | ((dts)&DT(NB_I64) ? DT_SMALL : 0) }
 #define R_RED(dts)                                                                                 \
@@ -497,19 +557,19 @@ typedef struct op_route {
 #define ROUTE_IDENTITY R_VIEW
 #define ROUTE_STOP_GRADIENT R_VIEW
 #define ROUTE_PLACEHOLDER R_NONE
-#define ROUTE_RANDOM {nbi_cuda_random, DT_FLOAT | DT(NB_I64)}
+#define ROUTE_RANDOM {nbi_cuda_random, DT_FLOAT | DT(NB_I64), nbi_cuda_random_modules}
 #define ROUTE_TUPLE_GET R_NONE
-#define ROUTE_TAKE {nbi_cuda_take, DT_ANY}
-#define ROUTE_TAKE_ALONG_AXIS {nbi_cuda_take_along_axis, DT_ANY}
-#define ROUTE_SCATTER_ADD {nbi_cuda_scatter_add, DT_ANY}
-#define ROUTE_SCATTER_ADD_ALONG_AXIS {nbi_cuda_scatter_add_along_axis, DT_ANY}
-#define ROUTE_ONE_HOT {nbi_cuda_one_hot, DT_ANY}
-#define ROUTE_CONV2D {nbi_cuda_conv2d, DT_FLOAT}
-#define ROUTE_MAX_POOL2D {nbi_cuda_max_pool2d, DT_FLOAT}
-#define ROUTE_CONV2D_BWD_DATA {nbi_cuda_conv2d_bwd_data, DT_FLOAT}
-#define ROUTE_CONV2D_BWD_FILTER {nbi_cuda_conv2d_bwd_filter, DT_FLOAT}
-#define ROUTE_MAX_POOL2D_BWD {nbi_cuda_max_pool2d_bwd, DT_FLOAT}
-#define ROUTE_MAX_POOL2D_SELECT {nbi_cuda_max_pool2d_select, DT_FLOAT}
+#define ROUTE_TAKE {nbi_cuda_take, DT_ANY, nbi_cuda_index_modules}
+#define ROUTE_TAKE_ALONG_AXIS {nbi_cuda_take_along_axis, DT_ANY, nbi_cuda_index_modules}
+#define ROUTE_SCATTER_ADD {nbi_cuda_scatter_add, DT_ANY, nbi_cuda_index_modules}
+#define ROUTE_SCATTER_ADD_ALONG_AXIS {nbi_cuda_scatter_add_along_axis, DT_ANY, nbi_cuda_index_modules}
+#define ROUTE_ONE_HOT {nbi_cuda_one_hot, DT_ANY, nbi_cuda_index_modules}
+#define ROUTE_CONV2D {nbi_cuda_conv2d, DT_FLOAT, nbi_cuda_nn_modules}
+#define ROUTE_MAX_POOL2D {nbi_cuda_max_pool2d, DT_FLOAT, nbi_cuda_nn_modules}
+#define ROUTE_CONV2D_BWD_DATA {nbi_cuda_conv2d_bwd_data, DT_FLOAT, nbi_cuda_nn_modules}
+#define ROUTE_CONV2D_BWD_FILTER {nbi_cuda_conv2d_bwd_filter, DT_FLOAT, nbi_cuda_nn_modules}
+#define ROUTE_MAX_POOL2D_BWD {nbi_cuda_max_pool2d_bwd, DT_FLOAT, nbi_cuda_nn_modules}
+#define ROUTE_MAX_POOL2D_SELECT {nbi_cuda_max_pool2d_select, DT_FLOAT, nbi_cuda_nn_modules}
 #define ROUTE_MATMUL {run_matmul, DT_ANY}
 #define ROUTE_TO_DEVICE R_NONE
 #define ROUTE_COND R_NONE
@@ -555,4 +615,55 @@ nb_status nbi_cuda_run_op(void *ctx, const nb_tensor *n, nbi_view *out, const nb
   nb_status st = nbi_cuda_enter(c);
   if (st) return st;
   return routes[n->op].run(c, n, out, in);
+}
+
+/* ---- prepare --------------------------------------------------------------------------- */
+/* The source of single op n's kernel when the function table lacks it (a
+ * generated op), or a copy of each of its modules' sources that no kernel was
+ * loaded from yet (a hand-written op): appended to srcs[*m..max). */
+static void op_sources(nbi_cuda_ctx *c, const nb_tensor *n, const nbi_view *out,
+                       const nbi_view *in, char **srcs, int *m, int max) {
+  const op_route *r = &routes[n->op];
+  if (!r->run || !(r->dtypes & DT(out->dtype)) || *m >= max) return;
+  if (r->modules) {
+    nbi_cuda_module *mods[2];
+    int k = r->modules(n->op, mods);
+    for (int j = 0; j < k && *m < max; j++)
+      if ((srcs[*m] = module_source_missing(c, mods[j]))) ++*m;
+    return;
+  }
+  if (nbi_cuda_view_numel(out) == 0) return;
+  op_group o;
+  nbi_view fo;
+  int64_t cols = 1;
+  nb_status st = NB_ERR_ARG;
+  if (r->run == run_elementwise)
+    st = ew_group(n, out, in, &o);
+  else if (r->run == run_reduce)
+    reduce_group(n, out, in, &o, &cols), st = NB_OK;
+  else if (r->run == run_axis)
+    st = axis_group(n, out, in, &o, &fo);
+  if (st || cols == 0 || !nbi_cuda_group_ok(c, &o.g)) return;
+  if ((srcs[*m] = nbi_cuda_group_source(c, &o.g, &o.out, o.in))) ++*m;
+  /* the scratch goes to out through a strided copy (whose image precompile
+   * skips when memory or disk has it) */
+  if (o.scratch && *m < max && (srcs[*m] = nbi_cuda_copy_source(false, out->dtype, out->dtype)))
+    ++*m;
+}
+
+void nbi_cuda_prepare(nbi_cuda_ctx *c, const nbi_prepare_list *l) {
+  int max = l->n_groups + 2 * l->n_ops;
+  char **srcs = calloc((size_t)(max > 0 ? max : 1), sizeof *srcs);
+  if (!srcs) return;
+  nb_status before = nb_last_status();
+  int m = 0;
+  for (int k = 0; k < l->n_groups; k++)
+    if ((srcs[m] = nbi_cuda_group_source(c, l->g[k], l->out[k], l->in[k]))) m++;
+  for (int k = 0; k < l->n_ops; k++)
+    op_sources(c, l->ops[k], &l->op_out[k], l->op_in[k], srcs, &m, max);
+  if (before == NB_OK && nb_last_status() != NB_OK) nb_clear_error(); /* best effort */
+  nbi_cuda_precompile(c, srcs, m);
+  for (int k = 0; k < m; k++)
+    free(srcs[k]);
+  free(srcs);
 }

@@ -413,6 +413,14 @@ static nbi_cuda_module scatter_module = {
     .names = scatter_names,
     .n_names = (int)(sizeof scatter_names / sizeof scatter_names[0]),
 };
+
+/* Every index op checks its indices with the gather module's kernel. */
+int nbi_cuda_index_modules(int op, nbi_cuda_module **m) {
+  m[0] = &gather_module;
+  if (op != NBI_OP_SCATTER_ADD && op != NBI_OP_SCATTER_ADD_ALONG_AXIS) return 1;
+  m[1] = &scatter_module;
+  return 2;
+}
 _Static_assert(sizeof scatter_names / sizeof scatter_names[0] == 3 * NB_DTYPE_COUNT,
                "three scatter kernels per dtype");
 _Static_assert(NB_F32 == 0 && NB_F64 == 1 && NB_F16 == 2 && NB_BF16 == 3 && NB_I32 == 4 &&

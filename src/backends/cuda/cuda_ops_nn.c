@@ -264,6 +264,12 @@ static nbi_cuda_module nn_module = {
     .n_names = (int)(sizeof nn_names / sizeof nn_names[0]),
 };
 
+int nbi_cuda_nn_modules(int op, nbi_cuda_module **m) {
+  (void)op;
+  m[0] = &nn_module;
+  return 1;
+}
+
 /* Bytes of column matrix a convolution builds at once (at least one image's):
  * 256 MiB, or NABLA_CUDA_COL_BYTES when set (tests make it small to run many
  * chunks). */

@@ -107,6 +107,12 @@ static nbi_cuda_module random_module = {
     .n_names = (int)(sizeof random_names / sizeof random_names[0]),
 };
 
+int nbi_cuda_random_modules(int op, nbi_cuda_module **m) {
+  (void)op;
+  m[0] = &random_module;
+  return 1;
+}
+
 nb_status nbi_cuda_random(nbi_cuda_ctx *c, const nb_tensor *n, nbi_view *out, const nbi_view *in) {
   (void)n; /* the mode is implied by out's dtype: i64 words, else uniforms */
   int64_t numel = nbi_cuda_view_numel(out), keys = 1;

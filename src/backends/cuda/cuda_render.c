@@ -800,29 +800,19 @@ static bool cache_find(const nbi_group *g, const cr_sig *sig, int ordinal, CUfun
   return e != NULL;
 }
 
-void nbi_cuda_prepare_groups(nbi_cuda_ctx *c, int n, const nbi_group *const *g,
-                             const nbi_view *const *out, const nbi_view *const *in) {
-  char **srcs = calloc((size_t)(n > 0 ? n : 1), sizeof *srcs);
-  if (!srcs) return;
-  int m = 0;
+char *nbi_cuda_group_source(nbi_cuda_ctx *c, const nbi_group *g, const nbi_view *out,
+                            const nbi_view *in) {
+  if (!g || g->kind == NBI_GROUP_GEMM) return NULL; /* cuBLASLt's, and a small pass */
   nb_status before = nb_last_status();
-  for (int k = 0; k < n; k++) {
-    if (!g[k] || g[k]->kind == NBI_GROUP_GEMM) continue; /* cuBLASLt's, and a small pass */
-    cr_layout L;
-    nbi_cuda_launch_cfg cfg;
-    if (layout(g[k], out[k], in[k], c->sm_count, &L, &cfg) != NB_OK) continue;
-    CUfunction fn, fn2;
-    if ((cfg.grid == 0 && cfg.grid2 == 0) || cache_find(g[k], &L.sig, c->ordinal, &fn, &fn2))
-      continue;
-    char name[64];
-    srcs[m] = render(g[k], &L, name);
-    if (srcs[m]) m++;
-  }
+  cr_layout L;
+  nbi_cuda_launch_cfg cfg;
+  CUfunction fn, fn2;
+  char name[64], *src = NULL;
+  if (layout(g, out, in, c->sm_count, &L, &cfg) == NB_OK && (cfg.grid || cfg.grid2) &&
+      !cache_find(g, &L.sig, c->ordinal, &fn, &fn2))
+    src = render(g, &L, name);
   if (before == NB_OK && nb_last_status() != NB_OK) nb_clear_error(); /* best effort */
-  nbi_cuda_precompile(c, srcs, m);
-  for (int k = 0; k < m; k++)
-    free(srcs[k]);
-  free(srcs);
+  return src;
 }
 
 nb_status nbi_cuda_run_group(nbi_cuda_ctx *c, const nbi_group *g, nbi_view *out,
