@@ -15,6 +15,7 @@
 #include "../../ops/index.h" /* the callers of index kernels' error codes */
 
 #include <stdio.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -152,7 +153,17 @@ static cuda_dev *dev_open(int ordinal, int index) {
 }
 
 /* At exit: every device closed (the process is done with them). */
-static void close_all(void) {
+/* Set when the devices closed at exit: a block given back later (a tensor
+ * that an application's own destructor releases) is left to the process's
+ * end, as is everything after the driver's teardown. */
+static _Atomic bool closed_all;
+
+/* At exit, after core's destructors (default priority) released the main
+ * thread's scopes and emptied the buffer cache, which give device blocks
+ * back through cuda_free: an atexit handler ran before them, on a freed
+ * allocator (the cuda:0-default suite hung there). */
+__attribute__((destructor(101))) static void close_all(void) {
+  atomic_store(&closed_all, true);
   for (int i = n_devices - 1; i >= 0; i--) {
     dev_close(devices[i]);
     devices[i] = NULL;
@@ -187,7 +198,6 @@ void nbi_cuda_probe(void) {
     d->c.table = t;
     devices[n_devices++] = d;
   }
-  if (n_devices) atexit(close_all);
 }
 
 /* Why there is no CUDA device ("" when there is one). */
@@ -280,7 +290,7 @@ static nb_status take_kernel_error(cuda_dev *d) {
  * ----------------------------------------------------------------------------------- */
 static void *cuda_alloc(void *ctx, size_t nbytes) {
   nbi_cuda_ctx *c = ctx;
-  if (nbi_cuda_enter(c) != NB_OK) return NULL;
+  if (atomic_load(&closed_all) || nbi_cuda_enter(c) != NB_OK) return NULL;
   return (void *)(uintptr_t)nbi_cuda_alloc_block(c->alloc, nbytes);
 }
 
@@ -288,7 +298,7 @@ static void *cuda_alloc(void *ctx, size_t nbytes) {
 static void cuda_free(void *ctx, void *p, size_t nbytes) {
   (void)nbytes;
   nbi_cuda_ctx *c = ctx;
-  if (nbi_cuda_enter(c) != NB_OK) return;
+  if (atomic_load(&closed_all) || nbi_cuda_enter(c) != NB_OK) return;
   nbi_cuda_free_block(c->alloc, (CUdeviceptr)(uintptr_t)p);
 }
 
