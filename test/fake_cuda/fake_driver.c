@@ -179,6 +179,13 @@ FK_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
   CUresult r = need_init();
   if (r != CUDA_SUCCESS) return r;
   if (ctx && ctx != &primary) return CUDA_ERROR_INVALID_CONTEXT;
+  pthread_mutex_lock(&lock);
+  int retained = primary.retained;
+  pthread_mutex_unlock(&lock);
+  if (ctx && retained == 0) { /* a teardown-order bug: fail loudly */
+    fprintf(stderr, "fake CUDA: the primary context is made current after its release\n");
+    abort();
+  }
   current = ctx;
   return CUDA_SUCCESS;
 }
