@@ -104,9 +104,22 @@ nb_status nbi_exec_run(nbi_exec *x, nb_tensor *const *in, nb_tensor **out) {
   x->busy = true;
   nb_status st = nbi_plan_run(&x->p, &x->g, x->cn);
   x->busy = false;
+  /* each output takes its computed root's buffer reference (the loop below
+   * would drop it; marks still tell nodes, >= 0, from leaves); a root listed
+   * again shares the output that took it, and a leaf (a slot borrows its
+   * storage, a capture's is the entry's) is shared */
+  for (int r = 0; r < x->n_roots && !st; r++) {
+    nb_tensor *t = x->roots[r];
+    int prev = -1;
+    if (t->mark >= 0 && !t->shard0.buf) /* taken by an earlier output, or empty */
+      for (int q = r - 1; q >= 0 && prev < 0; q--)
+        if (x->roots[q] == t) prev = q;
+    out[r] = prev >= 0        ? nbi_leaf_share(out[prev])
+             : t->mark >= 0 ? nbi_leaf_take(t)
+                            : nbi_leaf_share(t);
+    if (!out[r]) st = nb_last_status();
+  }
   nbi_graph_mark(&x->g, false);
-  for (int r = 0; r < x->n_roots && !st; r++)
-    if (!(out[r] = nbi_leaf_share(x->roots[r]))) st = nb_last_status();
   if (st)
     for (int r = 0; r < x->n_roots; r++)
       out[r] = NULL;                 /* the scope frees those made */

@@ -352,6 +352,9 @@ void nbi_tensor_drop_graph(nb_tensor *t);
  * its inputs to a nested realization (src/core/program.c). t must hold data
  * (realized, or an intermediate of the realization running t's consumer). */
 nb_tensor *nbi_leaf_share(nb_tensor *t);
+/* The same, taking t's buffer reference instead of a new one: t is left
+ * without storage (a jitted call's roots hand their values to its outputs). */
+nb_tensor *nbi_leaf_take(nb_tensor *t);
 /* A sharded tensor (see struct nb_tensor) of that logical shape and dtype,
  * registered in the current scope. Takes over a mesh reference, the sharding
  * (freed by the release hook) and one reference per entry of phys (the array

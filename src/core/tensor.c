@@ -751,7 +751,7 @@ nb_tensor *nbi_leaf_wrap(const char *fn, nbi_buffer *b, int64_t offset, const nb
   return t;
 }
 
-nb_tensor *nbi_leaf_share(nb_tensor *t) {
+static nb_tensor *leaf_of(nb_tensor *t, bool take) {
   nb_tensor *l = scope_reserve() ? tensor_new(&t->shape, t->dtype, NBI_OP_CONST) : NULL;
   if (!l) {
     nbi_error(NB_ERR_OOM, "nb_eval: out of memory");
@@ -759,11 +759,17 @@ nb_tensor *nbi_leaf_share(nb_tensor *t) {
   }
   l->shard0 = t->shard0;
   l->device = t->device;
-  if (l->shard0.buf) nbi_buffer_retain(l->shard0.buf);
+  if (take)
+    t->shard0.buf = NULL;
+  else if (l->shard0.buf)
+    nbi_buffer_retain(l->shard0.buf);
   l->flags |= NBI_T_REALIZED;
   nbi_scope_register(l);
   return l;
 }
+
+nb_tensor *nbi_leaf_share(nb_tensor *t) { return leaf_of(t, false); }
+nb_tensor *nbi_leaf_take(nb_tensor *t) { return leaf_of(t, true); }
 
 nb_tensor *nbi_sharded_new(const nb_shape *shape, nb_dtype dt, struct nb_mesh *m,
                            struct nbi_sharding *sh, nb_tensor *const *phys, int n_phys) {
