@@ -76,8 +76,12 @@ static nb_status run_node(nb_tensor *t, nbi_buffer *reuse, nb_tensor *from, bool
   nbi_view in[t->n_in > 0 ? t->n_in : 1];
   for (int k = 0; k < t->n_in; k++)
     in[k] = nbi_tensor_view(t->in[k]);
-  nbi_view out = {.dtype = t->dtype, .ndim = t->shape.ndim};
+  nbi_view out; /* strides: the view's, else contiguous (set below) */
+  out.data = NULL;
+  out.dtype = t->dtype;
+  out.ndim = t->shape.ndim;
   memcpy(out.dims, t->shape.dims, sizeof out.dims);
+  if (def->view) memset(out.strides, 0, sizeof out.strides);
 
   if (def->view && t->n_in > 0 && def->view(t, &in[0], &out)) {
     if (!from) nbi_buffer_release(reuse);
