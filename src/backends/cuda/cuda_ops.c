@@ -480,13 +480,13 @@ typedef struct op_route {
 #define R_NONE                                                                                     \
   { NULL, 0, NULL }
 #define R_EW(dts)                                                                                  \
-  { run_elementwise, (dts) | ((dts)&DT(NB_I64) ? DT_SMALL : 0) }
+  { run_elementwise, (dts) | ((dts)&DT(NB_I64) ? DT_SMALL : 0), NULL }
 #define R_RED(dts)                                                                                 \
-  { run_reduce, dts }
+  { run_reduce, dts, NULL }
 #define R_AXIS(dts)                                                                                \
-  { run_axis, dts }
+  { run_axis, dts, NULL }
 #define R_VIEW                                                                                     \
-  { run_view_copy, DT_ANY }
+  { run_view_copy, DT_ANY, NULL }
 
 /* clang-format off */
 #define ROUTE_CONST R_NONE
@@ -547,12 +547,12 @@ typedef struct op_route {
 #define ROUTE_SOFTMAX R_AXIS(DT_FLOAT)
 #define ROUTE_LOG_SOFTMAX R_AXIS(DT_FLOAT)
 #define ROUTE_CUMSUM R_AXIS(DT_NUM)
-#define ROUTE_RESHAPE {run_reshape, DT_ANY}
+#define ROUTE_RESHAPE {run_reshape, DT_ANY, NULL}
 #define ROUTE_PERMUTE R_VIEW
 #define ROUTE_BROADCAST_TO R_VIEW
 #define ROUTE_SLICE R_VIEW
-#define ROUTE_CONCAT {run_concat, DT_ANY}
-#define ROUTE_PAD {run_pad, DT_ANY}
+#define ROUTE_CONCAT {run_concat, DT_ANY, NULL}
+#define ROUTE_PAD {run_pad, DT_ANY, NULL}
 #define ROUTE_FLIP R_VIEW
 #define ROUTE_IDENTITY R_VIEW
 #define ROUTE_STOP_GRADIENT R_VIEW
@@ -570,7 +570,7 @@ typedef struct op_route {
 #define ROUTE_CONV2D_BWD_FILTER {nbi_cuda_conv2d_bwd_filter, DT_FLOAT, nbi_cuda_nn_modules}
 #define ROUTE_MAX_POOL2D_BWD {nbi_cuda_max_pool2d_bwd, DT_FLOAT, nbi_cuda_nn_modules}
 #define ROUTE_MAX_POOL2D_SELECT {nbi_cuda_max_pool2d_select, DT_FLOAT, nbi_cuda_nn_modules}
-#define ROUTE_MATMUL {run_matmul, DT_ANY}
+#define ROUTE_MATMUL {run_matmul, DT_ANY, NULL}
 #define ROUTE_TO_DEVICE R_NONE
 #define ROUTE_COND R_NONE
 #define ROUTE_WHILE R_NONE
