@@ -198,6 +198,18 @@ static void plan_values(nb_tensor *x, nb_tensor *w, nb_tensor **y, nb_tensor **c
   *y = nb_add(nb_mul(a, b), nb_expm1(nb_mul_scalar(x, 0.125)));
 }
 
+/* Realizes outs[0..n) in one plan and checks that every kernel it compiled
+ * was compiled ahead (nbi_cuda_precompile), none at a launch. */
+static void eval_compiled_ahead(nb_tensor **outs, int n) {
+  nbi_cuda_cache_stats s0 = nbi_cuda_cache_get_stats();
+  cr_assert_eq(nb_eval(outs, n), NB_OK, "%s", nb_last_error());
+  nbi_cuda_cache_stats s1 = nbi_cuda_cache_get_stats();
+  cr_assert_eq(s1.compiles - s0.compiles, s1.precompiles - s0.precompiles,
+               "%llu kernels compiled, %llu of them ahead",
+               (unsigned long long)(s1.compiles - s0.compiles),
+               (unsigned long long)(s1.precompiles - s0.precompiles));
+}
+
 Test(cuda_train, a_plan_compiles_its_group_kernels_before_it_runs) {
   SKIP_WITHOUT_GPU();
   cr_assert_eq(nb_set_default_device(NB_CUDA(0)), NB_OK);
@@ -205,13 +217,7 @@ Test(cuda_train, a_plan_compiles_its_group_kernels_before_it_runs) {
   cr_assert_eq(nb_eval((nb_tensor *[]){x, w}, 2), NB_OK, "%s", nb_last_error());
   nb_tensor *outs[2];
   plan_values(x, w, &outs[0], &outs[1]);
-  nbi_cuda_cache_stats s0 = nbi_cuda_cache_get_stats();
-  cr_assert_eq(nb_eval(outs, 2), NB_OK, "%s", nb_last_error());
-  nbi_cuda_cache_stats s1 = nbi_cuda_cache_get_stats();
-  cr_assert_eq(s1.compiles - s0.compiles, s1.precompiles - s0.precompiles,
-               "%llu kernels compiled, %llu of them ahead",
-               (unsigned long long)(s1.compiles - s0.compiles),
-               (unsigned long long)(s1.precompiles - s0.precompiles));
+  eval_compiled_ahead(outs, 2);
   /* the same values as the CPU's */
   nb_set_default_device(NB_CPU);
   nb_tensor *ref[2];
@@ -241,13 +247,7 @@ Test(cuda_train, a_plan_compiles_its_single_op_kernels_before_it_runs) {
   cr_assert_eq(nb_eval((nb_tensor *[]){x, idx}, 2), NB_OK, "%s", nb_last_error());
   nb_tensor *outs[5];
   single_values(x, idx, outs);
-  nbi_cuda_cache_stats s0 = nbi_cuda_cache_get_stats();
-  cr_assert_eq(nb_eval(outs, 5), NB_OK, "%s", nb_last_error());
-  nbi_cuda_cache_stats s1 = nbi_cuda_cache_get_stats();
-  cr_assert_eq(s1.compiles - s0.compiles, s1.precompiles - s0.precompiles,
-               "%llu kernels compiled, %llu of them ahead",
-               (unsigned long long)(s1.compiles - s0.compiles),
-               (unsigned long long)(s1.precompiles - s0.precompiles));
+  eval_compiled_ahead(outs, 5);
   nb_set_default_device(NB_CPU);
   nb_tensor *ref[5];
   single_values(nb_to_device(x, NB_CPU), nb_to_device(idx, NB_CPU), ref);
