@@ -36,6 +36,18 @@ static int dst_find(const dst_set *d, const nb_tensor *t) {
   return r ? (int)(r - d->v) : -1;
 }
 
+/* The walks' shared cleanup: marks back to idle (-1), arrays freed. */
+static void unmark(nb_tensor *const *t, int n) {
+  for (int i = 0; i < n; i++)
+    t[i]->mark = -1;
+}
+
+static void walk_free(nb_tensor **stack, int *next, nb_tensor **seen) {
+  free(stack);
+  free(next);
+  free(seen);
+}
+
 /* nb_assign: marks every pending tensor reachable from cand[0..n-1] by whether
  * it reads a tensor of dst (transitively) and returns, in roots, the last
  * n_vals candidates (the values assigned) and the others that do. An
@@ -95,16 +107,11 @@ static nb_status assign_roots(const dst_set *dst, nb_tensor *const *cand, int n,
       cand[c]->mark = -6; /* listed once */
       roots[nr++] = cand[c];
     }
-  for (int i = 0; i < sp; i++)
-    stack[i]->mark = -1;
-  for (int i = 0; i < n_seen; i++)
-    seen[i]->mark = -1;
-  for (int c = 0; c < nr; c++)
-    roots[c]->mark = -1;
+  unmark(stack, sp);
+  unmark(seen, n_seen);
+  unmark(roots, nr);
   *n_roots = nr;
-  free(stack);
-  free(next);
-  free(seen);
+  walk_free(stack, next, seen);
   free(reads);
   return st ? nbi_error(st, "nb_assign: out of memory") : NB_OK;
 }
@@ -171,10 +178,8 @@ static nb_status freeze_lazy(const dst_set *dst, const dst_set *vals, nb_tensor 
     sp = 0;
     if (ok || oom) continue;
     /* not frozen: its nodes may be met again from another candidate */
-    for (int i = first; i < n_seen; i++)
-      seen[i]->mark = -1;
-    for (int i = first_src; i < n_src; i++)
-      src[i]->mark = -1;
+    unmark(seen + first, n_seen - first);
+    unmark(src + first_src, n_src - first_src);
     n_seen = first;
     n_src = first_src;
   }
@@ -192,13 +197,9 @@ static nb_status freeze_lazy(const dst_set *dst, const dst_set *vals, nb_tensor 
     }
     t->flags |= NBI_T_FROZEN;
   }
-  for (int i = 0; i < n_seen; i++)
-    seen[i]->mark = -1;
-  for (int k = 0; k < n_src; k++)
-    src[k]->mark = -1;
-  free(stack);
-  free(next);
-  free(seen);
+  unmark(seen, n_seen);
+  unmark(src, n_src);
+  walk_free(stack, next, seen);
   free(src);
   free(share); /* the leaves live in the current scope and in their readers */
   if (!oom) return NB_OK;
@@ -257,9 +258,7 @@ static nb_status rewire_lazy(const dst_set *dst, const dst_set *vals, nb_tensor 
       nb_release(dst->v[d]); /* the caller holds dst */
     }
   }
-  free(stack);
-  free(next);
-  free(seen);
+  walk_free(stack, next, seen);
   free(old); /* the leaves live in the current scope and in their readers */
   if (oom) return nbi_error(NB_ERR_OOM, "nb_assign: out of memory");
   if (failed && !nb_last_status()) nbi_error(NB_ERR_OOM, "nb_assign: out of memory");

@@ -241,7 +241,8 @@ static nb_shape shape_of_view(const nbi_view *v) {
   return s;
 }
 
-/* A single op's one-member group and the views it runs on (op_group_of). */
+/* A single op's one-member group and the views it runs on: built by ew_group,
+ * reduce_group or axis_group, for its launch and for prepare (op_sources). */
 typedef struct op_group {
   nbi_group g;
   nbi_view out, in[3];
